@@ -1,0 +1,50 @@
+"""Timing helpers for the ratio figures: best-of-N wall time, both sides in the same run."""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass
+class Row:
+    figure: str          # what was measured, e.g. "AbortSet.contains_many, 1M probes, 1k members"
+    items: int           # items processed per call (messages, probes, ids, ...)
+    unit: str            # what an item is: "probes", "msgs", "ids", ...
+    native_s: float      # best seconds per call, native
+    baseline_s: float    # best seconds per call, baseline
+    baseline: str        # what the baseline is: "twin", "raw lmdb putmulti", ...
+    target: float | None = None  # the ratio (native rate / baseline rate) the issue asks for
+
+    @property
+    def ratio(self) -> float:
+        return self.baseline_s / self.native_s
+
+    @property
+    def rate(self) -> float:
+        return self.items / self.native_s
+
+
+def best_time(fn: Callable[[], object], repeat: int = 5, min_time: float = 0.05) -> float:
+    """Best wall time of one call of fn over `repeat` rounds (each round loops until min_time)."""
+    fn()  # warm up
+    best = float("inf")
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeat):
+            n = 0
+            start = time.perf_counter()
+            while True:
+                fn()
+                n += 1
+                elapsed = time.perf_counter() - start
+                if elapsed >= min_time:
+                    break
+            best = min(best, elapsed / n)
+    finally:
+        if gc_was:
+            gc.enable()
+    return best
