@@ -1,0 +1,3 @@
+from pulsartxn.cli import main
+
+raise SystemExit(main())
