@@ -6,27 +6,50 @@ The public surface is API.md's; everything below is importable from here.
 from __future__ import annotations
 
 from ._native import IMPLEMENTATION, TxnID
+from .broker import Broker
+from .client import Client
 from .errors import (
     AlreadyClosed,
     ConsumerBusy,
     CoordinatorNotFound,
     CorruptEntry,
+    DataDirectoryLocked,
+    InvalidConfiguration,
+    InvalidMessageId,
     InvalidTopicName,
     InvalidTxnStatus,
+    MessageTooBig,
     ProducerBusy,
     PulsarTxnError,
+    StorageFull,
     Timeout,
+    TopicAlreadyExists,
     TopicNotFound,
     TransactionConflict,
     TransactionNotFound,
     TransactionTimeout,
 )
+from .messaging.consumer import ConsumerType, InitialPosition, Isolation
+from .messaging.message import Message, MessageId
 
 __version__ = "0.1.0"
 
 __all__ = [
     "IMPLEMENTATION",
     "TxnID",
+    "Broker",
+    "Client",
+    "ConsumerType",
+    "InitialPosition",
+    "Isolation",
+    "Message",
+    "MessageId",
+    "DataDirectoryLocked",
+    "InvalidConfiguration",
+    "InvalidMessageId",
+    "MessageTooBig",
+    "StorageFull",
+    "TopicAlreadyExists",
     "PulsarTxnError",
     "TransactionConflict",
     "InvalidTxnStatus",

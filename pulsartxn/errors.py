@@ -20,6 +20,12 @@ __all__ = [
     "Timeout",
     "AlreadyClosed",
     "CorruptEntry",
+    "StorageFull",
+    "DataDirectoryLocked",
+    "MessageTooBig",
+    "InvalidMessageId",
+    "InvalidConfiguration",
+    "TopicAlreadyExists",
 ]
 
 
@@ -73,3 +79,27 @@ class AlreadyClosed(PulsarTxnError):
 
 class CorruptEntry(PulsarTxnError):
     """Stored bytes failed to decode or to verify (bad header, length, or checksum)."""
+
+
+class StorageFull(PulsarTxnError):
+    """The LMDB map or the disk is full; the write that hit it changed nothing."""
+
+
+class DataDirectoryLocked(PulsarTxnError):
+    """Another broker (in this or another process) has the data directory open."""
+
+
+class MessageTooBig(PulsarTxnError, ValueError):
+    """A message is larger than the broker's max_message_size; nothing was stored."""
+
+
+class InvalidMessageId(PulsarTxnError, ValueError):
+    """A MessageId that this topic or subscription never produced (unknown or foreign)."""
+
+
+class InvalidConfiguration(PulsarTxnError):
+    """The call is not allowed in this configuration (e.g. cumulative ack on Shared)."""
+
+
+class TopicAlreadyExists(PulsarTxnError):
+    """create_topic of a topic that exists."""

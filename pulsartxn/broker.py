@@ -1,0 +1,264 @@
+"""The embedded broker: wires storage, topics, partitions and subscriptions together."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import threading
+import weakref
+
+from .config import BrokerConfig
+from .errors import (
+    AlreadyClosed,
+    InvalidTopicName,
+    PulsarTxnError,
+    TopicAlreadyExists,
+    TopicNotFound,
+)
+from .messaging.cursor import Cursor
+from .messaging.partition import Partition
+from .messaging.subscription import Subscription
+from .messaging.topic_name import TopicName
+from .storage import Storage, WriteOp
+
+_U64 = struct.Struct("<Q")
+MAX_PARTITIONS = 4096
+
+
+class _BatchFlusher:
+    """Flushes producer batches whose publish delay has passed (one thread per broker)."""
+
+    def __init__(self, delay_ms: float) -> None:
+        self._delay = delay_ms / 1000.0
+        self._watched: set = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="pulsartxn-batch-flusher", daemon=True)
+        self._thread.start()
+
+    def watch(self, part) -> None:
+        with self._lock:
+            self._watched.add(part)
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopped:
+            self._wake.wait()
+            self._wake.clear()
+            while not self._stopped:
+                with self._lock:
+                    watched = list(self._watched)
+                if not watched:
+                    break
+                for part in watched:
+                    if part.flush_if_older(self._delay):
+                        with self._lock:
+                            if part.batch is None:
+                                self._watched.discard(part)
+                self._wake.wait(max(self._delay / 2, 0.0002))
+                self._wake.clear()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        self._thread.join()
+
+
+class Broker:
+    """``Broker(data_dir, ...)``: an embedded broker on an LMDB data directory."""
+
+    def __init__(self, data_dir, num_coordinators: int = 16, default_txn_timeout_ms: int = 60_000,
+                 sync: bool = True, **options) -> None:
+        self.config = BrokerConfig(data_dir, num_coordinators=num_coordinators,
+                                   default_txn_timeout_ms=default_txn_timeout_ms, sync=sync, **options)
+        cfg = self.config
+        self.storage = Storage(
+            cfg.data_dir, sync=cfg.sync, map_size=cfg.map_size, max_dbs=cfg.max_dbs,
+            group_max_records=cfg.group_max_records, group_max_bytes=cfg.group_max_bytes,
+            group_linger_ms=cfg.group_linger_ms,
+        )
+        self.broker_id = "standalone"
+        self._lock = threading.RLock()
+        self._closed = False
+        self._topics_db = self.storage.open_db(b"topics")
+        self._ledgers_db = self.storage.open_db(b"ledgers")
+        self._cursors_db = self.storage.open_db(b"cursors")
+        self._partitions: dict[str, Partition] = {}
+        self._clients: weakref.WeakSet = weakref.WeakSet()
+        self._flusher = _BatchFlusher(cfg.batching_max_publish_delay_ms)
+        from .admin import Admin
+
+        self.admin = Admin(self)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def data_dir(self) -> str:
+        return self.storage.data_dir
+
+    def client(self):
+        self._check_open()
+        from .client import Client
+
+        client = Client._embedded(self)
+        self._clients.add(client)
+        return client
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AlreadyClosed(f"broker on {self.config.data_dir} is closed")
+
+    def close(self) -> None:
+        """Flush producers, persist cursors, close LMDB. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for client in list(self._clients):
+            try:
+                client.close()
+            except PulsarTxnError:
+                pass
+        self._flusher.stop()
+        self.storage.close()
+
+    def __enter__(self) -> Broker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- topics ----------------------------------------------------------------------------
+
+    def _metadata(self, name: TopicName) -> dict | None:
+        with self.storage.read() as txn:
+            raw = txn.get(name.full.encode(), db=self._topics_db)
+            return json.loads(bytes(raw)) if raw is not None else None
+
+    def create_topic(self, topic: str, partitions: int = 0) -> None:
+        """Create a topic: partitioned with `partitions` > 0, else non-partitioned."""
+        self._check_open()
+        name = TopicName.parse(topic)
+        if isinstance(partitions, bool) or not isinstance(partitions, int):
+            raise TypeError(f"partitions must be an int, not {type(partitions).__name__}")
+        if not 0 <= partitions <= MAX_PARTITIONS:
+            raise ValueError(f"partitions {partitions} out of range 0..{MAX_PARTITIONS}")
+        if name.partition_index >= 0:
+            raise InvalidTopicName(f"{topic!r} names a partition; create its topic instead")
+        with self._lock:
+            if self._metadata(name) is not None:
+                raise TopicAlreadyExists(f"topic {name.full} already exists")
+            base = name.full.encode()
+
+            def apply(txn):
+                txn.put(base, json.dumps({"partitions": partitions}).encode(), db=self._topics_db)
+
+            self.storage.write(apply)
+
+    def topic_partitions(self, topic: str) -> list[str]:
+        self._check_open()
+        name = TopicName.parse(topic)
+        meta = self._metadata(name)
+        if meta is None:
+            base = name.base
+            parent = self._metadata(base) if base != name else None
+            if parent is not None and name.partition_index < parent["partitions"]:
+                return [name.full]
+            raise TopicNotFound(f"topic {name.full} does not exist")
+        n = meta["partitions"]
+        return [name.partition(i).full for i in range(n)] if n else [name.full]
+
+    def _resolve(self, topic: str, create: bool = True) -> tuple[str, list[Partition]]:
+        """The topic's full name and its partitions, auto-creating a non-partitioned topic."""
+        self._check_open()
+        name = TopicName.parse(topic)
+        with self._lock:
+            try:
+                names = self.topic_partitions(name.full)
+            except TopicNotFound:
+                if not create:
+                    raise
+                if name.partition_index >= 0 and self._metadata(name.base) is not None:
+                    raise TopicNotFound(f"partition {name.full} does not exist") from None
+                self.create_topic(name.full, 0)
+                names = [name.full]
+            return name.full, [self._partition(n) for n in names]
+
+    def _partition(self, full: str) -> Partition:
+        part = self._partitions.get(full)
+        if part is not None:
+            return part
+        key = full.encode()
+        with self.storage.read() as txn:
+            raw = txn.get(key, db=self._ledgers_db)
+            ledger_id = _U64.unpack(raw)[0] if raw is not None else None
+        if ledger_id is None:
+            def apply(txn):
+                counter = txn.get(b"next_ledger_id", db=self.storage.meta)
+                lid = _U64.unpack(counter)[0] if counter is not None else 1
+                txn.put(b"next_ledger_id", _U64.pack(lid + 1), db=self.storage.meta)
+                txn.put(key, _U64.pack(lid), db=self._ledgers_db)
+                return lid
+
+            ledger_id = self.storage.write(apply)
+        part = Partition(self.storage, TopicName.parse(full), ledger_id)
+        with self.storage.read() as txn:
+            cursor = txn.cursor(db=self._cursors_db)
+            prefix = key + b"\0"
+            if cursor.set_range(prefix):
+                for k, v in cursor:
+                    k = bytes(k)
+                    if not k.startswith(prefix):
+                        break
+                    sub_name = k[len(prefix):].decode()
+                    part.subscriptions[sub_name] = Subscription(part, sub_name, Cursor.deserialize(v))
+        self._partitions[full] = part
+        return part
+
+    def _subscription(self, part: Partition, name: str, earliest: bool) -> Subscription:
+        with self._lock:
+            sub = part.subscriptions.get(name)
+            if sub is not None:
+                return sub
+            start = part.first_entry_id - 1 if earliest else part.last_entry_id
+            cursor = Cursor(start)
+            key = part.topic.encode() + b"\0" + name.encode()
+            data = cursor.serialize()
+            self.storage.write(lambda txn: txn.put(key, data, db=self._cursors_db))
+            sub = Subscription(part, name, cursor)
+            with part.lock:
+                part.subscriptions[name] = sub
+            return sub
+
+    def _delete_subscription(self, sub: Subscription) -> None:
+        part = sub.partition
+        key = part.topic.encode() + b"\0" + sub.name.encode()
+        with self._lock:
+            sub.wait_persisted()
+            self.storage.write(lambda txn: txn.delete(key, db=self._cursors_db))
+            with part.lock:
+                part.subscriptions.pop(sub.name, None)
+
+    def producer_id(self, producer_name: str) -> int:
+        """A stable 64-bit id of a producer name (written in each entry's header)."""
+        return int.from_bytes(hashlib.blake2b(producer_name.encode(), digest_size=8).digest(), "little")
+
+    def _known_topics(self) -> list[str]:
+        with self.storage.read() as txn:
+            return [bytes(k).decode() for k, _ in txn.cursor(db=self._topics_db)]
+
+    def write(self, apply, **kwargs):
+        return self.storage.write(apply, **kwargs)
+
+    def submit(self, op: WriteOp):
+        return self.storage.submit(op)
+
+    def __repr__(self) -> str:
+        return f"Broker({self.config.data_dir!r}{', closed' if self._closed else ''})"
+
+
+def default_data_dir() -> str:
+    return os.environ.get("PULSARTXN_DATA_DIR", "pulsartxn-data")

@@ -1,0 +1,197 @@
+"""The client API of API.md: producers, consumers, scans (and transactions, later issues)."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+from .errors import AlreadyClosed
+from .messaging.consumer import Consumer, ConsumerType, InitialPosition, Isolation
+from .messaging.message import MessageId
+from .messaging.producer import Producer
+
+SCAN_ENTRIES = 1024
+
+
+class Client:
+    """``broker.client()`` (in process) or ``Client("pulsartxn://host:port")`` (network issue)."""
+
+    def __init__(self, service_url: str, token: str | None = None, **kwargs) -> None:
+        raise NotImplementedError(
+            f"remote clients ({service_url!r}) come with the network service; "
+            "use Broker(data_dir).client() in process"
+        )
+
+    @classmethod
+    def _embedded(cls, broker) -> Client:
+        self = cls.__new__(cls)
+        self.broker = broker
+        self._lock = threading.Lock()
+        self._closed = False
+        self._producers: weakref.WeakSet = weakref.WeakSet()
+        self._consumers: weakref.WeakSet = weakref.WeakSet()
+        return self
+
+    @property
+    def admin(self):
+        return self.broker.admin
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AlreadyClosed("client is closed")
+        self.broker._check_open()
+
+    def _no_transactions_yet(self, txn) -> None:
+        if txn is not None:
+            raise NotImplementedError("transactions come with the coordinator issues")
+
+    # -- producers -------------------------------------------------------------------------
+
+    def create_producer(self, topic: str, producer_name: str | None = None,
+                        batching_enabled: bool = True, batching_max_messages: int | None = None,
+                        batching_max_allowed_size_in_bytes: int | None = None,
+                        batching_max_publish_delay_ms: float | None = None, **_ignored) -> Producer:
+        self._check_open()
+        if producer_name is not None and (not isinstance(producer_name, str) or not producer_name):
+            raise ValueError(f"producer_name must be a non-empty str, not {producer_name!r}")
+        cfg = self.broker.config
+        full, partitions = self.broker._resolve(topic)
+        from .errors import ProducerBusy
+
+        with self.broker._lock:
+            name = producer_name
+            if name is not None:
+                for part in partitions:
+                    if name in part.producers:
+                        raise ProducerBusy(f"producer {name} is already connected to {part.topic}")
+            producer = Producer(
+                self, full, partitions, name, bool(batching_enabled),
+                batching_max_messages or cfg.batching_max_messages,
+                batching_max_allowed_size_in_bytes or cfg.batching_max_bytes,
+                cfg.max_message_size,
+            )
+            for part in partitions:
+                if producer.producer_name in part.producers:
+                    raise ProducerBusy(
+                        f"producer {producer.producer_name} is already connected to {part.topic}")
+            for part in partitions:
+                part.producers[producer.producer_name] = producer
+        self._producers.add(producer)
+        return producer
+
+    def _producer_closed(self, producer: Producer) -> None:
+        with self.broker._lock:
+            for part in producer._parts:
+                if part.partition.producers.get(producer.producer_name) is producer:
+                    del part.partition.producers[producer.producer_name]
+
+    # -- consumers -------------------------------------------------------------------------
+
+    def subscribe(self, topic: str, subscription_name: str,
+                  subscription_type: ConsumerType = ConsumerType.Exclusive,
+                  initial_position: InitialPosition = InitialPosition.Earliest,
+                  isolation: Isolation = Isolation.READ_COMMITTED,
+                  consumer_name: str | None = None,
+                  negative_ack_redelivery_delay_ms: int = 60_000, **_ignored) -> Consumer:
+        self._check_open()
+        if not isinstance(subscription_name, str) or not subscription_name or "\0" in subscription_name:
+            raise ValueError(f"subscription_name must be a non-empty str, not {subscription_name!r}")
+        if not isinstance(subscription_type, ConsumerType):
+            raise TypeError(f"subscription_type must be a ConsumerType, not {subscription_type!r}")
+        if not isinstance(initial_position, InitialPosition):
+            raise TypeError(f"initial_position must be an InitialPosition, not {initial_position!r}")
+        if not isinstance(isolation, Isolation):
+            raise TypeError(f"isolation must be an Isolation, not {isolation!r}")
+        full, partitions = self.broker._resolve(topic)
+        earliest = initial_position is InitialPosition.Earliest
+        with self.broker._lock:
+            subs = [self.broker._subscription(p, subscription_name, earliest) for p in partitions]
+            consumer = Consumer(self, full, subscription_name, subs, subscription_type.value,
+                                consumer_name, negative_ack_redelivery_delay_ms)
+        self._consumers.add(consumer)
+        return consumer
+
+    def _consumer_closed(self, consumer: Consumer) -> None:
+        self._consumers.discard(consumer)
+
+    def _unsubscribe(self, consumer: Consumer) -> None:
+        from .errors import ConsumerBusy
+
+        with self.broker._lock:
+            for sub in consumer._subs:
+                others = [c for c in sub.consumers if c is not consumer]
+                if others:
+                    raise ConsumerBusy(
+                        f"subscription {sub.name} on {sub.partition.topic} has other consumers"
+                    )
+            consumer.close()
+            for sub in consumer._subs:
+                self.broker._delete_subscription(sub)
+
+    # -- scans -----------------------------------------------------------------------------
+
+    def scan(self, topic: str, start: int | MessageId | None = None,
+             end: int | MessageId | None = None):
+        """Read-only, columnar read of a topic as pyarrow RecordBatches; moves no cursor.
+
+        start/end: entry ids (end exclusive) applied to every partition, or MessageIds
+        (their entry id, on their own partition). The end is fixed when the scan starts.
+        """
+        self._check_open()
+        full, partitions = self.broker._resolve(topic, create=False)
+        bounds = []
+        for part in partitions:
+            lo = _entry_bound(start, part, part.first_entry_id)
+            hi = _entry_bound(end, part, part.next_entry_id)
+            bounds.append((part, lo, min(hi, part.next_entry_id)))
+        return _scan(bounds)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for producer in list(self._producers):
+            try:
+                producer.close()
+            except Exception:  # noqa: BLE001 - close everything we can
+                pass
+        for consumer in list(self._consumers):
+            consumer.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _entry_bound(bound, part, default: int) -> int:
+    if bound is None:
+        return default
+    if isinstance(bound, MessageId):
+        if bound.partition() not in (part.index, -1):
+            return default
+        return bound.entry_id()
+    if isinstance(bound, bool) or not isinstance(bound, int) or bound < 0:
+        raise ValueError(f"scan bound must be a non-negative entry id or MessageId, not {bound!r}")
+    return bound
+
+
+def _scan(bounds):
+    for part, lo, hi in bounds:
+        pos = max(lo, part.first_entry_id)
+        while pos < hi:
+            decoded = part.read(pos, hi, SCAN_ENTRIES)
+            if decoded.num_entries == 0:
+                break
+            pos = int(decoded.entry_id[-1]) + 1
+            mask = None
+            if decoded.marker_type.any():
+                import numpy as np
+
+                mask = np.repeat(decoded.marker_type == 0, decoded.message_count.astype(np.int64))
+            yield decoded.to_arrow(topic=part.topic, partition=part.index,
+                                   ledger_id=part.ledger_id, mask=mask)
+
+
+__all__ = ["Client", "ConsumerType", "InitialPosition", "Isolation"]

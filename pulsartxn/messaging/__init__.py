@@ -1,0 +1,1 @@
+"""Topics, partitions, producers, subscriptions and dispatch (non-transactional messaging)."""

@@ -1,0 +1,221 @@
+"""Consumers: receive from one subscription over all partitions of a topic, and acknowledge."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import threading
+import time
+
+from ..errors import AlreadyClosed, InvalidConfiguration, InvalidMessageId, Timeout
+from .message import Message, MessageId
+from .subscription import EXCLUSIVE, FAILOVER, SHARED, Subscription
+
+
+class ConsumerType(enum.Enum):
+    Exclusive = EXCLUSIVE
+    Shared = SHARED
+    Failover = FAILOVER
+
+
+class InitialPosition(enum.Enum):
+    Latest = 0
+    Earliest = 1
+
+
+class Isolation(enum.Enum):
+    READ_COMMITTED = 0
+    READ_UNCOMMITTED = 1
+
+
+_names = itertools.count()
+
+
+class Consumer:
+    def __init__(self, client, topic: str, subscription_name: str,
+                 subscriptions: list[Subscription], sub_type: int, consumer_name: str | None,
+                 negative_ack_redelivery_delay_ms: int) -> None:
+        self._client = client
+        self._topic = topic
+        self._subscription_name = subscription_name
+        self._subs = subscriptions
+        self._by_partition = {s.partition.index: s for s in subscriptions}
+        self._type = sub_type
+        self._name = consumer_name or f"consumer-{next(_names)}"
+        self._nack_delay = negative_ack_redelivery_delay_ms / 1000.0
+        self._cond = threading.Condition()
+        self._signal = 0
+        self._next = 0
+        self._closed = False
+        attached = []
+        try:
+            for sub in subscriptions:
+                sub.attach(self, sub_type)
+                attached.append(sub)
+        except BaseException:
+            for sub in attached:
+                sub.detach(self)
+            raise
+
+    # -- identity --------------------------------------------------------------------------
+
+    def topic(self) -> str:
+        return self._topic
+
+    def subscription_name(self) -> str:
+        return self._subscription_name
+
+    def consumer_name(self) -> str:
+        return self._name
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._signal += 1
+            self._cond.notify_all()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AlreadyClosed(f"consumer {self._name} of {self._subscription_name} is closed")
+
+    # -- receiving -------------------------------------------------------------------------
+
+    def _poll(self) -> Message | None:
+        n = len(self._subs)
+        start = self._next
+        for i in range(n):
+            sub = self._subs[(start + i) % n]
+            msg = sub.take(self)
+            if msg is not None:
+                self._next = (start + i + 1) % n
+                return msg
+        return None
+
+    def receive(self, timeout_millis: int | None = None) -> Message:
+        """The next message; raises Timeout when none arrives within timeout_millis."""
+        self._check_open()
+        if timeout_millis is not None and (not isinstance(timeout_millis, int) or timeout_millis < 0):
+            raise ValueError(f"timeout_millis must be a non-negative int, not {timeout_millis!r}")
+        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
+        while True:
+            with self._cond:
+                seen = self._signal
+            msg = self._poll()
+            if msg is not None:
+                return msg
+            self._check_open()
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise Timeout(f"no message on {self._topic} within {timeout_millis} ms")
+            wait = None if deadline is None else deadline - now
+            due = min((d for d in (s.next_due() for s in self._subs) if d is not None), default=None)
+            if due is not None:
+                wait = max(0.0, due - now) if wait is None else min(wait, max(0.0, due - now))
+            with self._cond:
+                if self._signal == seen and not self._closed:
+                    self._cond.wait(wait)
+
+    def batch_receive(self, max_num_messages: int = 1000, timeout_millis: int = 100) -> list[Message]:
+        """Up to max_num_messages, waiting at most timeout_millis for them to arrive."""
+        self._check_open()
+        if max_num_messages < 1:
+            raise ValueError(f"max_num_messages must be at least 1, not {max_num_messages}")
+        deadline = time.monotonic() + timeout_millis / 1000.0
+        out: list[Message] = []
+        while len(out) < max_num_messages:
+            msg = self._poll()
+            if msg is not None:
+                out.append(msg)
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                out.append(self.receive(max(1, int(remaining * 1000))))
+            except Timeout:
+                break
+        return out
+
+    def has_message_available(self) -> bool:
+        self._check_open()
+        return any(sub.has_available(self) for sub in self._subs)
+
+    def get_last_message_id(self) -> MessageId:
+        self._check_open()
+        if len(self._subs) != 1:
+            raise InvalidConfiguration("get_last_message_id is not supported on a partitioned topic")
+        p = self._subs[0].partition
+        last = p.last_entry_id
+        if last < 0:
+            return MessageId(p.ledger_id, -1, p.index)
+        n = p.message_count(last)
+        return MessageId(p.ledger_id, last, p.index, n - 1 if n > 1 else -1, n if n > 1 else 0)
+
+    # -- acknowledging ---------------------------------------------------------------------
+
+    def _sub_for(self, msg_or_id) -> tuple[Subscription, MessageId]:
+        if isinstance(msg_or_id, Message):
+            mid = msg_or_id.message_id()
+        elif isinstance(msg_or_id, MessageId):
+            mid = msg_or_id
+        else:
+            raise TypeError(f"expected a Message or MessageId, not {type(msg_or_id).__name__}")
+        sub = self._by_partition.get(mid.partition())
+        if sub is None:
+            raise InvalidMessageId(f"{mid!r} is not from {self._topic}")
+        return sub, mid
+
+    def acknowledge(self, msg_or_id, txn=None) -> None:
+        self._check_open()
+        self._client._no_transactions_yet(txn)
+        sub, mid = self._sub_for(msg_or_id)
+        sub.acknowledge(mid)
+
+    def acknowledge_cumulative(self, msg_or_id, txn=None) -> None:
+        self._check_open()
+        self._client._no_transactions_yet(txn)
+        if self._type == SHARED:
+            raise InvalidConfiguration(
+                f"cumulative acknowledgement is not allowed on Shared subscription "
+                f"{self._subscription_name}"
+            )
+        sub, mid = self._sub_for(msg_or_id)
+        sub.acknowledge(mid, cumulative=True)
+
+    def negative_acknowledge(self, msg_or_id) -> None:
+        self._check_open()
+        sub, mid = self._sub_for(msg_or_id)
+        sub.negative_acknowledge(mid, self._nack_delay)
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        self._check_open()
+        for sub in self._subs:
+            sub.redeliver_unacknowledged(self)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def unsubscribe(self) -> None:
+        self._check_open()
+        self._client._unsubscribe(self)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for sub in self._subs:
+            sub.detach(self)
+            sub.wait_persisted()
+        self._wake()
+        self._client._consumer_closed(self)
+
+    def is_connected(self) -> bool:
+        return not self._closed
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __iter__(self):
+        while True:
+            yield self.receive()

@@ -1,0 +1,138 @@
+"""A subscription's durable cursor: what it has acknowledged, persisted in LMDB.
+
+As Pulsar's ManagedCursor: a mark-delete position (every entry at or below it is acknowledged),
+the entries acknowledged individually above it, and batch-index acknowledgements of entries
+acknowledged only in part (AckSet: set bit = batch index acknowledged). The mark-delete
+position moves up whenever the entries after it have been acknowledged.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from .._native import AckSet
+
+_HEAD = struct.Struct("<4sBqII")  # magic, version, mark_delete, n individual, n batch
+_MAGIC = b"PTCU"
+_VERSION = 1
+
+
+class Cursor:
+    __slots__ = ("mark_delete", "acked", "batch_acks")
+
+    def __init__(self, mark_delete: int = -1) -> None:
+        self.mark_delete = mark_delete
+        self.acked: set[int] = set()               # entry ids > mark_delete acknowledged whole
+        self.batch_acks: dict[int, AckSet] = {}    # entry id -> batch indexes acknowledged
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def is_acked(self, entry_id: int, batch_index: int = -1) -> bool:
+        if entry_id <= self.mark_delete or entry_id in self.acked:
+            return True
+        if batch_index >= 0:
+            acks = self.batch_acks.get(entry_id)
+            return acks is not None and acks.test(batch_index)
+        return False
+
+    def acked_in_entry(self, entry_id: int) -> AckSet | None:
+        """Batch indexes acknowledged in a partly acknowledged entry."""
+        return self.batch_acks.get(entry_id)
+
+    # -- updates (return whether anything changed) -----------------------------------------
+
+    def ack(self, entry_id: int, batch_index: int = -1, batch_size: int = 0) -> bool:
+        if entry_id <= self.mark_delete or entry_id in self.acked:
+            return False
+        if batch_index >= 0 and batch_size > 1:
+            acks = self.batch_acks.get(entry_id)
+            if acks is None:
+                acks = self.batch_acks[entry_id] = AckSet(batch_size)
+            if acks.test(batch_index):
+                return False
+            acks.set(batch_index)
+            if not acks.is_full():
+                return True
+        self.batch_acks.pop(entry_id, None)
+        self.acked.add(entry_id)
+        self._advance()
+        return True
+
+    def ack_set(self, entry_id: int, acks: AckSet) -> bool:
+        """Acknowledge the batch indexes of `acks` in one entry (a commit of pending acks)."""
+        if entry_id <= self.mark_delete or entry_id in self.acked:
+            return False
+        held = self.batch_acks.get(entry_id)
+        merged = acks.copy() if held is None else held | acks
+        if held is not None and merged == held:
+            return False
+        if merged.is_full():
+            self.batch_acks.pop(entry_id, None)
+            self.acked.add(entry_id)
+            self._advance()
+        else:
+            self.batch_acks[entry_id] = merged
+        return True
+
+    def ack_cumulative(self, entry_id: int, batch_index: int = -1, batch_size: int = 0) -> bool:
+        """Acknowledge everything up to entry_id; with a batch index, up to it in that entry."""
+        changed = False
+        upto = entry_id - 1 if batch_index >= 0 and batch_size > 1 else entry_id
+        if upto > self.mark_delete:
+            self.mark_delete = upto
+            self.acked = {e for e in self.acked if e > upto}
+            self.batch_acks = {e: a for e, a in self.batch_acks.items() if e > upto}
+            changed = True
+        if batch_index >= 0 and batch_size > 1 and entry_id > self.mark_delete:
+            part = AckSet(batch_size)
+            part.set_range(0, batch_index + 1)
+            changed = self.ack_set(entry_id, part) or changed
+        self._advance()
+        return changed
+
+    def _advance(self) -> None:
+        acked = self.acked
+        nxt = self.mark_delete + 1
+        while nxt in acked:
+            acked.discard(nxt)
+            nxt += 1
+        self.mark_delete = nxt - 1
+
+    def skip_to(self, entry_id: int) -> None:
+        """Treat every entry below entry_id as acknowledged (trimmed or filtered)."""
+        if entry_id - 1 > self.mark_delete:
+            self.ack_cumulative(entry_id - 1)
+
+    # -- persistence -----------------------------------------------------------------------
+
+    def serialize(self) -> bytes:
+        acked = sorted(self.acked)
+        parts = [_HEAD.pack(_MAGIC, _VERSION, self.mark_delete, len(acked), len(self.batch_acks))]
+        if acked:
+            parts.append(struct.pack(f"<{len(acked)}Q", *acked))
+        for entry_id, acks in sorted(self.batch_acks.items()):
+            words = acks.to_words()
+            parts.append(struct.pack(f"<QII{len(words)}Q", entry_id, acks.size, len(words), *words))
+        return b"".join(parts)
+
+    @classmethod
+    def deserialize(cls, data) -> Cursor:
+        raw = bytes(data)
+        magic, version, mark_delete, n_acked, n_batch = _HEAD.unpack_from(raw, 0)
+        if magic != _MAGIC or version != _VERSION:
+            raise ValueError(f"not a cursor record (magic {magic!r}, version {version})")
+        cursor = cls(mark_delete)
+        offset = _HEAD.size
+        cursor.acked = set(struct.unpack_from(f"<{n_acked}Q", raw, offset))
+        offset += 8 * n_acked
+        for _ in range(n_batch):
+            entry_id, size, n_words = struct.unpack_from("<QII", raw, offset)
+            offset += 16
+            words = struct.unpack_from(f"<{n_words}Q", raw, offset)
+            offset += 8 * n_words
+            cursor.batch_acks[entry_id] = AckSet.from_words(list(words), size)
+        return cursor
+
+    def __repr__(self) -> str:
+        return (f"Cursor(mark_delete={self.mark_delete}, acked={len(self.acked)}, "
+                f"partial={len(self.batch_acks)})")

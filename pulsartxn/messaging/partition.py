@@ -1,0 +1,184 @@
+"""One topic partition: its ledger (the entry log), de-duplication state and subscriptions.
+
+Appends run on the group-commit writer thread; what they change in memory is published only
+after their group is durable (``_published``), so readers never see an entry that could still
+be lost.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from array import array
+from typing import TYPE_CHECKING
+
+from .._native import EntryLog, decode_header
+from ..errors import InvalidMessageId
+from ..storage import Storage, WriteOp
+from .topic_name import TopicName
+
+if TYPE_CHECKING:
+    from .subscription import Subscription
+
+_U64 = struct.Struct(">Q")
+_DEDUP = struct.Struct("<q")
+_DEDUP_INDEX = struct.Struct("<QIq")  # entry id, messages in it, first sequence id
+
+
+class Partition:
+    def __init__(self, storage: Storage, name: TopicName, ledger_id: int) -> None:
+        self.storage = storage
+        self.name = name
+        self.topic = name.full
+        self.index = name.partition_index
+        self.ledger_id = ledger_id
+        self.lock = threading.RLock()
+        self.log = EntryLog(storage.env, b"ledger/" + self.topic.encode())
+        self._dedup_db = storage.open_db(b"dedup")
+        self._dedup_index_db = storage.open_db(b"dedup_index")
+        self._dedup_prefix = self.topic.encode() + b"\0"
+        # Message counts per entry id from first_entry_id on, for backlog arithmetic.
+        self.first_entry_id = 0
+        self._counts = array("q")
+        self._cumulative = array("q", [0])  # cumulative[i] = messages in entries < first + i
+        with storage.read() as txn:
+            first = self.log.first_entry_id(txn)
+            last = self.log.last_entry_id(txn)
+            if last >= 0:
+                self.first_entry_id = first
+                ids, buffers = self.log.scan(txn, first, last + 1)
+                expected = first
+                for entry_id, buf in zip(ids, buffers):
+                    while expected < entry_id:  # a gap (trimmed or never written)
+                        self._push_count(0)
+                        expected += 1
+                    self._push_count(decode_header(buf).message_count)
+                    expected += 1
+            self.dedup_highest: dict[str, int] = {}
+            cursor = txn.cursor(db=self._dedup_db)
+            if cursor.set_range(self._dedup_prefix):
+                for key, value in cursor:
+                    if not bytes(key).startswith(self._dedup_prefix):
+                        break
+                    producer = bytes(key)[len(self._dedup_prefix):].decode()
+                    self.dedup_highest[producer] = _DEDUP.unpack(value)[0]
+        self.next_entry_id = last + 1 if last >= 0 else 0
+        self.subscriptions: dict[str, Subscription] = {}
+        self.producers: dict[str, object] = {}
+        self.msg_in = 0
+        self.bytes_in = 0
+        self.msg_out = 0
+        self.bytes_out = 0
+
+    # -- counts ----------------------------------------------------------------------------
+
+    def _push_count(self, n: int) -> None:
+        self._counts.append(n)
+        self._cumulative.append(self._cumulative[-1] + n)
+
+    def messages_between(self, start: int, end: int) -> int:
+        """Messages in entries start..end-1 (clamped to what exists)."""
+        lo = max(start, self.first_entry_id) - self.first_entry_id
+        hi = min(end, self.next_entry_id) - self.first_entry_id
+        if hi <= lo:
+            return 0
+        return self._cumulative[hi] - self._cumulative[lo]
+
+    def message_count(self, entry_id: int) -> int:
+        i = entry_id - self.first_entry_id
+        if 0 <= i < len(self._counts):
+            return self._counts[i]
+        return 0
+
+    @property
+    def last_entry_id(self) -> int:
+        return self.next_entry_id - 1
+
+    @property
+    def total_messages(self) -> int:
+        return self._cumulative[-1]
+
+    def storage_size(self) -> int:
+        with self.storage.read() as txn:
+            stat = txn.stat(self.log.db) if hasattr(self.log, "db") else None
+        if stat is None:
+            return 0
+        return (stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]) * stat["psize"]
+
+    # -- appends (writer thread) -----------------------------------------------------------
+
+    def append_op(self, entries: list[bytes], counts: list[int], nbytes: int,
+                  producer: str | None = None, first_sequence: int = -1,
+                  on_published=None) -> WriteOp:
+        """A group-commit operation appending `entries`; its result is the first entry id."""
+
+        def apply(txn):
+            first = self.log.append(txn, entries)
+            if producer is not None and first_sequence >= 0:
+                last_seq = first_sequence + sum(counts) - 1
+                key = self._dedup_prefix + producer.encode()
+                txn.put(key, _DEDUP.pack(last_seq), db=self._dedup_db)
+                seq = first_sequence
+                rows = []
+                for i, n in enumerate(counts):
+                    rows.append((key + b"\0" + _U64.pack(seq), _DEDUP_INDEX.pack(first + i, n, seq)))
+                    seq += n
+                txn.cursor(db=self._dedup_index_db).putmulti(rows)
+            return first
+
+        def on_commit(first):
+            self._published(first, counts, nbytes, producer, first_sequence)
+            if on_published is not None:
+                on_published(first)
+
+        return WriteOp(apply, nbytes=nbytes, records=len(entries), on_commit=on_commit)
+
+    def _published(self, first: int, counts: list[int], nbytes: int, producer, first_sequence) -> None:
+        with self.lock:
+            if not self._counts and self.next_entry_id == 0:
+                self.first_entry_id = first
+            while self.next_entry_id < first:
+                self._push_count(0)
+                self.next_entry_id += 1
+            for n in counts:
+                self._push_count(n)
+            self.next_entry_id = first + len(counts)
+            self.msg_in += sum(counts)
+            self.bytes_in += nbytes
+            if producer is not None and first_sequence >= 0:
+                self.dedup_highest[producer] = first_sequence + sum(counts) - 1
+            subscriptions = list(self.subscriptions.values())
+        for sub in subscriptions:
+            sub.notify()
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def read(self, start: int, end: int, limit: int | None = None):
+        """Decoded entries start..end-1 (end exclusive), as the native codec gives them."""
+        with self.storage.read() as txn:
+            return self.log.read(txn, start, end, limit)
+
+    def lookup_sequence(self, producer: str, sequence_id: int) -> tuple[int, int, int] | None:
+        """(entry id, messages in entry, batch index) of a persisted (producer, sequence)."""
+        prefix = self._dedup_prefix + producer.encode() + b"\0"
+        target = prefix + _U64.pack(sequence_id)
+        with self.storage.read() as txn:
+            cursor = txn.cursor(db=self._dedup_index_db)
+            found = cursor.set_range(target)
+            if not (found and bytes(cursor.key()) == target):
+                # The entry holding it, if any, starts at the previous key.
+                if not (cursor.prev() if found else cursor.last()):
+                    return None
+            if not bytes(cursor.key()).startswith(prefix):
+                return None
+            entry_id, n, first_seq = _DEDUP_INDEX.unpack(cursor.value())
+        if not first_seq <= sequence_id < first_seq + n:
+            return None
+        return entry_id, n, sequence_id - first_seq
+
+    def check_position(self, entry_id: int, ledger_id: int) -> None:
+        if ledger_id != self.ledger_id or not 0 <= entry_id < self.next_entry_id:
+            raise InvalidMessageId(
+                f"no message at ledger {ledger_id} entry {entry_id} on {self.topic} "
+                f"(ledger {self.ledger_id}, entries below {self.next_entry_id})"
+            )

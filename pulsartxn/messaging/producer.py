@@ -1,0 +1,387 @@
+"""Producers: routing over partitions, producer-side batching, de-duplication by sequence id.
+
+A message waits in its partition's batch container until the container is full (count or
+bytes), its publish delay passes, ``flush()`` is called or a synchronous ``send`` needs it; the
+container then becomes one entry, appended through the group commit. Sequence ids give
+broker-side de-duplication: a re-sent ``(producer_name, sequence_id)`` at or below the highest
+one persisted is not stored again and answers with the MessageId it was stored under.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import zlib
+from concurrent.futures import Future
+
+import numpy as np
+
+from .._native import encode_entries, encode_entry
+from ..errors import AlreadyClosed, MessageTooBig
+from .message import MessageId
+from .partition import Partition
+
+_names = itertools.count()
+
+
+def _route(key: str | bytes, n: int) -> int:
+    """Stable partition of a key: the same on every process and run (not Python's hash)."""
+    raw = key.encode() if isinstance(key, str) else bytes(key)
+    return zlib.crc32(raw) % n
+
+
+def _done(value=None, error: BaseException | None = None) -> Future:
+    fut: Future = Future()
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(value)
+    return fut
+
+
+class _Batch:
+    __slots__ = ("values", "keys", "props", "futures", "first_sequence", "nbytes", "started")
+
+    def __init__(self, first_sequence: int) -> None:
+        self.values: list[bytes] = []
+        self.keys: list = []
+        self.props: list = []
+        self.futures: list[Future] = []
+        self.first_sequence = first_sequence
+        self.nbytes = 0
+        self.started = time.monotonic()
+
+
+class PartitionProducer:
+    """A producer's state on one partition: its batch container and sequence ids."""
+
+    def __init__(self, producer: Producer, partition: Partition) -> None:
+        self.producer = producer
+        self.partition = partition
+        self.lock = threading.Lock()
+        self.last_sequence = partition.dedup_highest.get(producer.producer_name, -1)
+        self.batch: _Batch | None = None
+        self.inflight: dict[int, Future] = {}
+
+    def add(self, content: bytes, properties, key, sequence_id, now_ms: int) -> Future:
+        producer = self.producer
+        with self.lock:
+            if sequence_id is None:
+                sequence_id = self.last_sequence + 1
+            elif sequence_id <= self.last_sequence:
+                return self._duplicate(sequence_id)
+            batch = self.batch
+            if batch is not None and (
+                len(batch.values) >= producer.batching_max_messages
+                or batch.nbytes + len(content) > producer.batching_max_bytes
+                or sequence_id != batch.first_sequence + len(batch.values)
+            ):
+                self._flush_locked()
+                batch = None
+            if batch is None:
+                batch = self.batch = _Batch(sequence_id)
+                producer.client.broker._flusher.watch(self)
+            fut: Future = Future()
+            batch.values.append(content)
+            batch.keys.append(key)
+            batch.props.append(properties)
+            batch.futures.append(fut)
+            batch.nbytes += len(content)
+            self.last_sequence = sequence_id
+            self.inflight[sequence_id] = fut
+            if not producer.batching_enabled or len(batch.values) >= producer.batching_max_messages:
+                self._flush_locked()
+            return fut
+
+    def _duplicate(self, sequence_id: int) -> Future:
+        pending = self.inflight.get(sequence_id)
+        if pending is not None:
+            return pending
+        found = self.partition.lookup_sequence(self.producer.producer_name, sequence_id)
+        if found is None:
+            # Below the highest persisted but never stored (a gap): Pulsar answers -1:-1.
+            return _done(MessageId(-1, -1, self.partition.index))
+        entry_id, n, batch_index = found
+        return _done(self._message_id(entry_id, n, batch_index))
+
+    def _message_id(self, entry_id: int, n: int, batch_index: int) -> MessageId:
+        p = self.partition
+        return MessageId(p.ledger_id, entry_id, p.index, batch_index if n > 1 else -1, n if n > 1 else 0)
+
+    def flush(self) -> None:
+        with self.lock:
+            self._flush_locked()
+
+    def flush_if_older(self, seconds: float) -> bool:
+        """Flush a batch that has waited `seconds`; True when nothing is left waiting."""
+        with self.lock:
+            if self.batch is None:
+                return True
+            if time.monotonic() - self.batch.started >= seconds:
+                self._flush_locked()
+                return True
+            return False
+
+    def _flush_locked(self) -> None:
+        batch = self.batch
+        if batch is None:
+            return
+        self.batch = None
+        producer = self.producer
+        has_keys = any(k is not None for k in batch.keys)
+        has_props = any(p for p in batch.props)
+        entry = encode_entry(
+            batch.values,
+            batch.keys if has_keys else None,
+            batch.props if has_props else None,
+            producer_id=producer.producer_id,
+            sequence_id=batch.first_sequence,
+            publish_time=int(time.time() * 1000),
+        )
+        n = len(batch.values)
+        futures = batch.futures
+        first_seq = batch.first_sequence
+
+        def published(entry_id: int) -> None:
+            for i, fut in enumerate(futures):
+                self.inflight.pop(first_seq + i, None)
+                fut.set_result(self._message_id(entry_id, n, i))
+
+        op = self.partition.append_op(
+            [entry], [n], batch.nbytes, producer.producer_name, first_seq, on_published=published
+        )
+        fut = self.partition.storage.submit(op)
+        fut.add_done_callback(lambda f: self._failed(f, futures, first_seq))
+
+    def _failed(self, fut: Future, futures: list[Future], first_seq: int) -> None:
+        error = fut.exception()
+        if error is None:
+            return
+        for i, f in enumerate(futures):
+            self.inflight.pop(first_seq + i, None)
+            if not f.done():
+                f.set_exception(error)
+
+
+class Producer:
+    """``client.create_producer(topic, ...)``: send, send_async, send_batch, flush, close."""
+
+    def __init__(self, client, topic: str, partitions: list[Partition], producer_name: str | None,
+                 batching_enabled: bool, batching_max_messages: int, batching_max_bytes: int,
+                 max_message_size: int) -> None:
+        self.client = client
+        self._topic = topic
+        self.producer_name = producer_name or f"pulsartxn-{client.broker.broker_id}-{next(_names)}"
+        self.producer_id = client.broker.producer_id(self.producer_name)
+        self.batching_enabled = batching_enabled
+        self.batching_max_messages = batching_max_messages
+        self.batching_max_bytes = batching_max_bytes
+        self.max_message_size = max_message_size
+        self._closed = False
+        self._round_robin = itertools.count()
+        self._parts: list[PartitionProducer] = []
+        for partition in partitions:
+            self._parts.append(PartitionProducer(self, partition))
+
+    def topic(self) -> str:
+        return self._topic
+
+    def producer_name_(self) -> str:
+        return self.producer_name
+
+    def last_sequence_id(self) -> int:
+        return max(p.last_sequence for p in self._parts)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AlreadyClosed(f"producer {self.producer_name} on {self._topic} is closed")
+
+    def _part_for(self, partition_key) -> PartitionProducer:
+        if len(self._parts) == 1:
+            return self._parts[0]
+        if partition_key is not None:
+            return self._parts[_route(partition_key, len(self._parts))]
+        return self._parts[next(self._round_robin) % len(self._parts)]
+
+    def _validate(self, content, properties, partition_key, sequence_id) -> tuple[bytes, dict | None]:
+        if isinstance(content, memoryview) or isinstance(content, bytearray):
+            content = bytes(content)
+        if not isinstance(content, bytes):
+            raise TypeError(f"content must be bytes, not {type(content).__name__}")
+        if len(content) > self.max_message_size:
+            raise MessageTooBig(
+                f"message of {len(content)} bytes exceeds max_message_size {self.max_message_size}"
+            )
+        if properties is not None:
+            if not isinstance(properties, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
+            ):
+                raise TypeError(f"properties must be a dict of str to str, not {properties!r}")
+        if partition_key is not None and not isinstance(partition_key, str):
+            raise TypeError(f"partition_key must be a str, not {type(partition_key).__name__}")
+        if sequence_id is not None and (
+            isinstance(sequence_id, bool) or not isinstance(sequence_id, int)
+            or not 0 <= sequence_id < (1 << 63)
+        ):
+            raise ValueError(f"sequence_id must be an int in 0..2^63-1, not {sequence_id!r}")
+        return content, properties or None
+
+    def send_async(self, content, properties=None, partition_key=None, sequence_id=None,
+                   txn=None, callback=None) -> Future:
+        self._check_open()
+        self.client._no_transactions_yet(txn)
+        content, properties = self._validate(content, properties, partition_key, sequence_id)
+        part = self._part_for(partition_key)
+        fut = part.add(content, properties, partition_key, sequence_id, 0)
+        if callback is not None:
+            fut.add_done_callback(lambda f: callback(f.exception(), None if f.exception() else f.result()))
+        return fut
+
+    def send(self, content, properties=None, partition_key=None, sequence_id=None,
+             txn=None) -> MessageId:
+        """Send one message; durable when it returns."""
+        self._check_open()
+        self.client._no_transactions_yet(txn)
+        content, properties = self._validate(content, properties, partition_key, sequence_id)
+        part = self._part_for(partition_key)
+        fut = part.add(content, properties, partition_key, sequence_id, 0)
+        if not fut.done():
+            part.flush()  # as Pulsar's client does for a synchronous send
+        return fut.result()
+
+    def send_batch(self, values, keys=None, txn=None) -> int:
+        """Bulk send: a list of bytes or a pyarrow binary/string array; durable when it returns."""
+        self._check_open()
+        self.client._no_transactions_yet(txn)
+        n, sizes = _sizes(values)
+        if keys is not None and len(keys) != n:
+            raise ValueError(f"keys has {len(keys)} items for {n} values")
+        if n and sizes.max() > self.max_message_size:
+            i = int(sizes.argmax())
+            raise MessageTooBig(
+                f"message {i} of {int(sizes[i])} bytes exceeds max_message_size {self.max_message_size}"
+            )
+        if n == 0:
+            return 0
+        key_list = None
+        if keys is not None:
+            key_list = keys.to_pylist() if hasattr(keys, "to_pylist") else list(keys)
+            for k in key_list:
+                if k is not None and not isinstance(k, (str, bytes)):
+                    raise TypeError(f"keys must be str, bytes or None, not {type(k).__name__}")
+        self.flush()  # keep order with messages already waiting in containers
+        # Route: by key, or round robin over chunks of one batch each.
+        if len(self._parts) == 1:
+            plan = {0: np.arange(n)}
+        elif key_list is not None:
+            routes = np.fromiter(
+                (_route(k, len(self._parts)) if k is not None else next(self._round_robin) % len(self._parts)
+                 for k in key_list), dtype=np.int64, count=n)
+            plan = {i: np.flatnonzero(routes == i) for i in range(len(self._parts))}
+        else:
+            chunk = self.batching_max_messages
+            starts = np.arange(0, n, chunk)
+            owner = (next(self._round_robin) + np.arange(len(starts))) % len(self._parts)
+            plan = {}
+            for i in range(len(self._parts)):
+                picked = [np.arange(s, min(s + chunk, n)) for s, o in zip(starts, owner) if o == i]
+                if picked:
+                    plan[i] = np.concatenate(picked)
+        futures = []
+        for i, rows in plan.items():
+            if len(rows) == 0:
+                continue
+            futures.append(self._send_rows(self._parts[i], values, key_list, rows, n))
+        for fut in futures:
+            fut.result()
+        return n
+
+    def _send_rows(self, part: PartitionProducer, values, key_list, rows: np.ndarray, n: int) -> Future:
+        if len(rows) == n:
+            sub_values = values
+            sub_keys = key_list
+        else:
+            if hasattr(values, "take"):
+                sub_values = values.take(rows)
+            else:
+                sub_values = [values[int(i)] for i in rows]
+            sub_keys = [key_list[int(i)] for i in rows] if key_list is not None else None
+        with part.lock:
+            part._flush_locked()
+            first_seq = part.last_sequence + 1
+            entries = encode_entries(
+                sub_values,
+                sub_keys,
+                None,
+                batch_size=self.batching_max_messages,
+                producer_id=self.producer_id,
+                first_sequence_id=first_seq,
+                publish_time=int(time.time() * 1000),
+            )
+            counts = _entry_counts(len(rows), entries, self.batching_max_messages)
+            part.last_sequence = first_seq + len(rows) - 1
+            nbytes = sum(len(e) for e in entries)
+            op = part.partition.append_op(entries, counts, nbytes, self.producer_name, first_seq)
+            return part.partition.storage.submit(op)
+
+    def flush(self) -> None:
+        """Send every waiting batch and wait until all are durable."""
+        self._check_open()
+        pending = []
+        for part in self._parts:
+            with part.lock:
+                pending.extend(part.inflight.values())
+                part._flush_locked()
+        for fut in pending:
+            try:
+                fut.result()
+            except Exception:  # noqa: BLE001 - the sender's own future reports it
+                pass
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        self.client._producer_closed(self)
+
+    def is_connected(self) -> bool:
+        return not self._closed
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _sizes(values) -> tuple[int, np.ndarray]:
+    """Count and per-message sizes of a list of bytes or a pyarrow binary/string array."""
+    try:
+        import pyarrow as pa
+    except ImportError:  # pragma: no cover - pyarrow is a dependency
+        pa = None
+    if pa is not None and isinstance(values, (pa.Array, pa.ChunkedArray)):
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        if not (pa.types.is_binary(values.type) or pa.types.is_string(values.type)
+                or pa.types.is_large_binary(values.type) or pa.types.is_large_string(values.type)):
+            raise TypeError(f"values must be a binary or string array, not {values.type}")
+        if values.null_count:
+            raise ValueError("values must not contain nulls")
+        import pyarrow.compute as pc
+
+        return len(values), np.asarray(pc.binary_length(values).fill_null(0), dtype=np.int64)
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"values must be a list of bytes or a pyarrow array, not {type(values).__name__}")
+    for i, v in enumerate(values):
+        if not isinstance(v, (bytes, bytearray, memoryview)):
+            raise TypeError(f"values[{i}] must be bytes, not {type(v).__name__}")
+    return len(values), np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
+
+
+def _entry_counts(n: int, entries: list[bytes], batch_size: int) -> list[int]:
+    from .._native import decode_header
+
+    return [decode_header(e, verify=False).message_count for e in entries]

@@ -1,0 +1,302 @@
+"""Subscriptions: a durable cursor and the dispatch of a partition's messages to consumers.
+
+Dispatch is pull-based: a consumer's ``receive`` takes the next message from its subscription
+(redeliveries first, in position order, then new entries read from the ledger). A message
+handed to a consumer stays pending until it is acknowledged; it goes back to be delivered
+again (``redelivery_count`` + 1) on a negative ack (after the delay), on
+``redeliver_unacknowledged_messages`` and when its consumer closes. Exclusive allows one
+consumer; Failover delivers to the first connected and the next takes over on close; Shared
+spreads messages over all of them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+from ..errors import ConsumerBusy, InvalidConfiguration
+from ..storage import WriteOp
+from .cursor import Cursor
+from .message import Message, MessageId
+from .partition import Partition
+
+if TYPE_CHECKING:
+    from .consumer import Consumer
+
+EXCLUSIVE, SHARED, FAILOVER = 0, 1, 2
+TYPE_NAMES = {EXCLUSIVE: "Exclusive", SHARED: "Shared", FAILOVER: "Failover"}
+READ_AHEAD_ENTRIES = 64
+
+
+class _Pending:
+    __slots__ = ("payload", "consumer", "count")
+
+    def __init__(self, payload, consumer, count):
+        self.payload = payload      # (data, properties, key, publish_time, batch_size)
+        self.consumer = consumer
+        self.count = count          # redelivery count of this delivery
+
+
+class Subscription:
+    def __init__(self, partition: Partition, name: str, cursor: Cursor) -> None:
+        self.partition = partition
+        self.name = name
+        self.cursor = cursor
+        self.lock = threading.RLock()
+        self.consumers: list[Consumer] = []
+        self.type: int | None = None
+        self.read_position = cursor.mark_delete + 1
+        self._buffer: deque = deque()            # ((entry, batch_index), payload) read ahead
+        self._redeliver: list = []               # heap of ((entry, batch_index), payload)
+        self._nacked: list = []                  # heap of (due, (entry, batch_index), payload)
+        self._pending: dict[tuple[int, int], _Pending] = {}
+        self._redelivery_counts: dict[tuple[int, int], int] = {}
+        self._persist_queued = False
+        self._last_persist = None
+        self._key = partition.topic.encode() + b"\0" + name.encode()
+        self.msg_out = 0
+        self.bytes_out = 0
+
+    # -- consumers -------------------------------------------------------------------------
+
+    def attach(self, consumer: Consumer, sub_type: int) -> None:
+        with self.lock:
+            if self.consumers:
+                if sub_type != self.type:
+                    raise ConsumerBusy(
+                        f"subscription {self.name} on {self.partition.topic} is "
+                        f"{TYPE_NAMES[self.type]}, not {TYPE_NAMES[sub_type]}"
+                    )
+                if sub_type == EXCLUSIVE:
+                    raise ConsumerBusy(
+                        f"exclusive subscription {self.name} on {self.partition.topic} "
+                        "already has a consumer"
+                    )
+            self.type = sub_type
+            self.consumers.append(consumer)
+
+    def detach(self, consumer: Consumer) -> None:
+        with self.lock:
+            if consumer in self.consumers:
+                self.consumers.remove(consumer)
+            self._release(consumer)
+            if not self.consumers:
+                self.type = None
+        self.notify()
+
+    def _release(self, consumer) -> None:
+        """Every message pending on `consumer` goes back to be delivered again."""
+        for key in [k for k, p in self._pending.items() if p.consumer is consumer]:
+            pending = self._pending.pop(key)
+            heapq.heappush(self._redeliver, (key, pending.payload))
+
+    def may_receive(self, consumer) -> bool:
+        if not self.consumers:
+            return False
+        if self.type == SHARED:
+            return consumer in self.consumers
+        return self.consumers[0] is consumer
+
+    def notify(self) -> None:
+        for consumer in list(self.consumers):
+            consumer._wake()
+
+    # -- dispatch --------------------------------------------------------------------------
+
+    def take(self, consumer) -> Message | None:
+        with self.lock:
+            if not self.may_receive(consumer):
+                return None
+            self._due_nacks()
+            cursor = self.cursor
+            while self._redeliver:
+                key, payload = heapq.heappop(self._redeliver)
+                if key in self._pending or cursor.is_acked(*key):
+                    continue
+                count = self._redelivery_counts.get(key, 0) + 1
+                self._redelivery_counts[key] = count
+                return self._deliver(consumer, key, payload, count)
+            while True:
+                if not self._buffer and not self._fill():
+                    return None
+                key, payload = self._buffer.popleft()
+                if key in self._pending or cursor.is_acked(*key):
+                    continue
+                return self._deliver(consumer, key, payload, self._redelivery_counts.get(key, 0))
+
+    def _deliver(self, consumer, key, payload, count) -> Message:
+        self._pending[key] = _Pending(payload, consumer, count)
+        data, properties, pkey, publish_time, batch_size = payload
+        entry_id, batch_index = key
+        p = self.partition
+        self.msg_out += 1
+        self.bytes_out += len(data)
+        p.msg_out += 1
+        p.bytes_out += len(data)
+        mid = MessageId(p.ledger_id, entry_id, p.index, batch_index, batch_size)
+        return Message(data, properties, pkey, mid, p.topic, publish_time, count)
+
+    def _fill(self) -> bool:
+        """Read the next entries after read_position into the buffer; False when none."""
+        end = self.partition.next_entry_id
+        while self.read_position < end:
+            start = max(self.read_position, self.partition.first_entry_id)
+            decoded = self.partition.read(start, end, READ_AHEAD_ENTRIES)
+            if decoded.num_entries == 0:
+                self.read_position = end
+                return False
+            self.read_position = int(decoded.entry_id[-1]) + 1
+            added = self._buffer_entries(decoded)
+            if added:
+                return True
+        return bool(self._buffer)
+
+    def _buffer_entries(self, decoded) -> int:
+        cursor = self.cursor
+        added = 0
+        entry_ids = decoded.entry_id.tolist()
+        counts = decoded.message_count.tolist()
+        firsts = decoded.first_message.tolist()
+        publish = decoded.publish_time.tolist()
+        markers = decoded.marker_type.tolist()
+        value_off = decoded.value_offsets
+        value_data = decoded.value_data
+        key_off = decoded.key_offsets
+        key_data = decoded.key_data
+        key_valid = decoded.key_valid
+        for e, entry_id in enumerate(entry_ids):
+            if markers[e]:
+                continue
+            n = counts[e]
+            batched = n > 1
+            for b in range(n):
+                m = firsts[e] + b
+                bi = b if batched else -1
+                if cursor.is_acked(entry_id, bi):
+                    continue
+                data = value_data[value_off[m]:value_off[m + 1]].tobytes()
+                pkey = None
+                if key_valid[m]:
+                    pkey = key_data[key_off[m]:key_off[m + 1]].tobytes().decode("utf-8", "surrogateescape")
+                props = _properties(decoded, m)
+                self._buffer.append(((entry_id, bi), (data, props, pkey, publish[e], n if batched else 0)))
+                added += 1
+        return added
+
+    def _due_nacks(self) -> None:
+        now = time.monotonic()
+        while self._nacked and self._nacked[0][0] <= now:
+            _, key, payload = heapq.heappop(self._nacked)
+            heapq.heappush(self._redeliver, (key, payload))
+
+    def next_due(self) -> float | None:
+        with self.lock:
+            return self._nacked[0][0] if self._nacked else None
+
+    def has_available(self, consumer) -> bool:
+        with self.lock:
+            self._due_nacks()
+            if any(not self.cursor.is_acked(*k) and k not in self._pending for k, _ in self._redeliver):
+                return True
+            while True:
+                for key, _ in self._buffer:
+                    if key not in self._pending and not self.cursor.is_acked(*key):
+                        return True
+                self._buffer.clear()
+                if not self._fill():
+                    return False
+
+    # -- acknowledgement -------------------------------------------------------------------
+
+    def acknowledge(self, mid: MessageId, cumulative: bool = False) -> None:
+        p = self.partition
+        p.check_position(mid.entry_id(), mid.ledger_id())
+        with self.lock:
+            entry_id, bi, size = mid.entry_id(), mid.batch_index(), mid.batch_size()
+            if cumulative:
+                if self.type == SHARED:
+                    raise InvalidConfiguration(
+                        f"cumulative acknowledgement is not allowed on Shared subscription {self.name}"
+                    )
+                changed = self.cursor.ack_cumulative(entry_id, bi, size)
+                for key in [k for k in self._pending if self.cursor.is_acked(*k)]:
+                    del self._pending[key]
+            else:
+                changed = self.cursor.ack(entry_id, bi, size)
+                self._pending.pop((entry_id, bi), None)
+            for key in [k for k in self._redelivery_counts if self.cursor.is_acked(*k)]:
+                del self._redelivery_counts[key]
+            if changed:
+                self._persist()
+
+    def negative_acknowledge(self, mid: MessageId, delay_s: float) -> None:
+        self.partition.check_position(mid.entry_id(), mid.ledger_id())
+        with self.lock:
+            key = (mid.entry_id(), mid.batch_index())
+            pending = self._pending.pop(key, None)
+            if pending is not None:
+                heapq.heappush(self._nacked, (time.monotonic() + delay_s, key, pending.payload))
+        self.notify()
+
+    def redeliver_unacknowledged(self, consumer) -> None:
+        with self.lock:
+            self._release(consumer)
+        self.notify()
+
+    def _persist(self) -> None:
+        """Queue one write of the cursor; acks made before it is applied ride along."""
+        if self._persist_queued:
+            return
+        self._persist_queued = True
+        storage = self.partition.storage
+        db = storage.open_db(b"cursors")
+
+        def apply(txn):
+            with self.lock:
+                self._persist_queued = False
+                data = self.cursor.serialize()
+            txn.put(self._key, data, db=db)
+
+        self._last_persist = storage.submit(WriteOp(apply, nbytes=64))
+
+    def wait_persisted(self) -> None:
+        fut = self._last_persist
+        if fut is not None:
+            fut.result()
+
+    # -- stats -----------------------------------------------------------------------------
+
+    def backlog(self) -> int:
+        with self.lock:
+            p, c = self.partition, self.cursor
+            total = p.messages_between(c.mark_delete + 1, p.next_entry_id)
+            total -= sum(p.message_count(e) for e in c.acked)
+            total -= sum(len(a) for a in c.batch_acks.values())
+            return max(total, 0)
+
+    def stats(self) -> dict:
+        with self.lock:
+            return {
+                "type": TYPE_NAMES.get(self.type) if self.type is not None else None,
+                "consumers": len(self.consumers),
+                "backlog": self.backlog(),
+                "unacked": len(self._pending),
+                "mark_delete_position": self.cursor.mark_delete,
+                "msg_out": self.msg_out,
+                "bytes_out": self.bytes_out,
+            }
+
+
+def _properties(decoded, m: int) -> dict[str, str]:
+    lo, hi = int(decoded.prop_offsets[m]), int(decoded.prop_offsets[m + 1])
+    if lo == hi:
+        return {}
+    ko, kd = decoded.prop_key_offsets, decoded.prop_key_data
+    vo, vd = decoded.prop_value_offsets, decoded.prop_value_data
+    return {
+        kd[ko[j]:ko[j + 1]].tobytes().decode(): vd[vo[j]:vo[j + 1]].tobytes().decode()
+        for j in range(lo, hi)
+    }

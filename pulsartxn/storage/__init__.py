@@ -1,0 +1,6 @@
+"""The LMDB environment of a broker and the group commit that all its writes go through."""
+
+from .environment import Storage
+from .group_commit import GroupCommit, WriteOp
+
+__all__ = ["Storage", "GroupCommit", "WriteOp"]

@@ -1,0 +1,210 @@
+"""Group commit: one writer thread puts many callers' writes into one LMDB write transaction.
+
+As BookKeeper's journal does: callers queue operations and wait; the writer drains the queue
+(bounded by records, bytes and an optional linger), applies every operation in one write
+transaction, commits it (with fsync when the environment is synced) and only then answers
+each caller. A success answer therefore means durable. If an operation raises while being
+applied, the group is rolled back and its operations are re-run one transaction each, so that
+one bad operation fails alone and the others still commit.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import lmdb
+
+from ..errors import AlreadyClosed, StorageFull
+
+
+@dataclass(eq=False)
+class WriteOp:
+    """One caller's part of a group: ``apply(txn)`` writes, its result answers the caller.
+
+    ``on_commit(result)`` runs on the writer thread after the group is durable and before the
+    caller is answered (publish in-memory state there); ``on_abort()`` runs when the write did not
+    happen, so state reserved inside ``apply`` can be given back.
+    """
+
+    apply: Callable[[lmdb.Transaction], Any]
+    nbytes: int = 0
+    records: int = 1
+    on_commit: Callable[[Any], None] | None = None
+    on_abort: Callable[[], None] | None = None
+    future: Future = field(default_factory=Future)
+
+
+_STOP = object()
+
+
+class GroupCommit:
+    def __init__(
+        self,
+        env: lmdb.Environment,
+        *,
+        max_records: int = 512,
+        max_bytes: int = 4 * 1024 * 1024,
+        linger_ms: float = 0.0,
+        name: str = "pulsartxn-group-commit",
+    ) -> None:
+        self._env = env
+        self._max_records = max_records
+        self._max_bytes = max_bytes
+        self._linger = linger_ms / 1000.0
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self.groups = 0
+        self.records = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def writer_thread(self) -> threading.Thread:
+        return self._thread
+
+    def submit(self, op: WriteOp) -> Future:
+        if self._closed:
+            raise AlreadyClosed("the broker's storage is closed")
+        if threading.current_thread() is self._thread:
+            # Called from an on_commit callback: run it in a group of its own, now.
+            self._run_group([op])
+            return op.future
+        self._queue.put(op)
+        return op.future
+
+    def write(self, apply: Callable[[lmdb.Transaction], Any], **kwargs) -> Any:
+        """Submit one operation and wait until it is durable; return its result."""
+        return self.submit(WriteOp(apply, **kwargs)).result()
+
+    def close(self) -> None:
+        """Commit everything already submitted, then stop the writer. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join()
+
+    # -- the writer thread ------------------------------------------------------------------
+
+    def _collect(self, first: WriteOp) -> tuple[list[WriteOp], bool]:
+        group = [first]
+        nbytes = first.nbytes
+        records = first.records
+        deadline = time.monotonic() + self._linger if self._linger else 0.0
+        stop = False
+        while records < self._max_records and nbytes < self._max_bytes:
+            try:
+                if deadline:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    op = self._queue.get(timeout=remaining)
+                else:
+                    op = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if op is _STOP:
+                stop = True
+                break
+            group.append(op)
+            nbytes += op.nbytes
+            records += op.records
+        return group, stop
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is _STOP:
+                stop = True
+                group: list[WriteOp] = []
+            else:
+                group, stop = self._collect(first)
+            if group:
+                self._run_group(group)
+            if stop:
+                # Drain anything that raced with close(): answer it, never drop it silently.
+                while True:
+                    try:
+                        op = self._queue.get_nowait()
+                    except queue.Empty:
+                        return
+                    if op is not _STOP:
+                        self._run_group([op])
+
+    def _run_group(self, group: list[WriteOp]) -> None:
+        try:
+            results = self._commit(group)
+        except _OpFailed:
+            # Isolate the failing operation: each one alone.
+            if len(group) == 1:
+                return
+            for op in group:
+                self._run_group([op])
+            return
+        except BaseException as exc:  # the commit itself failed: nothing of the group was written
+            error = _storage_error(exc)
+            for op in group:
+                self._fail(op, error)
+            return
+        self.groups += 1
+        self.records += sum(op.records for op in group)
+        for op, result in zip(group, results):
+            try:
+                if op.on_commit is not None:
+                    op.on_commit(result)
+            except BaseException as exc:  # noqa: BLE001 - the caller gets it
+                op.future.set_exception(exc)
+                continue
+            op.future.set_result(result)
+
+    def _commit(self, group: list[WriteOp]) -> list[Any]:
+        txn = self._env.begin(write=True)
+        results = []
+        try:
+            for op in group:
+                try:
+                    results.append(op.apply(txn))
+                except BaseException as exc:
+                    txn.abort()
+                    txn = None
+                    for other in group:
+                        if other.on_abort is not None:
+                            other.on_abort()
+                    if len(group) == 1:
+                        op.future.set_exception(_storage_error(exc))
+                    raise _OpFailed() from exc
+            txn.commit()
+            txn = None
+        finally:
+            if txn is not None:
+                txn.abort()
+        return results
+
+    @staticmethod
+    def _fail(op: WriteOp, error: BaseException) -> None:
+        if op.on_abort is not None:
+            try:
+                op.on_abort()
+            except BaseException:  # noqa: BLE001 - the caller gets the original error
+                pass
+        op.future.set_exception(error)
+
+
+class _OpFailed(Exception):
+    pass
+
+
+def _storage_error(exc: BaseException) -> BaseException:
+    if isinstance(exc, lmdb.MapFullError):
+        return StorageFull(f"LMDB map is full: {exc}")
+    if isinstance(exc, lmdb.DiskError) or (isinstance(exc, OSError) and exc.errno == 28):
+        return StorageFull(f"disk is full: {exc}")
+    return exc

@@ -1,0 +1,83 @@
+"""Topic names, creation, partitions and auto-creation."""
+
+from __future__ import annotations
+
+import pytest
+
+import pulsartxn
+from pulsartxn.messaging.topic_name import TopicName
+
+
+@pytest.mark.parametrize(
+    ("name", "full"),
+    [
+        ("orders", "persistent://public/default/orders"),
+        ("t1/ns1/orders", "persistent://t1/ns1/orders"),
+        ("persistent://t1/ns1/a.b-c_d=e:f", "persistent://t1/ns1/a.b-c_d=e:f"),
+    ],
+)
+def test_names_parse(name, full):
+    assert TopicName.parse(name).full == full
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["", " ", "a b", "a/b", "non-persistent://public/default/x", "persistent://public/default",
+     "persistent://a/b/c/d", "persistent:///default/x", "x" * 600, "ünïcode", "a\0b", 5, None],
+)
+def test_bad_names_are_refused(client, broker, bad):
+    with pytest.raises(pulsartxn.InvalidTopicName):
+        TopicName.parse(bad)
+    with pytest.raises(pulsartxn.InvalidTopicName):
+        client.create_producer(bad)
+    with pytest.raises(pulsartxn.InvalidTopicName):
+        broker.create_topic(bad, 2)
+
+
+def test_partitions(broker):
+    broker.create_topic("orders", partitions=4)
+    assert broker.topic_partitions("orders") == [
+        f"persistent://public/default/orders-partition-{i}" for i in range(4)
+    ]
+    assert broker.topic_partitions("orders-partition-2") == ["persistent://public/default/orders-partition-2"]
+    with pytest.raises(pulsartxn.TopicNotFound):
+        broker.topic_partitions("orders-partition-4")
+    with pytest.raises(pulsartxn.TopicAlreadyExists):
+        broker.create_topic("orders", partitions=4)
+    with pytest.raises(pulsartxn.TopicNotFound):
+        broker.topic_partitions("missing")
+    broker.create_topic("plain", partitions=0)
+    assert broker.topic_partitions("plain") == ["persistent://public/default/plain"]
+    with pytest.raises(ValueError):
+        broker.create_topic("neg", partitions=-1)
+    with pytest.raises(TypeError):
+        broker.create_topic("flt", partitions=1.5)
+    with pytest.raises(pulsartxn.InvalidTopicName):
+        broker.create_topic("x-partition-1", partitions=2)
+    with pytest.raises(pulsartxn.TopicNotFound):
+        broker.topic_partitions("neg")
+
+
+def test_auto_creation_on_first_use(broker, client):
+    client.create_producer("auto").send(b"x")
+    assert broker.topic_partitions("auto") == ["persistent://public/default/auto"]
+    client.subscribe("auto2", "s")
+    assert broker.topic_partitions("auto2") == ["persistent://public/default/auto2"]
+    broker.create_topic("p", partitions=2)
+    with pytest.raises(pulsartxn.TopicNotFound):
+        client.create_producer("p-partition-5")
+
+
+def test_second_broker_on_same_directory_fails_fast(tmp_path, broker):
+    with pytest.raises(pulsartxn.DataDirectoryLocked):
+        pulsartxn.Broker(broker.data_dir)
+
+
+def test_close_is_idempotent_and_context_manager(tmp_path):
+    with pulsartxn.Broker(tmp_path / "d", sync=False) as b:
+        b.client().create_producer("t").send(b"x")
+    b.close()
+    with pytest.raises(pulsartxn.AlreadyClosed):
+        b.client()
+    with pulsartxn.Broker(tmp_path / "d", sync=False) as again:  # the lock was released
+        assert [bytes(r) for r in again.client().scan("t").__next__().column("value").to_pylist()] == [b"x"]
