@@ -119,7 +119,9 @@ def normalize_properties(properties, n: int) -> list | None:
 
 
 def arrow_binary(values):
-    """(int64 offsets, uint8 data) of a pyarrow binary/string array, or None if not one."""
+    """(offsets, uint8 data) of a pyarrow binary/string array, or None if not one.
+
+    The offsets are the array's own (int32, or int64 for the large types), not copied."""
     module = type(values).__module__ or ""
     if not module.startswith("pyarrow"):
         return None
@@ -142,10 +144,9 @@ def arrow_binary(values):
     bufs = values.buffers()
     itemsize = np.dtype(dtype).itemsize
     if bufs[1] is None:
-        offsets = np.zeros(n + 1, dtype=np.int64)
+        offsets = np.zeros(n + 1, dtype=dtype)
     else:
         offsets = np.frombuffer(bufs[1], dtype=dtype, count=n + 1, offset=values.offset * itemsize)
-        offsets = offsets.astype(np.int64)
     data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None and bufs[2].size else \
         np.zeros(1, dtype=np.uint8)
     return offsets, data

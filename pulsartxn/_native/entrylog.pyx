@@ -18,6 +18,7 @@ from libc.string cimport memcmp, memcpy
 from .includes.crc32c cimport ptx_crc32c, ptx_crc32c_hardware, ptx_crc32c_init
 
 import struct
+import threading
 
 import numpy as np
 
@@ -90,30 +91,62 @@ def crc32c(data, value=0) -> int:
 # -- encoding -------------------------------------------------------------------------------
 
 cdef class _Messages:
-    """Pointers to and lengths of n messages' values, keys and encoded properties."""
+    """Where n messages' values, keys and encoded properties are, without copying them.
+
+    Values come from a pyarrow array's offsets and data buffers, or from a list of bytes
+    (pointers gathered into per-thread scratch memory that is reused, since fresh memory costs
+    a page fault per 4 KiB). Keys and properties, when given, are pointed at the same way.
+    """
 
     cdef Py_ssize_t n
-    cdef const uint8_t **vptr
-    cdef uint64_t *vlen
-    cdef const uint8_t **kptr
-    cdef int64_t *klen          # -1: no key
-    cdef const uint8_t **pptr   # NULL: no properties
+    cdef bint arrow
+    cdef const uint8_t *data        # arrow: the data buffer
+    cdef const int32_t *offs32      # arrow: offsets, 32-bit (binary/string) ...
+    cdef const int64_t *offs64      # ... or 64-bit (large_binary/large_string)
+    cdef const uint8_t **vptr       # list: value pointers
+    cdef uint64_t *vlen             # list: value lengths
+    cdef const uint8_t **kptr       # NULL when no message has a key
+    cdef int64_t *klen              # -1: no key
+    cdef const uint8_t **pptr       # NULL when no message has properties
     cdef uint64_t *plen
-    cdef list keep              # the Python objects the pointers point into
+    cdef list keep                  # the Python objects the pointers point into
 
-    def __dealloc__(self):
-        free(self.vptr)
-        free(self.vlen)
-        free(self.kptr)
-        free(self.klen)
-        free(self.pptr)
-        free(self.plen)
+    cdef inline void value(self, Py_ssize_t i, const uint8_t **ptr, uint64_t *length) noexcept nogil:
+        cdef int64_t a, b
+        if self.arrow:
+            if self.offs32 != NULL:
+                a = self.offs32[i]
+                b = self.offs32[i + 1]
+            else:
+                a = self.offs64[i]
+                b = self.offs64[i + 1]
+            ptr[0] = self.data + a
+            length[0] = <uint64_t>(b - a)
+        else:
+            ptr[0] = self.vptr[i]
+            length[0] = self.vlen[i]
 
     cdef inline uint64_t size(self, Py_ssize_t i) noexcept nogil:
-        cdef uint64_t s = 8 + self.vlen[i]     # the key and payload length fields
-        s += <uint64_t>self.klen[i] if self.klen[i] >= 0 else 0
-        s += self.plen[i] if self.pptr[i] != NULL else 4
+        cdef const uint8_t *ptr
+        cdef uint64_t length
+        self.value(i, &ptr, &length)
+        cdef uint64_t s = 8 + length     # the key and payload length fields
+        if self.kptr != NULL and self.klen[i] >= 0:
+            s += <uint64_t>self.klen[i]
+        s += self.plen[i] if self.pptr != NULL else 4
         return s
+
+
+_scratch = threading.local()
+
+
+cdef char *_scratch_bytes(str name, size_t need) except NULL:
+    """Per-thread scratch memory that is kept and reused (warm pages)."""
+    cdef bytearray buf = getattr(_scratch, name, None)
+    if buf is None or len(buf) < need:
+        buf = bytearray(max(need, 4096))
+        setattr(_scratch, name, buf)
+    return <char *>buf
 
 
 @cython.boundscheck(False)
@@ -121,9 +154,11 @@ cdef class _Messages:
 cdef _Messages _gather(values, keys, properties):
     cdef _Messages m = _Messages.__new__(_Messages)
     cdef Py_ssize_t i, n
-    cdef const int64_t[::1] offs
+    cdef const int32_t[::1] o32
+    cdef const int64_t[::1] o64
     cdef const uint8_t[::1] data
     cdef object v
+    cdef size_t count
     m.keep = []
     arrow = arrow_binary(values)
     if arrow is not None:
@@ -138,26 +173,28 @@ cdef _Messages _gather(values, keys, properties):
     key_list = normalize_keys(keys, n)
     prop_list = normalize_properties(properties, n)
     m.n = n
-    cdef size_t count = n if n else 1
-    m.vptr = <const uint8_t **>malloc(count * sizeof(uint8_t *))
-    m.vlen = <uint64_t *>malloc(count * sizeof(uint64_t))
-    m.kptr = <const uint8_t **>malloc(count * sizeof(uint8_t *))
-    m.klen = <int64_t *>malloc(count * sizeof(int64_t))
-    m.pptr = <const uint8_t **>malloc(count * sizeof(uint8_t *))
-    m.plen = <uint64_t *>malloc(count * sizeof(uint64_t))
-    if not (m.vptr and m.vlen and m.kptr and m.klen and m.pptr and m.plen):
-        raise MemoryError(f"no memory to encode {n} messages")
+    count = n if n else 1
     if arrow is not None:
-        offs = offsets_arr
-        data = data_arr
+        m.arrow = True
         m.keep.extend((offsets_arr, data_arr, values))
-        for i in range(n):
-            if offs[i + 1] - offs[i] > 0xFFFFFFFE:
-                raise ValueError(f"values[{i}] of {offs[i + 1] - offs[i]} bytes is too long")
-            m.vptr[i] = &data[0] + offs[i]
-            m.vlen[i] = offs[i + 1] - offs[i]
+        data = data_arr
+        m.data = &data[0]
+        if offsets_arr.dtype == np.int32:
+            o32 = offsets_arr
+            m.offs32 = &o32[0]
+            lengths = np.diff(offsets_arr)
+        else:
+            o64 = offsets_arr
+            m.offs64 = &o64[0]
+            lengths = np.diff(offsets_arr)
+        if n and lengths.max() > 0xFFFFFFFE:
+            i = int(lengths.argmax())
+            raise ValueError(f"values[{i}] of {int(lengths[i])} bytes is too long")
     else:
+        m.arrow = False
         m.keep.append(values)
+        m.vptr = <const uint8_t **>_scratch_bytes("vptr", count * sizeof(uint8_t *))
+        m.vlen = <uint64_t *>_scratch_bytes("vlen", count * sizeof(uint64_t))
         for i in range(n):
             v = values[i]
             if not PyBytes_Check(v):
@@ -172,19 +209,20 @@ cdef _Messages _gather(values, keys, properties):
             m.vlen[i] = PyBytes_GET_SIZE(v)
     if key_list is not None:
         m.keep.append(key_list)
+        m.kptr = <const uint8_t **>_scratch_bytes("kptr", count * sizeof(uint8_t *))
+        m.klen = <int64_t *>_scratch_bytes("klen", count * sizeof(int64_t))
+        for i in range(n):
+            if key_list[i] is None:
+                m.kptr[i] = NULL
+                m.klen[i] = -1
+            else:
+                m.kptr[i] = <const uint8_t *>PyBytes_AS_STRING(key_list[i])
+                m.klen[i] = PyBytes_GET_SIZE(key_list[i])
     if prop_list is not None:
         m.keep.append(prop_list)
-    for i in range(n):
-        if key_list is None or key_list[i] is None:
-            m.kptr[i] = NULL
-            m.klen[i] = -1
-        else:
-            m.kptr[i] = <const uint8_t *>PyBytes_AS_STRING(key_list[i])
-            m.klen[i] = PyBytes_GET_SIZE(key_list[i])
-        if prop_list is None:
-            m.pptr[i] = NULL
-            m.plen[i] = 0
-        else:
+        m.pptr = <const uint8_t **>_scratch_bytes("pptr", count * sizeof(uint8_t *))
+        m.plen = <uint64_t *>_scratch_bytes("plen", count * sizeof(uint64_t))
+        for i in range(n):
             m.pptr[i] = <const uint8_t *>PyBytes_AS_STRING(prop_list[i])
             m.plen[i] = PyBytes_GET_SIZE(prop_list[i])
     return m
@@ -206,8 +244,10 @@ cdef void _write_entry(uint8_t *out, _Messages m, Py_ssize_t i0, Py_ssize_t i1, 
     put_u32(out + 48, <uint32_t>(i1 - i0))
     cdef uint8_t *p = out + 56
     cdef Py_ssize_t i
+    cdef const uint8_t *vp
+    cdef uint64_t vl
     for i in range(i0, i1):
-        if m.klen[i] < 0:
+        if m.kptr == NULL or m.klen[i] < 0:
             put_u32(p, KEY_ABSENT)
             p += 4
         else:
@@ -215,16 +255,17 @@ cdef void _write_entry(uint8_t *out, _Messages m, Py_ssize_t i0, Py_ssize_t i1, 
             p += 4
             memcpy(p, m.kptr[i], m.klen[i])
             p += m.klen[i]
-        if m.pptr[i] == NULL:
+        if m.pptr == NULL:
             put_u32(p, 0)
             p += 4
         else:
             memcpy(p, m.pptr[i], m.plen[i])
             p += m.plen[i]
-        put_u32(p, <uint32_t>m.vlen[i])
+        m.value(i, &vp, &vl)
+        put_u32(p, <uint32_t>vl)
         p += 4
-        memcpy(p, m.vptr[i], m.vlen[i])
-        p += m.vlen[i]
+        memcpy(p, vp, vl)
+        p += vl
     cdef uint32_t crc = ptx_crc32c(0, out, 52)
     crc = ptx_crc32c(crc, out + 56, total - 56)
     put_u32(out + 52, crc)
@@ -270,22 +311,103 @@ def encode_entries(values, keys=None, properties=None, *, batch_size=1000,
     if first_sequence_id + m.n - 1 > 0xFFFFFFFFFFFFFFFF:
         raise ValueError(f"sequence ids from {first_sequence_id} for {m.n} messages pass 2^64-1")
     cdef list out = []
-    cdef Py_ssize_t i0 = 0, i = 0, limit = batch_size
-    cdef uint64_t bytes_now, size, cap = max_entry_bytes
+    cdef Py_ssize_t i0 = 0, i
     cdef uint64_t seq = first_sequence_id
     while i0 < m.n:
-        bytes_now = 56
-        i = i0
-        while i < m.n and i - i0 < limit:
-            size = m.size(i)
-            if i > i0 and bytes_now + size > cap:
-                break
-            bytes_now += size
-            i += 1
+        i = _entry_end(m, i0, batch_size, max_entry_bytes, NULL)
         out.append(_encode_range(m, i0, i, 0, txn_msb, txn_lsb, producer_id, seq, publish_time))
         seq += <uint64_t>(i - i0)
         i0 = i
     return out
+
+
+cdef Py_ssize_t _entry_end(_Messages m, Py_ssize_t i0, Py_ssize_t limit, uint64_t cap,
+                           uint64_t *total) noexcept:
+    """Where the entry starting at message i0 ends: at most `limit` messages and `cap` bytes
+    (a single larger message goes alone)."""
+    cdef uint64_t bytes_now = 56, size
+    cdef Py_ssize_t i = i0
+    while i < m.n and i - i0 < limit:
+        size = m.size(i)
+        if i > i0 and bytes_now + size > cap:
+            break
+        bytes_now += size
+        i += 1
+    if total != NULL:
+        total[0] = bytes_now
+    return i
+
+
+# Entries of a bulk append are encoded into a per-thread arena that is reused from call to
+# call: fresh memory costs a page fault per 4 KiB on first touch, more than the encoding
+# itself. Arena rounds are bounded so the arena stays small.
+ARENA_ROUND_BYTES = 16 * 1024 * 1024
+_arenas = threading.local()
+
+
+cdef bytearray _arena(size_t need, int which):
+    name = "buf1" if which else "buf0"
+    cdef bytearray buf = getattr(_arenas, name, None)
+    if buf is None or len(buf) < need:
+        buf = bytearray(max(need, 1 << 20))
+        setattr(_arenas, name, buf)
+    return buf
+
+
+_encoder_pool = None
+
+
+def _encoder():
+    """The one background thread that encodes the next arena round of bulk appends."""
+    global _encoder_pool
+    if _encoder_pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _encoder_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pulsartxn-encode")
+    return _encoder_pool
+
+
+cdef class _Round:
+    """One arena round of a bulk append: its entries' message ranges, offsets and sequences."""
+
+    cdef _Messages m
+    cdef readonly list plan
+    cdef readonly bytearray buf
+    cdef uint64_t txn_msb, txn_lsb, producer_id
+    cdef int64_t publish_time
+
+    def __init__(self, _Messages m, list plan, bytearray buf, txn_msb, txn_lsb, producer_id,
+                 publish_time):
+        self.m = m
+        self.plan = plan
+        self.buf = buf
+        self.txn_msb = txn_msb
+        self.txn_lsb = txn_lsb
+        self.producer_id = producer_id
+        self.publish_time = publish_time
+
+    def run(self):
+        cdef Py_ssize_t n = len(self.plan), j
+        cdef int64_t *spec = <int64_t *>malloc((n * 5 if n else 1) * sizeof(int64_t))
+        if spec == NULL:
+            raise MemoryError()
+        for j in range(n):
+            a, b, off, total, seq = self.plan[j]
+            spec[5 * j] = a
+            spec[5 * j + 1] = b
+            spec[5 * j + 2] = off
+            spec[5 * j + 3] = total
+            spec[5 * j + 4] = <int64_t><uint64_t>seq
+        cdef uint8_t *base = <uint8_t *>(<char *>self.buf)
+        try:
+            with nogil:
+                for j in range(n):
+                    _write_entry(base + spec[5 * j + 2], self.m, spec[5 * j], spec[5 * j + 1], 0,
+                                 self.txn_msb, self.txn_lsb, self.producer_id,
+                                 <uint64_t>spec[5 * j + 4], self.publish_time,
+                                 <size_t>spec[5 * j + 3])
+        finally:
+            free(spec)
 
 
 # -- decoding -------------------------------------------------------------------------------
@@ -597,6 +719,86 @@ cdef class EntryLog:
         if added != n:
             raise RuntimeError(f"{self.name!r}: appended {added} of {n} entries")
         return first
+
+    def append_messages(self, txn, values, keys=None, properties=None, *, batch_size=1000,
+                        max_entry_bytes=DEFAULT_MAX_ENTRY_BYTES, txn_msb=0, txn_lsb=0,
+                        producer_id=0, first_sequence_id=0, publish_time=0):
+        """Encode a bulk of messages into entries (as encode_entries) and append them.
+
+        Returns (first entry id, messages per entry). The entries are written from a reused
+        per-thread arena, never materialised as bytes objects.
+        """
+        check_header_ints(txn_msb, txn_lsb, producer_id, first_sequence_id, publish_time, 0)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
+        if isinstance(max_entry_bytes, bool) or not isinstance(max_entry_bytes, int) or max_entry_bytes < 1:
+            raise ValueError(f"max_entry_bytes must be a positive int, not {max_entry_bytes!r}")
+        cdef _Messages m = _gather(values, keys, properties)
+        if first_sequence_id + m.n - 1 > 0xFFFFFFFFFFFFFFFF:
+            raise ValueError(f"sequence ids from {first_sequence_id} for {m.n} messages pass 2^64-1")
+        cdef uint64_t first = self.last_entry_id(txn) + 1
+        cdef uint64_t seq = first_sequence_id, total
+        cdef Py_ssize_t i0 = 0, i
+        cdef size_t used
+        cdef list counts = []
+        cdef list rounds = []
+        cdef list plan = []
+        # Plan every entry, in rounds of at most ARENA_ROUND_BYTES.
+        used = 0
+        while i0 < m.n:
+            i = _entry_end(m, i0, batch_size, max_entry_bytes, &total)
+            if plan and used + total > ARENA_ROUND_BYTES:
+                rounds.append(plan)
+                plan = []
+                used = 0
+            plan.append((i0, i, used, total, seq))
+            used += total
+            seq += <uint64_t>(i - i0)
+            counts.append(i - i0)
+            i0 = i
+        if plan:
+            rounds.append(plan)
+        cdef _Round r
+        encoded = [_Round(m, p, _arena(p[-1][2] + p[-1][3], k % 2), txn_msb, txn_lsb, producer_id,
+                          publish_time) for k, p in enumerate(rounds[:2])]
+        cursor = txn.cursor(db=self.db)
+        pack = _BE64.pack
+        next_id = first
+        pending = None
+        # Two arenas: while LMDB copies round k from one, round k + 1 is encoded into the other
+        # (without the GIL, on the encoder thread), so the copy and the encoding overlap.
+        try:
+            for k in range(len(rounds)):
+                if k == 0:
+                    (<_Round>encoded[0]).run()
+                else:
+                    pending.result()
+                r = encoded[k % 2]
+                if k + 1 < len(rounds):
+                    if k + 1 >= 2:
+                        encoded[(k + 1) % 2] = _Round(
+                            m, rounds[k + 1], _arena(rounds[k + 1][-1][2] + rounds[k + 1][-1][3], (k + 1) % 2),
+                            txn_msb, txn_lsb, producer_id, publish_time)
+                    pending = _encoder().submit((<_Round>encoded[(k + 1) % 2]).run)
+                view = memoryview(r.buf)
+                try:
+                    rows = [(pack(next_id + j), view[e[2]:e[2] + e[3]]) for j, e in enumerate(r.plan)]
+                    consumed, added = cursor.putmulti(rows, append=True)
+                finally:
+                    rows = None
+                    view.release()
+                if added != len(r.plan):
+                    if pending is not None:
+                        pending.result()
+                    raise RuntimeError(f"{self.name!r}: appended {added} of {len(r.plan)} entries")
+                next_id += len(r.plan)
+        finally:
+            if pending is not None:
+                try:
+                    pending.result()  # never leave the encoder writing into an arena we reuse
+                except BaseException:
+                    pass
+        return first, counts
 
     def scan(self, txn, start=0, end=None, limit=None):
         """(entry ids, buffers) of entries start..end-1; buffers live as long as txn."""

@@ -110,20 +110,11 @@ class Partition:
     def append_op(self, entries: list[bytes], counts: list[int], nbytes: int,
                   producer: str | None = None, first_sequence: int = -1,
                   on_published=None) -> WriteOp:
-        """A group-commit operation appending `entries`; its result is the first entry id."""
+        """A group-commit operation appending encoded `entries`; its result is the first id."""
 
         def apply(txn):
             first = self.log.append(txn, entries)
-            if producer is not None and first_sequence >= 0:
-                last_seq = first_sequence + sum(counts) - 1
-                key = self._dedup_prefix + producer.encode()
-                txn.put(key, _DEDUP.pack(last_seq), db=self._dedup_db)
-                seq = first_sequence
-                rows = []
-                for i, n in enumerate(counts):
-                    rows.append((key + b"\0" + _U64.pack(seq), _DEDUP_INDEX.pack(first + i, n, seq)))
-                    seq += n
-                txn.cursor(db=self._dedup_index_db).putmulti(rows)
+            self._index_sequences(txn, first, counts, producer, first_sequence)
             return first
 
         def on_commit(first):
@@ -132,6 +123,38 @@ class Partition:
                 on_published(first)
 
         return WriteOp(apply, nbytes=nbytes, records=len(entries), on_commit=on_commit)
+
+    def append_messages_op(self, values, keys, nbytes: int, n: int, *, batch_size: int,
+                           producer: str, producer_id: int, first_sequence: int,
+                           publish_time: int) -> WriteOp:
+        """A group-commit operation that encodes a bulk of messages straight into the ledger
+        (no intermediate bytes objects); its result is (first entry id, messages per entry)."""
+
+        def apply(txn):
+            first, counts = self.log.append_messages(
+                txn, values, keys, batch_size=batch_size, producer_id=producer_id,
+                first_sequence_id=first_sequence, publish_time=publish_time)
+            self._index_sequences(txn, first, counts, producer, first_sequence)
+            return first, counts
+
+        def on_commit(result):
+            first, counts = result
+            self._published(first, counts, nbytes, producer, first_sequence)
+
+        return WriteOp(apply, nbytes=nbytes, records=max(1, n // batch_size), on_commit=on_commit)
+
+    def _index_sequences(self, txn, first: int, counts: list[int], producer, first_sequence) -> None:
+        """Persist the producer's highest sequence id and where each entry's sequences start."""
+        if producer is None or first_sequence < 0 or not counts:
+            return
+        key = self._dedup_prefix + producer.encode()
+        txn.put(key, _DEDUP.pack(first_sequence + sum(counts) - 1), db=self._dedup_db)
+        seq = first_sequence
+        rows = []
+        for i, n in enumerate(counts):
+            rows.append((key + b"\0" + _U64.pack(seq), _DEDUP_INDEX.pack(first + i, n, seq)))
+            seq += n
+        txn.cursor(db=self._dedup_index_db).putmulti(rows)
 
     def _published(self, first: int, counts: list[int], nbytes: int, producer, first_sequence) -> None:
         with self.lock:

@@ -17,7 +17,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from .._native import encode_entries, encode_entry
+from .._native import encode_entry
 from ..errors import AlreadyClosed, MessageTooBig
 from .message import MessageId
 from .partition import Partition
@@ -292,12 +292,13 @@ class Producer:
         for i, rows in plan.items():
             if len(rows) == 0:
                 continue
-            futures.append(self._send_rows(self._parts[i], values, key_list, rows, n))
+            futures.append(self._send_rows(self._parts[i], values, key_list, rows, n, sizes))
         for fut in futures:
             fut.result()
         return n
 
-    def _send_rows(self, part: PartitionProducer, values, key_list, rows: np.ndarray, n: int) -> Future:
+    def _send_rows(self, part: PartitionProducer, values, key_list, rows: np.ndarray, n: int,
+                   sizes: np.ndarray) -> Future:
         if len(rows) == n:
             sub_values = values
             sub_keys = key_list
@@ -310,19 +311,12 @@ class Producer:
         with part.lock:
             part._flush_locked()
             first_seq = part.last_sequence + 1
-            entries = encode_entries(
-                sub_values,
-                sub_keys,
-                None,
-                batch_size=self.batching_max_messages,
-                producer_id=self.producer_id,
-                first_sequence_id=first_seq,
-                publish_time=int(time.time() * 1000),
-            )
-            counts = _entry_counts(len(rows), entries, self.batching_max_messages)
             part.last_sequence = first_seq + len(rows) - 1
-            nbytes = sum(len(e) for e in entries)
-            op = part.partition.append_op(entries, counts, nbytes, self.producer_name, first_seq)
+            nbytes = int(sizes[rows].sum())
+            op = part.partition.append_messages_op(
+                sub_values, sub_keys, nbytes, len(rows), batch_size=self.batching_max_messages,
+                producer=self.producer_name, producer_id=self.producer_id,
+                first_sequence=first_seq, publish_time=int(time.time() * 1000))
             return part.partition.storage.submit(op)
 
     def flush(self) -> None:
@@ -379,9 +373,3 @@ def _sizes(values) -> tuple[int, np.ndarray]:
         if not isinstance(v, (bytes, bytearray, memoryview)):
             raise TypeError(f"values[{i}] must be bytes, not {type(v).__name__}")
     return len(values), np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
-
-
-def _entry_counts(n: int, entries: list[bytes], batch_size: int) -> list[int]:
-    from .._native import decode_header
-
-    return [decode_header(e, verify=False).message_count for e in entries]

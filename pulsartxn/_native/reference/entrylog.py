@@ -317,6 +317,16 @@ class EntryLog:
             raise RuntimeError(f"{self.name!r}: appended {added} of {len(entries)} entries")
         return first
 
+    def append_messages(self, txn, values, keys=None, properties=None, *, batch_size=1000,
+                        max_entry_bytes=DEFAULT_MAX_ENTRY_BYTES, txn_msb=0, txn_lsb=0,
+                        producer_id=0, first_sequence_id=0, publish_time=0):
+        entries = encode_entries(values, keys, properties, batch_size=batch_size,
+                                 max_entry_bytes=max_entry_bytes, txn_msb=txn_msb, txn_lsb=txn_lsb,
+                                 producer_id=producer_id, first_sequence_id=first_sequence_id,
+                                 publish_time=publish_time)
+        counts = [decode_header(e, verify=False).message_count for e in entries]
+        return self.append(txn, entries), counts
+
     def scan(self, txn, start=0, end=None, limit=None):
         lo, hi, cap = _range(start, end, limit)
         ids, bufs = [], []
