@@ -40,17 +40,66 @@ def _done(value=None, error: BaseException | None = None) -> Future:
     return fut
 
 
+class _MessageFuture(Future):
+    """The Future of one message of a batch. The batch's messages share one Condition, and the
+    whole batch is completed under it at once (creating a Condition per message would cost
+    more than the rest of a send). Uses concurrent.futures.Future's documented-by-source state
+    fields, as its own subclasses in the standard library do."""
+
+    def __init__(self, condition: threading.Condition) -> None:  # noqa: D107 - see class
+        self._condition = condition
+        self._state = _PENDING
+        self._result = None
+        self._exception = None
+        self._waiters = []
+        self._done_callbacks = []
+
+
+_PENDING = "PENDING"
+_FINISHED = "FINISHED"
+
+
+def _complete(futures: list[Future], results: list | None, error: BaseException | None) -> None:
+    """Finish a batch's futures in one pass under their shared condition."""
+    if not futures:
+        return
+    cond = futures[0]._condition
+    with cond:
+        for i, f in enumerate(futures):
+            if f._state != _PENDING:
+                continue  # cancelled by its caller
+            if error is None:
+                f._result = results[i]
+            else:
+                f._exception = error
+            f._state = _FINISHED
+            for waiter in f._waiters:
+                if error is None:
+                    waiter.add_result(f)
+                else:
+                    waiter.add_exception(f)
+        cond.notify_all()
+    for f in futures:
+        if f._done_callbacks:
+            f._invoke_callbacks()
+
+
 class _Batch:
-    __slots__ = ("values", "keys", "props", "futures", "first_sequence", "nbytes", "started")
+    __slots__ = ("values", "keys", "props", "futures", "first_sequence", "nbytes", "started",
+                 "condition")
 
     def __init__(self, first_sequence: int) -> None:
         self.values: list[bytes] = []
-        self.keys: list = []
-        self.props: list = []
+        self.keys: list | None = None     # created at the first keyed message
+        self.props: list | None = None    # created at the first message with properties
         self.futures: list[Future] = []
         self.first_sequence = first_sequence
         self.nbytes = 0
         self.started = time.monotonic()
+        self.condition = threading.Condition(threading.Lock())
+
+    def contains(self, sequence_id: int) -> bool:
+        return self.first_sequence <= sequence_id < self.first_sequence + len(self.values)
 
 
 class PartitionProducer:
@@ -62,9 +111,9 @@ class PartitionProducer:
         self.lock = threading.Lock()
         self.last_sequence = partition.dedup_highest.get(producer.producer_name, -1)
         self.batch: _Batch | None = None
-        self.inflight: dict[int, Future] = {}
+        self.inflight: list[_Batch] = []   # sent, not yet durable
 
-    def add(self, content: bytes, properties, key, sequence_id, now_ms: int) -> Future:
+    def add(self, content: bytes, properties, key, sequence_id) -> Future:
         producer = self.producer
         with self.lock:
             if sequence_id is None:
@@ -82,22 +131,28 @@ class PartitionProducer:
             if batch is None:
                 batch = self.batch = _Batch(sequence_id)
                 producer.client.broker._flusher.watch(self)
-            fut: Future = Future()
+            n = len(batch.values)
+            if key is not None and batch.keys is None:
+                batch.keys = [None] * n
+            if properties and batch.props is None:
+                batch.props = [None] * n
             batch.values.append(content)
-            batch.keys.append(key)
-            batch.props.append(properties)
+            if batch.keys is not None:
+                batch.keys.append(key)
+            if batch.props is not None:
+                batch.props.append(properties)
+            fut = _MessageFuture(batch.condition)
             batch.futures.append(fut)
             batch.nbytes += len(content)
             self.last_sequence = sequence_id
-            self.inflight[sequence_id] = fut
-            if not producer.batching_enabled or len(batch.values) >= producer.batching_max_messages:
+            if not producer.batching_enabled or n + 1 >= producer.batching_max_messages:
                 self._flush_locked()
             return fut
 
     def _duplicate(self, sequence_id: int) -> Future:
-        pending = self.inflight.get(sequence_id)
-        if pending is not None:
-            return pending
+        for batch in [*self.inflight, self.batch]:
+            if batch is not None and batch.contains(sequence_id):
+                return batch.futures[sequence_id - batch.first_sequence]
         found = self.partition.lookup_sequence(self.producer.producer_name, sequence_id)
         if found is None:
             # Below the highest persisted but never stored (a gap): Pulsar answers -1:-1.
@@ -129,39 +184,45 @@ class PartitionProducer:
             return
         self.batch = None
         producer = self.producer
-        has_keys = any(k is not None for k in batch.keys)
-        has_props = any(p for p in batch.props)
         entry = encode_entry(
             batch.values,
-            batch.keys if has_keys else None,
-            batch.props if has_props else None,
+            batch.keys,
+            batch.props,
             producer_id=producer.producer_id,
             sequence_id=batch.first_sequence,
             publish_time=int(time.time() * 1000),
         )
         n = len(batch.values)
-        futures = batch.futures
-        first_seq = batch.first_sequence
+        p = self.partition
+        ledger_id, index = p.ledger_id, p.index
+        self.inflight.append(batch)
 
         def published(entry_id: int) -> None:
-            for i, fut in enumerate(futures):
-                self.inflight.pop(first_seq + i, None)
-                fut.set_result(self._message_id(entry_id, n, i))
+            if n > 1:
+                ids = [MessageId(ledger_id, entry_id, index, i, n) for i in range(n)]
+            else:
+                ids = [MessageId(ledger_id, entry_id, index)]
+            self._landed(batch)
+            _complete(batch.futures, ids, None)
 
-        op = self.partition.append_op(
-            [entry], [n], batch.nbytes, producer.producer_name, first_seq, on_published=published
-        )
-        fut = self.partition.storage.submit(op)
-        fut.add_done_callback(lambda f: self._failed(f, futures, first_seq))
+        op = p.append_op([entry], [n], batch.nbytes, producer.producer_name, batch.first_sequence,
+                         on_published=published)
+        fut = p.storage.submit(op)
+        fut.add_done_callback(lambda f: self._failed(f, batch))
 
-    def _failed(self, fut: Future, futures: list[Future], first_seq: int) -> None:
+    def _landed(self, batch: _Batch) -> None:
+        with self.lock:
+            try:
+                self.inflight.remove(batch)
+            except ValueError:
+                pass
+
+    def _failed(self, fut: Future, batch: _Batch) -> None:
         error = fut.exception()
         if error is None:
             return
-        for i, f in enumerate(futures):
-            self.inflight.pop(first_seq + i, None)
-            if not f.done():
-                f.set_exception(error)
+        self._landed(batch)
+        _complete(batch.futures, None, error)
 
 
 class Producer:
@@ -229,11 +290,20 @@ class Producer:
 
     def send_async(self, content, properties=None, partition_key=None, sequence_id=None,
                    txn=None, callback=None) -> Future:
-        self._check_open()
-        self.client._no_transactions_yet(txn)
-        content, properties = self._validate(content, properties, partition_key, sequence_id)
-        part = self._part_for(partition_key)
-        fut = part.add(content, properties, partition_key, sequence_id, 0)
+        """Queue one message; the Future gives its MessageId once it is durable."""
+        if self._closed:
+            self._check_open()
+        if txn is not None:
+            self.client._no_transactions_yet(txn)
+        if type(content) is not bytes or properties is not None or partition_key is not None \
+                or sequence_id is not None or len(content) > self.max_message_size:
+            content, properties = self._validate(content, properties, partition_key, sequence_id)
+        parts = self._parts
+        if len(parts) == 1:
+            part = parts[0]
+        else:
+            part = self._part_for(partition_key)
+        fut = part.add(content, properties, partition_key, sequence_id)
         if callback is not None:
             fut.add_done_callback(lambda f: callback(f.exception(), None if f.exception() else f.result()))
         return fut
@@ -245,7 +315,7 @@ class Producer:
         self.client._no_transactions_yet(txn)
         content, properties = self._validate(content, properties, partition_key, sequence_id)
         part = self._part_for(partition_key)
-        fut = part.add(content, properties, partition_key, sequence_id, 0)
+        fut = part.add(content, properties, partition_key, sequence_id)
         if not fut.done():
             part.flush()  # as Pulsar's client does for a synchronous send
         return fut.result()
@@ -325,13 +395,16 @@ class Producer:
         pending = []
         for part in self._parts:
             with part.lock:
-                pending.extend(part.inflight.values())
+                pending.extend(part.inflight)
+                if part.batch is not None:
+                    pending.append(part.batch)
                 part._flush_locked()
-        for fut in pending:
-            try:
-                fut.result()
-            except Exception:  # noqa: BLE001 - the sender's own future reports it
-                pass
+        for batch in pending:
+            if batch.futures:
+                try:
+                    batch.futures[-1].result()
+                except Exception:  # noqa: BLE001 - the sender's own future reports it
+                    pass
 
     def close(self) -> None:
         if self._closed:

@@ -37,7 +37,8 @@ def test_send_receive_in_order_with_metadata(client):
 
 
 def test_batched_send_async_shares_entries(client):
-    producer = client.create_producer("t", batching_max_messages=100, batching_max_publish_delay_ms=50)
+    producer = client.create_producer("t", batching_max_messages=100,
+                                      batching_max_publish_delay_ms=60_000)
     futures = [producer.send_async(b"x%d" % i) for i in range(250)]
     producer.flush()
     ids = [f.result() for f in futures]
@@ -167,7 +168,7 @@ def test_ack_individual_and_cumulative_survive_restart(broker):
 
 
 def test_batch_index_acks(client, broker):
-    p = client.create_producer("t", batching_max_messages=10, batching_max_publish_delay_ms=100)
+    p = client.create_producer("t", batching_max_messages=10, batching_max_publish_delay_ms=60_000)
     fs = [p.send_async(b"%d" % i) for i in range(10)]
     p.flush()
     assert len({f.result().entry_id() for f in fs}) == 1
