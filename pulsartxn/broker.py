@@ -28,7 +28,8 @@ MAX_PARTITIONS = 4096
 
 
 class _BatchFlusher:
-    """Flushes producer batches whose publish delay has passed (one thread per broker)."""
+    """Flushes what waits for a delay: producer batches past their publish delay and
+    subscription cursors with acknowledgements to persist (one thread per broker)."""
 
     def __init__(self, delay_ms: float) -> None:
         self._delay = delay_ms / 1000.0
@@ -54,10 +55,12 @@ class _BatchFlusher:
                 if not watched:
                     break
                 for part in watched:
-                    if part.flush_if_older(self._delay):
+                    with self._lock:
+                        # Unwatch first: a watch() racing with this flush stays registered.
+                        self._watched.discard(part)
+                    if not part.flush_if_older(self._delay):
                         with self._lock:
-                            if part.batch is None:
-                                self._watched.discard(part)
+                            self._watched.add(part)
                 self._wake.wait(max(self._delay / 2, 0.0002))
                 self._wake.clear()
 
@@ -122,6 +125,9 @@ class Broker:
                 client.close()
             except PulsarTxnError:
                 pass
+        for part in list(self._partitions.values()):
+            for sub in list(part.subscriptions.values()):
+                sub.wait_persisted()
         self._flusher.stop()
         self.storage.close()
 
@@ -205,6 +211,7 @@ class Broker:
 
             ledger_id = self.storage.write(apply)
         part = Partition(self.storage, TopicName.parse(full), ledger_id)
+        part.broker_flusher = self._flusher
         with self.storage.read() as txn:
             cursor = txn.cursor(db=self._cursors_db)
             prefix = key + b"\0"

@@ -31,6 +31,7 @@ NAMES = (
     "decode_header",
     "decode_entries",
     "crc32c",
+    "value_sizes",
     "HEADER_SIZE",
 )
 

@@ -286,6 +286,30 @@ cdef bytes _encode_range(_Messages m, Py_ssize_t i0, Py_ssize_t i1, uint8_t mark
     return out
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def value_sizes(values):
+    """int64 sizes of a list of bytes or a pyarrow binary/string array (TypeError otherwise)."""
+    arrow = arrow_binary(values)
+    if arrow is not None:
+        return np.diff(arrow[0]).astype(np.int64)
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"values must be a list of bytes or a pyarrow array, not {type(values).__name__}")
+    cdef Py_ssize_t i, n = len(values)
+    out = np.empty(n, dtype=np.int64)
+    cdef int64_t[::1] sizes = out
+    cdef object v
+    for i in range(n):
+        v = values[i]
+        if PyBytes_Check(v):
+            sizes[i] = PyBytes_GET_SIZE(v)
+        elif isinstance(v, (bytearray, memoryview)):
+            sizes[i] = len(v)
+        else:
+            raise TypeError(f"values[{i}] must be bytes, not {type(v).__name__}")
+    return out
+
+
 def encode_entry(values, keys=None, properties=None, *, txn_msb=0, txn_lsb=0, producer_id=0,
                  sequence_id=0, publish_time=0, marker_type=0) -> bytes:
     """One entry holding every message of `values` (a marker entry holds zero or one)."""

@@ -17,7 +17,9 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from .._native import encode_entry
+import pyarrow as pa
+
+from .._native import encode_entry, value_sizes
 from ..errors import AlreadyClosed, MessageTooBig
 from .message import MessageId
 from .partition import Partition
@@ -425,24 +427,9 @@ class Producer:
 
 def _sizes(values) -> tuple[int, np.ndarray]:
     """Count and per-message sizes of a list of bytes or a pyarrow binary/string array."""
-    try:
-        import pyarrow as pa
-    except ImportError:  # pragma: no cover - pyarrow is a dependency
-        pa = None
-    if pa is not None and isinstance(values, (pa.Array, pa.ChunkedArray)):
-        if isinstance(values, pa.ChunkedArray):
-            values = values.combine_chunks()
-        if not (pa.types.is_binary(values.type) or pa.types.is_string(values.type)
-                or pa.types.is_large_binary(values.type) or pa.types.is_large_string(values.type)):
-            raise TypeError(f"values must be a binary or string array, not {values.type}")
-        if values.null_count:
-            raise ValueError("values must not contain nulls")
-        import pyarrow.compute as pc
-
-        return len(values), np.asarray(pc.binary_length(values).fill_null(0), dtype=np.int64)
-    if not isinstance(values, (list, tuple)):
-        raise TypeError(f"values must be a list of bytes or a pyarrow array, not {type(values).__name__}")
-    for i, v in enumerate(values):
-        if not isinstance(v, (bytes, bytearray, memoryview)):
-            raise TypeError(f"values[{i}] must be bytes, not {type(v).__name__}")
-    return len(values), np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if isinstance(values, pa.Array) and values.null_count:
+        raise ValueError("values must not contain nulls")
+    sizes = value_sizes(values)
+    return len(sizes), sizes

@@ -55,6 +55,7 @@ class Subscription:
         self._pending: dict[tuple[int, int], _Pending] = {}
         self._redelivery_counts: dict[tuple[int, int], int] = {}
         self._persist_queued = False
+        self._persist_requested = 0.0
         self._last_persist = None
         self._key = partition.topic.encode() + b"\0" + name.encode()
         self.msg_out = 0
@@ -224,11 +225,13 @@ class Subscription:
                 changed = self.cursor.ack_cumulative(entry_id, bi, size)
                 for key in [k for k in self._pending if self.cursor.is_acked(*k)]:
                     del self._pending[key]
+                for key in [k for k in self._redelivery_counts if self.cursor.is_acked(*k)]:
+                    del self._redelivery_counts[key]
             else:
                 changed = self.cursor.ack(entry_id, bi, size)
                 self._pending.pop((entry_id, bi), None)
-            for key in [k for k in self._redelivery_counts if self.cursor.is_acked(*k)]:
-                del self._redelivery_counts[key]
+                if self._redelivery_counts:
+                    self._redelivery_counts.pop((entry_id, bi), None)
             if changed:
                 self._persist()
 
@@ -247,10 +250,25 @@ class Subscription:
         self.notify()
 
     def _persist(self) -> None:
-        """Queue one write of the cursor; acks made before it is applied ride along."""
+        """Persist the cursor soon: acks within one flush interval share one write, as
+        Pulsar's clients group acknowledgements (plain acks are asynchronous there too)."""
         if self._persist_queued:
             return
         self._persist_queued = True
+        self._persist_requested = time.monotonic()
+        self.partition.broker_flusher.watch(self)
+
+    def flush_if_older(self, seconds: float) -> bool:
+        """Called by the broker's flusher: write the cursor once the interval has passed."""
+        with self.lock:
+            if not self._persist_queued:
+                return True
+            if time.monotonic() - self._persist_requested < seconds:
+                return False
+        self._write_cursor()
+        return True
+
+    def _write_cursor(self):
         storage = self.partition.storage
         db = storage.open_db(b"cursors")
 
@@ -261,9 +279,13 @@ class Subscription:
             txn.put(self._key, data, db=db)
 
         self._last_persist = storage.submit(WriteOp(apply, nbytes=64))
+        return self._last_persist
 
     def wait_persisted(self) -> None:
-        fut = self._last_persist
+        """Write any acknowledgement not yet persisted and wait until it is durable."""
+        with self.lock:
+            queued = self._persist_queued
+        fut = self._write_cursor() if queued else self._last_persist
         if fut is not None:
             fut.result()
 

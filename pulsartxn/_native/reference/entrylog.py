@@ -23,7 +23,7 @@ from ..entryformat import (
     normalize_properties,
 )
 
-__all__ = ["HEADER_SIZE", "EntryHeader", "DecodedEntries", "crc32c", "encode_entry",
+__all__ = ["HEADER_SIZE", "EntryHeader", "DecodedEntries", "crc32c", "value_sizes", "encode_entry",
            "encode_entries", "decode_header", "decode_entries", "EntryLog"]
 
 _BE64 = struct.Struct(">Q")
@@ -71,6 +71,13 @@ def _values(values) -> list[bytes]:
             raise ValueError(f"values[{i}] of {len(v)} bytes is too long")
         out.append(v)
     return out
+
+
+def value_sizes(values) -> np.ndarray:
+    arrow = arrow_binary(values)
+    if arrow is not None:
+        return np.diff(arrow[0]).astype(np.int64)
+    return np.array([len(v) for v in _values(values)], dtype=np.int64)
 
 
 def _message(value: bytes, key, props) -> bytes:
