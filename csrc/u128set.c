@@ -1,11 +1,14 @@
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "pulsartxn/hash.h"
 #include "pulsartxn/u128set.h"
 
 #define PTX_MIN_CAPACITY 16
-#define PTX_PREFETCH_GROUP 16
+#define PTX_PREFETCH_DISTANCE 24
 #define PTX_CACHED_TABLE_BYTES (256 * 1024)
 
 static inline int is_empty(const ptx_u128 *slot) { return (slot->hi | slot->lo) == 0; }
@@ -48,8 +51,25 @@ static inline void place(ptx_u128 *slots, size_t mask, uint64_t hi, uint64_t lo)
     slots[i].lo = lo;
 }
 
+#define PTX_HUGE_PAGE ((size_t)2 << 20)
+
+/* Zeroed slots. Tables of 2 MiB and more are aligned to and advised for transparent huge
+   pages: a probe of a large table is a random access, and with 4 KiB pages most of them would
+   also miss the TLB. */
+static ptx_u128 *alloc_slots(size_t capacity) {
+    size_t bytes = capacity * sizeof(ptx_u128);
+    if (bytes < PTX_HUGE_PAGE) return (ptx_u128 *)calloc(capacity, sizeof(ptx_u128));
+    void *p = NULL;
+    if (posix_memalign(&p, PTX_HUGE_PAGE, bytes) != 0) return NULL;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    memset(p, 0, bytes);
+    return (ptx_u128 *)p;
+}
+
 static int rehash(ptx_u128set *s, size_t capacity) {
-    ptx_u128 *fresh = (ptx_u128 *)calloc(capacity, sizeof(ptx_u128));
+    ptx_u128 *fresh = alloc_slots(capacity);
     if (fresh == NULL) return -1;
     if (s->slots != NULL) {
         size_t old_capacity = s->mask + 1;
@@ -157,17 +177,15 @@ void ptx_u128set_contains_many(const ptx_u128set *s, const uint64_t *hi, const u
         }
         return;
     }
-    size_t start[PTX_PREFETCH_GROUP];
-    for (size_t base = 0; base < n; base += PTX_PREFETCH_GROUP) {
-        size_t m = n - base < PTX_PREFETCH_GROUP ? n - base : PTX_PREFETCH_GROUP;
-        for (size_t k = 0; k < m; k++) {
-            start[k] = home(s, hi[base + k], lo[base + k]);
-            __builtin_prefetch(&s->slots[start[k]]);
-        }
-        for (size_t k = 0; k < m; k++) {
-            uint64_t h = hi[base + k], l = lo[base + k];
-            out[base + k] = (h | l) == 0 ? (uint8_t)s->has_zero : (uint8_t)probe(s, start[k], h, l);
-        }
+    /* A rolling prefetch: the slot of probe i + D is requested while probe i runs, so up to D
+       cache misses are in flight instead of one. */
+    const size_t D = PTX_PREFETCH_DISTANCE;
+    size_t ahead = n < D ? n : D;
+    for (size_t k = 0; k < ahead; k++) __builtin_prefetch(&s->slots[home(s, hi[k], lo[k])]);
+    for (size_t i = 0; i < n; i++) {
+        if (i + D < n) __builtin_prefetch(&s->slots[home(s, hi[i + D], lo[i + D])]);
+        uint64_t h = hi[i], l = lo[i];
+        out[i] = (h | l) == 0 ? (uint8_t)s->has_zero : (uint8_t)probe(s, home(s, h, l), h, l);
     }
 }
 
@@ -193,7 +211,7 @@ size_t ptx_u128set_prune_below(ptx_u128set *s, uint64_t top, uint64_t bound_hi, 
     if (dropped == 0) return removed;
     /* Rebuild: it also shrinks the table after a large prune. */
     size_t fresh_capacity = capacity_for(survivors);
-    ptx_u128 *fresh = (ptx_u128 *)calloc(fresh_capacity, sizeof(ptx_u128));
+    ptx_u128 *fresh = alloc_slots(fresh_capacity);
     if (fresh == NULL) {
         if (removed) s->has_zero = 1; /* leave the set as it was */
         return (size_t)-1;

@@ -12,7 +12,7 @@ import struct
 
 from .._native import AckSet
 
-_HEAD = struct.Struct("<4sBqII")  # magic, version, mark_delete, n individual, n batch
+_HEAD = struct.Struct("<4sBqII")  # magic, version, mark_delete, n acked ranges, n batch
 _MAGIC = b"PTCU"
 _VERSION = 1
 
@@ -106,10 +106,11 @@ class Cursor:
     # -- persistence -----------------------------------------------------------------------
 
     def serialize(self) -> bytes:
-        acked = sorted(self.acked)
-        parts = [_HEAD.pack(_MAGIC, _VERSION, self.mark_delete, len(acked), len(self.batch_acks))]
-        if acked:
-            parts.append(struct.pack(f"<{len(acked)}Q", *acked))
+        """The cursor record: mark-delete, individually acknowledged ranges, batch acks."""
+        ranges = _ranges(sorted(self.acked))
+        parts = [_HEAD.pack(_MAGIC, _VERSION, self.mark_delete, len(ranges), len(self.batch_acks))]
+        if ranges:
+            parts.append(struct.pack(f"<{2 * len(ranges)}Q", *(x for r in ranges for x in r)))
         for entry_id, acks in sorted(self.batch_acks.items()):
             words = acks.to_words()
             parts.append(struct.pack(f"<QII{len(words)}Q", entry_id, acks.size, len(words), *words))
@@ -118,13 +119,15 @@ class Cursor:
     @classmethod
     def deserialize(cls, data) -> Cursor:
         raw = bytes(data)
-        magic, version, mark_delete, n_acked, n_batch = _HEAD.unpack_from(raw, 0)
+        magic, version, mark_delete, n_ranges, n_batch = _HEAD.unpack_from(raw, 0)
         if magic != _MAGIC or version != _VERSION:
             raise ValueError(f"not a cursor record (magic {magic!r}, version {version})")
         cursor = cls(mark_delete)
         offset = _HEAD.size
-        cursor.acked = set(struct.unpack_from(f"<{n_acked}Q", raw, offset))
-        offset += 8 * n_acked
+        bounds = struct.unpack_from(f"<{2 * n_ranges}Q", raw, offset)
+        offset += 16 * n_ranges
+        for i in range(n_ranges):
+            cursor.acked.update(range(bounds[2 * i], bounds[2 * i + 1]))
         for _ in range(n_batch):
             entry_id, size, n_words = struct.unpack_from("<QII", raw, offset)
             offset += 16
@@ -136,3 +139,14 @@ class Cursor:
     def __repr__(self) -> str:
         return (f"Cursor(mark_delete={self.mark_delete}, acked={len(self.acked)}, "
                 f"partial={len(self.batch_acks)})")
+
+
+def _ranges(ids: list[int]) -> list[tuple[int, int]]:
+    """Sorted entry ids as half-open [start, end) ranges."""
+    out: list[tuple[int, int]] = []
+    for e in ids:
+        if out and out[-1][1] == e:
+            out[-1] = (out[-1][0], e + 1)
+        else:
+            out.append((e, e + 1))
+    return out

@@ -81,3 +81,24 @@ def test_close_is_idempotent_and_context_manager(tmp_path):
         b.client()
     with pulsartxn.Broker(tmp_path / "d", sync=False) as again:  # the lock was released
         assert [bytes(r) for r in again.client().scan("t").__next__().column("value").to_pylist()] == [b"x"]
+
+
+def test_second_broker_in_another_process_fails_fast(tmp_path):
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         f"import pulsartxn, sys; b = pulsartxn.Broker({str(tmp_path / 'x')!r}, sync=False); "
+         "print('open', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(pulsartxn.DataDirectoryLocked, match="in use"):
+            pulsartxn.Broker(tmp_path / "x", sync=False)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    with pulsartxn.Broker(tmp_path / "x", sync=False):  # released when that process ended
+        pass

@@ -1,0 +1,62 @@
+"""The durable cursor: mark-delete, acknowledged ranges and batch acks, and their record."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pulsartxn._native import AckSet
+from pulsartxn.messaging.cursor import Cursor
+
+
+def test_mark_delete_advances_over_contiguous_acks():
+    c = Cursor()
+    assert c.ack(1) and c.mark_delete == -1
+    assert c.ack(0) and c.mark_delete == 1 and not c.acked
+    assert not c.ack(0)  # already acknowledged
+    c.ack(5)
+    c.ack(3)
+    assert c.mark_delete == 1 and c.acked == {3, 5}
+    c.ack_cumulative(4)
+    assert c.mark_delete == 5 and not c.acked
+
+
+def test_batch_index_acks_complete_an_entry():
+    c = Cursor()
+    for i in range(3):
+        assert c.ack(0, i, 4)
+    assert c.mark_delete == -1 and c.is_acked(0, 1) and not c.is_acked(0, 3)
+    assert not c.ack(0, 1, 4)
+    c.ack(0, 3, 4)
+    assert c.mark_delete == 0 and not c.batch_acks
+    c.ack_cumulative(2, 1, 4)  # entries below 2, and indexes 0..1 of entry 2
+    assert c.mark_delete == 1 and c.is_acked(2, 1) and not c.is_acked(2, 2)
+
+
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(-1, 7)), max_size=80))
+def test_record_round_trip(acks):
+    c = Cursor(3)
+    for entry, index in acks:
+        c.ack(entry, index, 8 if index >= 0 else 0)
+    back = Cursor.deserialize(c.serialize())
+    assert back.mark_delete == c.mark_delete and back.acked == c.acked
+    assert {e: a.to_words() for e, a in back.batch_acks.items()} == {
+        e: a.to_words() for e, a in c.batch_acks.items()
+    }
+    for entry in range(70):
+        for index in range(-1, 8):
+            assert back.is_acked(entry, index) == c.is_acked(entry, index)
+
+
+def test_ack_set_merges_and_ranges_stay_compact():
+    c = Cursor()
+    for e in range(10, 1010):
+        c.ack(e)
+    assert len(c.serialize()) < 100  # one range, not a thousand ids
+    part = AckSet(4)
+    part.set_range(0, 2)
+    assert c.ack_set(5, part) and not c.ack_set(5, part)
+    rest = AckSet(4)
+    rest.set_range(2, 4)
+    c.ack_set(5, rest)
+    assert c.is_acked(5) and 5 in c.acked
