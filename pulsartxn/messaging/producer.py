@@ -320,6 +320,7 @@ class Producer:
         fut = part.add(content, properties, partition_key, sequence_id)
         if not fut.done():
             part.flush()  # as Pulsar's client does for a synchronous send
+            part.partition.storage.commits.help()
         return fut.result()
 
     def send_batch(self, values, keys=None, txn=None) -> int:
@@ -366,7 +367,8 @@ class Producer:
                 continue
             futures.append(self._send_rows(self._parts[i], values, key_list, rows, n, sizes))
         for fut in futures:
-            fut.result()
+            part_storage = self._parts[0].partition.storage
+            part_storage.wait(fut)
         return n
 
     def _send_rows(self, part: PartitionProducer, values, key_list, rows: np.ndarray, n: int,

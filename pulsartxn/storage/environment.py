@@ -106,6 +106,12 @@ class Storage:
     def write(self, apply, **kwargs):
         return self.commits.write(apply, **kwargs)
 
+    def wait(self, fut):
+        """The result of a submitted write, committing the queue in this thread if idle."""
+        if not fut.done():
+            self.commits.help()
+        return fut.result()
+
     def close(self) -> None:
         if self._closed:
             return

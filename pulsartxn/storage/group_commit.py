@@ -6,6 +6,11 @@ transaction, commits it (with fsync when the environment is synced) and only the
 each caller. A success answer therefore means durable. If an operation raises while being
 applied, the group is rolled back and its operations are re-run one transaction each, so that
 one bad operation fails alone and the others still commit.
+
+A caller that waits for its write (``write``, ``help``) does not have to wait for the writer
+thread to wake up: if no group is being committed it becomes the leader and commits the queue
+itself, its own operation included (a thread hand-off costs more than a small LMDB commit).
+Groups are committed one at a time, under one lock, whoever commits them.
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ class GroupCommit:
         self._close_lock = threading.Lock()
         self.groups = 0
         self.records = 0
+        self._commit_lock = threading.Lock()
+        self._local = threading.local()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -72,16 +79,43 @@ class GroupCommit:
     def submit(self, op: WriteOp) -> Future:
         if self._closed:
             raise AlreadyClosed("the broker's storage is closed")
-        if threading.current_thread() is self._thread:
-            # Called from an on_commit callback: run it in a group of its own, now.
+        if getattr(self._local, "committing", False):
+            # Called from an on_commit callback of a group this thread commits: run it in a
+            # group of its own, now (the commit lock is ours).
             self._run_group([op])
             return op.future
         self._queue.put(op)
         return op.future
 
+    def help(self) -> None:
+        """Commit what is queued now, in this thread, unless a group is being committed."""
+        if self._closed or not self._commit_lock.acquire(blocking=False):
+            return
+        try:
+            self._local.committing = True
+            while True:
+                try:
+                    first = self._queue.get_nowait()
+                except queue.Empty:
+                    return
+                if first is _STOP:
+                    self._queue.put(_STOP)  # leave it for the writer thread
+                    return
+                group, stop = self._collect(first, wait=False)
+                self._run_group(group)
+                if stop:
+                    self._queue.put(_STOP)
+                    return
+        finally:
+            self._local.committing = False
+            self._commit_lock.release()
+
     def write(self, apply: Callable[[lmdb.Transaction], Any], **kwargs) -> Any:
         """Submit one operation and wait until it is durable; return its result."""
-        return self.submit(WriteOp(apply, **kwargs)).result()
+        fut = self.submit(WriteOp(apply, **kwargs))
+        if not fut.done():
+            self.help()
+        return fut.result()
 
     def close(self) -> None:
         """Commit everything already submitted, then stop the writer. Idempotent."""
@@ -94,11 +128,11 @@ class GroupCommit:
 
     # -- the writer thread ------------------------------------------------------------------
 
-    def _collect(self, first: WriteOp) -> tuple[list[WriteOp], bool]:
+    def _collect(self, first: WriteOp, wait: bool = True) -> tuple[list[WriteOp], bool]:
         group = [first]
         nbytes = first.nbytes
         records = first.records
-        deadline = time.monotonic() + self._linger if self._linger else 0.0
+        deadline = time.monotonic() + self._linger if self._linger and wait else 0.0
         stop = False
         while records < self._max_records and nbytes < self._max_bytes:
             try:
@@ -120,24 +154,26 @@ class GroupCommit:
         return group, stop
 
     def _run(self) -> None:
+        self._local.committing = True
         while True:
             first = self._queue.get()
-            if first is _STOP:
-                stop = True
-                group: list[WriteOp] = []
-            else:
-                group, stop = self._collect(first)
-            if group:
-                self._run_group(group)
-            if stop:
-                # Drain anything that raced with close(): answer it, never drop it silently.
-                while True:
-                    try:
-                        op = self._queue.get_nowait()
-                    except queue.Empty:
-                        return
-                    if op is not _STOP:
-                        self._run_group([op])
+            with self._commit_lock:
+                if first is _STOP:
+                    stop = True
+                    group: list[WriteOp] = []
+                else:
+                    group, stop = self._collect(first)
+                if group:
+                    self._run_group(group)
+                if stop:
+                    # Drain anything that raced with close(): answer it, never drop it silently.
+                    while True:
+                        try:
+                            op = self._queue.get_nowait()
+                        except queue.Empty:
+                            return
+                        if op is not _STOP:
+                            self._run_group([op])
 
     def _run_group(self, group: list[WriteOp]) -> None:
         try:
