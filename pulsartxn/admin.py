@@ -13,8 +13,14 @@ class Admin:
         out = {
             "topic": full,
             "partitions": len(partitions) if len(partitions) > 1 or partitions[0].index >= 0 else 0,
-            "msg_in": 0, "bytes_in": 0, "msg_out": 0, "bytes_out": 0,
-            "entries": 0, "messages": 0, "storage_size": 0, "subscriptions": {},
+            "msg_in": 0,
+            "bytes_in": 0,
+            "msg_out": 0,
+            "bytes_out": 0,
+            "entries": 0,
+            "messages": 0,
+            "storage_size": 0,
+            "subscriptions": {},
         }
         subs: dict[str, dict] = out["subscriptions"]
         for part in partitions:
@@ -27,8 +33,17 @@ class Admin:
             out["storage_size"] += part.storage_size()
             for name, sub in list(part.subscriptions.items()):
                 s = sub.stats()
-                agg = subs.setdefault(name, {"backlog": 0, "consumers": 0, "unacked": 0,
-                                             "msg_out": 0, "bytes_out": 0, "type": s["type"]})
+                agg = subs.setdefault(
+                    name,
+                    {
+                        "backlog": 0,
+                        "consumers": 0,
+                        "unacked": 0,
+                        "msg_out": 0,
+                        "bytes_out": 0,
+                        "type": s["type"],
+                    },
+                )
                 for k in ("backlog", "consumers", "unacked", "msg_out", "bytes_out"):
                     agg[k] += s[k]
                 agg["type"] = agg["type"] or s["type"]

@@ -37,7 +37,9 @@ class _BatchFlusher:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopped = False
-        self._thread = threading.Thread(target=self._run, name="pulsartxn-batch-flusher", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="pulsartxn-batch-flusher", daemon=True
+        )
         self._thread.start()
 
     def watch(self, part) -> None:
@@ -73,14 +75,29 @@ class _BatchFlusher:
 class Broker:
     """``Broker(data_dir, ...)``: an embedded broker on an LMDB data directory."""
 
-    def __init__(self, data_dir, num_coordinators: int = 16, default_txn_timeout_ms: int = 60_000,
-                 sync: bool = True, **options) -> None:
-        self.config = BrokerConfig(data_dir, num_coordinators=num_coordinators,
-                                   default_txn_timeout_ms=default_txn_timeout_ms, sync=sync, **options)
+    def __init__(
+        self,
+        data_dir,
+        num_coordinators: int = 16,
+        default_txn_timeout_ms: int = 60_000,
+        sync: bool = True,
+        **options,
+    ) -> None:
+        self.config = BrokerConfig(
+            data_dir,
+            num_coordinators=num_coordinators,
+            default_txn_timeout_ms=default_txn_timeout_ms,
+            sync=sync,
+            **options,
+        )
         cfg = self.config
         self.storage = Storage(
-            cfg.data_dir, sync=cfg.sync, map_size=cfg.map_size, max_dbs=cfg.max_dbs,
-            group_max_records=cfg.group_max_records, group_max_bytes=cfg.group_max_bytes,
+            cfg.data_dir,
+            sync=cfg.sync,
+            map_size=cfg.map_size,
+            max_dbs=cfg.max_dbs,
+            group_max_records=cfg.group_max_records,
+            group_max_bytes=cfg.group_max_bytes,
             group_linger_ms=cfg.group_linger_ms,
         )
         self.broker_id = "standalone"
@@ -202,6 +219,7 @@ class Broker:
             raw = txn.get(key, db=self._ledgers_db)
             ledger_id = _U64.unpack(raw)[0] if raw is not None else None
         if ledger_id is None:
+
             def apply(txn):
                 counter = txn.get(b"next_ledger_id", db=self.storage.meta)
                 lid = _U64.unpack(counter)[0] if counter is not None else 1
@@ -220,8 +238,10 @@ class Broker:
                     k = bytes(k)
                     if not k.startswith(prefix):
                         break
-                    sub_name = k[len(prefix):].decode()
-                    part.subscriptions[sub_name] = Subscription(part, sub_name, Cursor.deserialize(v))
+                    sub_name = k[len(prefix) :].decode()
+                    part.subscriptions[sub_name] = Subscription(
+                        part, sub_name, Cursor.deserialize(v)
+                    )
         self._partitions[full] = part
         return part
 
@@ -251,7 +271,9 @@ class Broker:
 
     def producer_id(self, producer_name: str) -> int:
         """A stable 64-bit id of a producer name (written in each entry's header)."""
-        return int.from_bytes(hashlib.blake2b(producer_name.encode(), digest_size=8).digest(), "little")
+        return int.from_bytes(
+            hashlib.blake2b(producer_name.encode(), digest_size=8).digest(), "little"
+        )
 
     def _known_topics(self) -> list[str]:
         with self.storage.read() as txn:

@@ -32,9 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the main job on the embedded default: transactional writes, aborts, a "
         "read-committed read",
     )
-    demo.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
-                      help=f"LMDB data directory, kept between runs (default: {DEFAULT_DATA_DIR}; "
-                      "env PULSARTXN_DATA_DIR)")
+    demo.add_argument(
+        "--data-dir",
+        default=DEFAULT_DATA_DIR,
+        help=f"LMDB data directory, kept between runs (default: {DEFAULT_DATA_DIR}; "
+        "env PULSARTXN_DATA_DIR)",
+    )
     demo.add_argument("--transactions", type=int, default=200)
     demo.add_argument("--messages-per-txn", type=int, default=500)
     demo.add_argument("--payload-bytes", type=int, default=100)

@@ -47,10 +47,16 @@ class Client:
 
     # -- producers -------------------------------------------------------------------------
 
-    def create_producer(self, topic: str, producer_name: str | None = None,
-                        batching_enabled: bool = True, batching_max_messages: int | None = None,
-                        batching_max_allowed_size_in_bytes: int | None = None,
-                        batching_max_publish_delay_ms: float | None = None, **_ignored) -> Producer:
+    def create_producer(
+        self,
+        topic: str,
+        producer_name: str | None = None,
+        batching_enabled: bool = True,
+        batching_max_messages: int | None = None,
+        batching_max_allowed_size_in_bytes: int | None = None,
+        batching_max_publish_delay_ms: float | None = None,
+        **_ignored,
+    ) -> Producer:
         self._check_open()
         if producer_name is not None and (not isinstance(producer_name, str) or not producer_name):
             raise ValueError(f"producer_name must be a non-empty str, not {producer_name!r}")
@@ -65,7 +71,11 @@ class Client:
                     if name in part.producers:
                         raise ProducerBusy(f"producer {name} is already connected to {part.topic}")
             producer = Producer(
-                self, full, partitions, name, bool(batching_enabled),
+                self,
+                full,
+                partitions,
+                name,
+                bool(batching_enabled),
                 batching_max_messages or cfg.batching_max_messages,
                 batching_max_allowed_size_in_bytes or cfg.batching_max_bytes,
                 cfg.max_message_size,
@@ -73,7 +83,8 @@ class Client:
             for part in partitions:
                 if producer.producer_name in part.producers:
                     raise ProducerBusy(
-                        f"producer {producer.producer_name} is already connected to {part.topic}")
+                        f"producer {producer.producer_name} is already connected to {part.topic}"
+                    )
             for part in partitions:
                 part.producers[producer.producer_name] = producer
         self._producers.add(producer)
@@ -87,27 +98,47 @@ class Client:
 
     # -- consumers -------------------------------------------------------------------------
 
-    def subscribe(self, topic: str, subscription_name: str,
-                  subscription_type: ConsumerType = ConsumerType.Exclusive,
-                  initial_position: InitialPosition = InitialPosition.Earliest,
-                  isolation: Isolation = Isolation.READ_COMMITTED,
-                  consumer_name: str | None = None,
-                  negative_ack_redelivery_delay_ms: int = 60_000, **_ignored) -> Consumer:
+    def subscribe(
+        self,
+        topic: str,
+        subscription_name: str,
+        subscription_type: ConsumerType = ConsumerType.Exclusive,
+        initial_position: InitialPosition = InitialPosition.Earliest,
+        isolation: Isolation = Isolation.READ_COMMITTED,
+        consumer_name: str | None = None,
+        negative_ack_redelivery_delay_ms: int = 60_000,
+        **_ignored,
+    ) -> Consumer:
         self._check_open()
-        if not isinstance(subscription_name, str) or not subscription_name or "\0" in subscription_name:
-            raise ValueError(f"subscription_name must be a non-empty str, not {subscription_name!r}")
+        if (
+            not isinstance(subscription_name, str)
+            or not subscription_name
+            or "\0" in subscription_name
+        ):
+            raise ValueError(
+                f"subscription_name must be a non-empty str, not {subscription_name!r}"
+            )
         if not isinstance(subscription_type, ConsumerType):
             raise TypeError(f"subscription_type must be a ConsumerType, not {subscription_type!r}")
         if not isinstance(initial_position, InitialPosition):
-            raise TypeError(f"initial_position must be an InitialPosition, not {initial_position!r}")
+            raise TypeError(
+                f"initial_position must be an InitialPosition, not {initial_position!r}"
+            )
         if not isinstance(isolation, Isolation):
             raise TypeError(f"isolation must be an Isolation, not {isolation!r}")
         full, partitions = self.broker._resolve(topic)
         earliest = initial_position is InitialPosition.Earliest
         with self.broker._lock:
             subs = [self.broker._subscription(p, subscription_name, earliest) for p in partitions]
-            consumer = Consumer(self, full, subscription_name, subs, subscription_type.value,
-                                consumer_name, negative_ack_redelivery_delay_ms)
+            consumer = Consumer(
+                self,
+                full,
+                subscription_name,
+                subs,
+                subscription_type.value,
+                consumer_name,
+                negative_ack_redelivery_delay_ms,
+            )
         self._consumers.add(consumer)
         return consumer
 
@@ -130,8 +161,9 @@ class Client:
 
     # -- scans -----------------------------------------------------------------------------
 
-    def scan(self, topic: str, start: int | MessageId | None = None,
-             end: int | MessageId | None = None):
+    def scan(
+        self, topic: str, start: int | MessageId | None = None, end: int | MessageId | None = None
+    ):
         """Read-only, columnar read of a topic as pyarrow RecordBatches; moves no cursor.
 
         start/end: entry ids (end exclusive) applied to every partition, or MessageIds
@@ -190,8 +222,9 @@ def _scan(bounds):
                 import numpy as np
 
                 mask = np.repeat(decoded.marker_type == 0, decoded.message_count.astype(np.int64))
-            yield decoded.to_arrow(topic=part.topic, partition=part.index,
-                                   ledger_id=part.ledger_id, mask=mask)
+            yield decoded.to_arrow(
+                topic=part.topic, partition=part.index, ledger_id=part.ledger_id, mask=mask
+            )
 
 
 __all__ = ["Client", "ConsumerType", "InitialPosition", "Isolation"]

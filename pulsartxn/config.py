@@ -11,14 +11,14 @@ class BrokerConfig:
     data_dir: str | os.PathLike
     num_coordinators: int = 16
     default_txn_timeout_ms: int = 60_000
-    sync: bool = True                        # fsync every group commit
-    map_size: int = 1 << 40                  # LMDB map: virtual address space, the file grows as used
-    max_dbs: int = 16_384                    # LMDB named databases (ledgers are one per partition)
+    sync: bool = True  # fsync every group commit
+    map_size: int = 1 << 40  # LMDB map: virtual address space, the file grows as used
+    max_dbs: int = 16_384  # LMDB named databases (ledgers are one per partition)
     max_message_size: int = 5 * 1024 * 1024  # Pulsar's default maxMessageSize
     # Group commit (Pulsar's batched transaction log: 512 records / 4 MiB / 1 ms).
     group_max_records: int = 512
     group_max_bytes: int = 4 * 1024 * 1024
-    group_linger_ms: float = 0.0             # 0: commit as soon as the queue is drained
+    group_linger_ms: float = 0.0  # 0: commit as soon as the queue is drained
     # Producer batching defaults (Pulsar: 1000 messages, 128 KiB, 1 ms publish delay).
     batching_max_messages: int = 1000
     batching_max_bytes: int = 128 * 1024
@@ -29,9 +29,17 @@ class BrokerConfig:
 
     def __post_init__(self) -> None:
         self.data_dir = os.fspath(self.data_dir)
-        for name in ("num_coordinators", "default_txn_timeout_ms", "max_message_size",
-                     "group_max_records", "group_max_bytes", "batching_max_messages",
-                     "batching_max_bytes", "receiver_queue_size", "max_dbs"):
+        for name in (
+            "num_coordinators",
+            "default_txn_timeout_ms",
+            "max_message_size",
+            "group_max_records",
+            "group_max_bytes",
+            "batching_max_messages",
+            "batching_max_bytes",
+            "receiver_queue_size",
+            "max_dbs",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, not {type(value).__name__} ({value!r})")

@@ -31,8 +31,13 @@ _U128 = struct.Struct(">QQ")
 PARTITION = b"persistent://public/default/demo-partition-0"
 
 
-def run_core_demo(data_dir: str, transactions: int = 200, messages_per_txn: int = 500,
-                  payload_bytes: int = 100, sync: bool = True) -> list[str]:
+def run_core_demo(
+    data_dir: str,
+    transactions: int = 200,
+    messages_per_txn: int = 500,
+    payload_bytes: int = 100,
+    sync: bool = True,
+) -> list[str]:
     if transactions < 1 or messages_per_txn < 1 or payload_bytes < 0:
         raise ValueError("transactions and messages-per-txn must be at least 1, payload-bytes >= 0")
     os.makedirs(data_dir, exist_ok=True)
@@ -64,11 +69,20 @@ def _run(env, transactions: int, messages_per_txn: int, payload_bytes: int) -> l
     for i in range(transactions):
         txn_id = allocator.next()
         values = [b"%s:%d:" % (str(txn_id).encode(), k) + payload for k in range(messages_per_txn)]
-        entries = encode_entries(values, txn_msb=txn_id.most_sig_bits, txn_lsb=txn_id.least_sig_bits,
-                                 first_sequence_id=0, publish_time=int(time.time() * 1000))
+        entries = encode_entries(
+            values,
+            txn_msb=txn_id.most_sig_bits,
+            txn_lsb=txn_id.least_sig_bits,
+            first_sequence_id=0,
+            publish_time=int(time.time() * 1000),
+        )
         abort = i % 3 == 2
-        marker = encode_entry([], txn_msb=txn_id.most_sig_bits, txn_lsb=txn_id.least_sig_bits,
-                              marker_type=int(MarkerType.TXN_ABORT if abort else MarkerType.TXN_COMMIT))
+        marker = encode_entry(
+            [],
+            txn_msb=txn_id.most_sig_bits,
+            txn_lsb=txn_id.least_sig_bits,
+            marker_type=int(MarkerType.TXN_ABORT if abort else MarkerType.TXN_COMMIT),
+        )
         with env.begin(write=True) as txn:
             ledger.append(txn, entries)
         if abort:
@@ -99,7 +113,8 @@ def _run(env, transactions: int, messages_per_txn: int, payload_bytes: int) -> l
     n_msgs = transactions * messages_per_txn
     lines = [
         f"pulsartxn demo ({IMPLEMENTATION} core)",
-        f"this run: {transactions} transactions x {messages_per_txn} messages of ~{payload_bytes} B: "
+        f"this run: {transactions} transactions x {messages_per_txn} messages "
+        f"of ~{payload_bytes} B: "
         f"{committed} committed, {aborted_now} aborted; "
         f"{n_msgs / write_s:,.0f} msgs/s written (fsync per transaction end)",
         f"ledger now: {decoded.num_entries} entries, {decoded.num_messages} messages, "

@@ -22,7 +22,10 @@ def run(cmd: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_wheel_installs_and_imports_without_cython(tmp_path):
     wheels = tmp_path / "wheels"
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)], tmp_path)
+    run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
+        tmp_path,
+    )
     (wheel,) = wheels.glob("pulsartxn-*.whl")
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", str(venv)], tmp_path)

@@ -1,7 +1,7 @@
 """Print the native core's figures as a Markdown table: rates and ratios from one run.
 
-    python -m bench.ratios            # full counts
-    python -m bench.ratios --quick    # smaller twin workloads, scaled
+python -m bench.ratios            # full counts
+python -m bench.ratios --quick    # smaller twin workloads, scaled
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ def main() -> None:
     parser.add_argument("suites", nargs="*", default=list(SUITES))
     args = parser.parse_args()
     cpu = platform.processor() or platform.machine()
-    print(f"machine: {platform.system()} {platform.machine()} {cpu}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}")
+    print(
+        f"machine: {platform.system()} {platform.machine()} {cpu}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}"
+    )
     print()
     print("| figure | native rate | baseline | ratio | target |")
     print("| --- | --- | --- | --- | --- |")
@@ -37,8 +39,11 @@ def main() -> None:
         for row in module.measure(quick=args.quick):
             target = f"≥ {row.target:g}x" if row.target else ""
             mark = "" if not row.target else (" ✓" if row.ratio >= row.target else " ✗")
-            print(f"| {row.figure} | {_fmt_rate(row.rate, row.unit)} | {row.baseline} | "
-                  f"{row.ratio:.2f}x{mark} | {target} |", flush=True)
+            print(
+                f"| {row.figure} | {_fmt_rate(row.rate, row.unit)} | {row.baseline} | "
+                f"{row.ratio:.2f}x{mark} | {target} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

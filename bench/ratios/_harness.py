@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass
 class Row:
-    figure: str          # what was measured, e.g. "AbortSet.contains_many, 1M probes, 1k members"
-    items: int           # items processed per call (messages, probes, ids, ...)
-    unit: str            # what an item is: "probes", "msgs", "ids", ...
-    native_s: float      # best seconds per call, native
-    baseline_s: float    # best seconds per call, baseline
-    baseline: str        # what the baseline is: "twin", "raw lmdb putmulti", ...
+    figure: str  # what was measured, e.g. "AbortSet.contains_many, 1M probes, 1k members"
+    items: int  # items processed per call (messages, probes, ids, ...)
+    unit: str  # what an item is: "probes", "msgs", "ids", ...
+    native_s: float  # best seconds per call, native
+    baseline_s: float  # best seconds per call, baseline
+    baseline: str  # what the baseline is: "twin", "raw lmdb putmulti", ...
     target: float | None = None  # the ratio (native rate / baseline rate) the issue asks for
 
     @property

@@ -32,11 +32,18 @@ def measure(quick: bool = False) -> list[Row]:
         p_lsb = lsb[pick] + (rng.integers(0, 2, probes, dtype=np.uint64) << np.uint64(41))
         native_s = best_time(lambda: ns.contains_many(p_msb, p_lsb))
         t_msb, t_lsb = p_msb[:twin_probes], p_lsb[:twin_probes]
-        twin_s = best_time(lambda: ts.contains_many(t_msb, t_lsb), repeat=3) * (probes / twin_probes)
+        twin_s = best_time(lambda: ts.contains_many(t_msb, t_lsb), repeat=3) * (
+            probes / twin_probes
+        )
         rows.append(
             Row(
                 f"AbortSet.contains_many, 1M probes, {members:,} members",
-                probes, "probes", native_s, twin_s, "twin", 20,
+                probes,
+                "probes",
+                native_s,
+                twin_s,
+                "twin",
+                20,
             )
         )
     return rows

@@ -55,5 +55,7 @@ def measure(quick: bool = False) -> list[Row]:
     n = 500
     n_s = best_time(churn(native, n), repeat=3)
     t_s = best_time(churn(twin, n), repeat=3)
-    rows.append(Row("PendingAckIndex add x4 + check + release", n * 5, "ops", n_s, t_s, "twin", None))
+    rows.append(
+        Row("PendingAckIndex add x4 + check + release", n * 5, "ops", n_s, t_s, "twin", None)
+    )
     return rows

@@ -56,14 +56,23 @@ def measure(quick: bool = False) -> list[Row]:
 
         repeat = 3 if quick else 5
         for label, data in (("list of bytes", values), ("Arrow array", arrow_values)):
+
             def ours(txn, data=data):
                 log.append_messages(txn, data, batch_size=PER_ENTRY)
 
             ours_s = _timed_writes(env, log.db, ours, repeat)
             raw_s = _timed_writes(env, raw_db, raw, repeat)
-            rows.append(Row(f"encode + append, 1M msgs x {PAYLOAD} B from a {label}, "
-                            f"{PER_ENTRY}/entry", N_MESSAGES, "msgs", ours_s, raw_s,
-                            "raw lmdb putmulti (same bytes)", 0.8))
+            rows.append(
+                Row(
+                    f"encode + append, 1M msgs x {PAYLOAD} B from a {label}, {PER_ENTRY}/entry",
+                    N_MESSAGES,
+                    "msgs",
+                    ours_s,
+                    raw_s,
+                    "raw lmdb putmulti (same bytes)",
+                    0.8,
+                )
+            )
         env.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -71,13 +80,19 @@ def measure(quick: bool = False) -> list[Row]:
     ids = list(range(len(entries)))
     native_s = best_time(lambda: native.decode_entries(ids, entries), repeat=3)
     k = max(1, twin_n // PER_ENTRY)
-    twin_s = best_time(lambda: twin.decode_entries(ids[:k], entries[:k]), repeat=2) * (len(entries) / k)
-    rows.append(Row("decode_entries, 1M msgs into columns", N_MESSAGES, "msgs", native_s, twin_s,
-                    "twin", 20))
+    twin_s = best_time(lambda: twin.decode_entries(ids[:k], entries[:k]), repeat=2) * (
+        len(entries) / k
+    )
+    rows.append(
+        Row(
+            "decode_entries, 1M msgs into columns", N_MESSAGES, "msgs", native_s, twin_s, "twin", 20
+        )
+    )
 
     native_s = best_time(lambda: native.encode_entries(values, batch_size=PER_ENTRY), repeat=3)
-    twin_s = best_time(lambda: twin.encode_entries(values[:twin_n], batch_size=PER_ENTRY),
-                       repeat=2) * (N_MESSAGES / twin_n)
+    twin_s = best_time(
+        lambda: twin.encode_entries(values[:twin_n], batch_size=PER_ENTRY), repeat=2
+    ) * (N_MESSAGES / twin_n)
     rows.append(Row("encode_entries, 1M msgs", N_MESSAGES, "msgs", native_s, twin_s, "twin", 20))
 
     blob = os.urandom(16 << 20)

@@ -74,10 +74,28 @@ def measure(quick: bool = False) -> list[Row]:
                 raw_s.append(raw.append(values))
                 ours_arrow.append(_timed(lambda: producer.send_batch(arrow_values)))
             raw_best = min(raw_s)
-            rows.append(Row("send_batch, 1M msgs x 100 B (list of bytes)", n_bulk, "msgs",
-                            min(ours_list), raw_best, "raw lmdb putmulti, 1 entry/msg", 1.0))
-            rows.append(Row("send_batch, 1M msgs x 100 B (Arrow array)", n_bulk, "msgs",
-                            min(ours_arrow), raw_best, "raw lmdb putmulti, 1 entry/msg", 1.0))
+            rows.append(
+                Row(
+                    "send_batch, 1M msgs x 100 B (list of bytes)",
+                    n_bulk,
+                    "msgs",
+                    min(ours_list),
+                    raw_best,
+                    "raw lmdb putmulti, 1 entry/msg",
+                    1.0,
+                )
+            )
+            rows.append(
+                Row(
+                    "send_batch, 1M msgs x 100 B (Arrow array)",
+                    n_bulk,
+                    "msgs",
+                    min(ours_arrow),
+                    raw_best,
+                    "raw lmdb putmulti, 1 entry/msg",
+                    1.0,
+                )
+            )
             raw_single = raw_best * n_single / n_bulk
             raw_s = raw_best
 
@@ -90,21 +108,48 @@ def measure(quick: bool = False) -> list[Row]:
                 p2.flush()
 
             best = min(_timed(send_async_all) for _ in range(2))
-            rows.append(Row("send_async per message + flush (batching)", n_single, "msgs", best,
-                            raw_single, "raw lmdb putmulti, 1 entry/msg", 0.3))
+            rows.append(
+                Row(
+                    "send_async per message + flush (batching)",
+                    n_single,
+                    "msgs",
+                    best,
+                    raw_single,
+                    "raw lmdb putmulti, 1 entry/msg",
+                    0.3,
+                )
+            )
             p3 = client.create_producer("sync")
             k = 2_000
             t = _timed(lambda: [p3.send(v) for v in single[:k]])
-            rows.append(Row("send() one at a time, durable each (sync=False)", k, "msgs", t,
-                            raw_s * k / n_bulk, "raw lmdb putmulti, 1 entry/msg", None))
+            rows.append(
+                Row(
+                    "send() one at a time, durable each (sync=False)",
+                    k,
+                    "msgs",
+                    t,
+                    raw_s * k / n_bulk,
+                    "raw lmdb putmulti, 1 entry/msg",
+                    None,
+                )
+            )
 
             total = 6 * n_bulk  # three list and three Arrow send_batch rounds
             start = time.perf_counter()
             scanned = sum(b.num_rows for b in client.scan("bulk"))
             scan_s = time.perf_counter() - start
             assert scanned == total
-            rows.append(Row("scan into Arrow, 6M msgs", total, "msgs", scan_s,
-                            raw_s * total / n_bulk, "raw lmdb putmulti (write), for scale", None))
+            rows.append(
+                Row(
+                    "scan into Arrow, 6M msgs",
+                    total,
+                    "msgs",
+                    scan_s,
+                    raw_s * total / n_bulk,
+                    "raw lmdb putmulti (write), for scale",
+                    None,
+                )
+            )
 
             consumer = client.subscribe("single", "bench")
 
@@ -113,8 +158,17 @@ def measure(quick: bool = False) -> list[Row]:
                     consumer.acknowledge(consumer.receive(1000))
 
             t = _timed(consume)
-            rows.append(Row("receive + acknowledge per message", n_consume, "msgs", t,
-                            raw_s * n_consume / n_bulk, "raw lmdb putmulti (write), for scale", None))
+            rows.append(
+                Row(
+                    "receive + acknowledge per message",
+                    n_consume,
+                    "msgs",
+                    t,
+                    raw_s * n_consume / n_bulk,
+                    "raw lmdb putmulti (write), for scale",
+                    None,
+                )
+            )
             c2 = client.subscribe("single", "bench-batch")
 
             def consume_batches():
@@ -126,8 +180,17 @@ def measure(quick: bool = False) -> list[Row]:
                     got += len(msgs)
 
             t = _timed(consume_batches)
-            rows.append(Row("batch_receive(1000) + acknowledge", n_consume, "msgs", t,
-                            raw_s * n_consume / n_bulk, "raw lmdb putmulti (write), for scale", None))
+            rows.append(
+                Row(
+                    "batch_receive(1000) + acknowledge",
+                    n_consume,
+                    "msgs",
+                    t,
+                    raw_s * n_consume / n_bulk,
+                    "raw lmdb putmulti (write), for scale",
+                    None,
+                )
+            )
     finally:
         raw.close()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -20,7 +20,9 @@ def measure(quick: bool = False) -> list[Row]:
     k = 10_000
     native_s = best_time(lambda: [na.next() for _ in range(k)])
     twin_s = best_time(lambda: [ta.next() for _ in range(k)], repeat=3)
-    rows.append(Row("TxnIdAllocator.next, one id per call", k, "ids", native_s, twin_s, "twin", None))
+    rows.append(
+        Row("TxnIdAllocator.next, one id per call", k, "ids", native_s, twin_s, "twin", None)
+    )
     tn = [native.TxnID(3, i) for i in range(k)]
     tt = [twin.TxnID(3, i) for i in range(k)]
     native_s = best_time(lambda: [native.TxnID.unpack(t.pack()) for t in tn])

@@ -53,7 +53,9 @@ def encode_properties(props, index: int) -> bytes:
     """The encoded properties block of one message (None or {} -> a zero count)."""
     if not props:
         if props is not None and not isinstance(props, dict):
-            raise TypeError(f"properties[{index}] must be a dict or None, not {type(props).__name__}")
+            raise TypeError(
+                f"properties[{index}] must be a dict or None, not {type(props).__name__}"
+            )
         return b"\0\0\0\0"
     if not isinstance(props, dict):
         raise TypeError(f"properties[{index}] must be a dict or None, not {type(props).__name__}")
@@ -66,9 +68,15 @@ def encode_properties(props, index: int) -> bytes:
     return b"".join(parts)
 
 
-def check_header_ints(txn_msb, txn_lsb, producer_id, sequence_id, publish_time, marker_type) -> None:
-    for name, value in (("txn_msb", txn_msb), ("txn_lsb", txn_lsb),
-                        ("producer_id", producer_id), ("sequence_id", sequence_id)):
+def check_header_ints(
+    txn_msb, txn_lsb, producer_id, sequence_id, publish_time, marker_type
+) -> None:
+    for name, value in (
+        ("txn_msb", txn_msb),
+        ("txn_lsb", txn_lsb),
+        ("producer_id", producer_id),
+        ("sequence_id", sequence_id),
+    ):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"{name} must be an int, not {type(value).__name__}")
         if not 0 <= value <= U64_MAX:
@@ -147,8 +155,11 @@ def arrow_binary(values):
         offsets = np.zeros(n + 1, dtype=dtype)
     else:
         offsets = np.frombuffer(bufs[1], dtype=dtype, count=n + 1, offset=values.offset * itemsize)
-    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None and bufs[2].size else \
-        np.zeros(1, dtype=np.uint8)
+    data = (
+        np.frombuffer(bufs[2], dtype=np.uint8)
+        if bufs[2] is not None and bufs[2].size
+        else np.zeros(1, dtype=np.uint8)
+    )
     return offsets, data
 
 
@@ -162,11 +173,31 @@ class DecodedEntries:
     prop_key_data, prop_value_offsets/prop_value_data. Offsets are int64, n + 1 long.
     """
 
-    ENTRY_FIELDS = ("entry_id", "txn_msb", "txn_lsb", "producer_id", "sequence_id",
-                    "publish_time", "marker_type", "message_count", "first_message")
-    MESSAGE_FIELDS = ("msg_entry", "batch_index", "key_offsets", "key_data", "key_valid",
-                      "value_offsets", "value_data", "prop_offsets", "prop_key_offsets",
-                      "prop_key_data", "prop_value_offsets", "prop_value_data")
+    ENTRY_FIELDS = (
+        "entry_id",
+        "txn_msb",
+        "txn_lsb",
+        "producer_id",
+        "sequence_id",
+        "publish_time",
+        "marker_type",
+        "message_count",
+        "first_message",
+    )
+    MESSAGE_FIELDS = (
+        "msg_entry",
+        "batch_index",
+        "key_offsets",
+        "key_data",
+        "key_valid",
+        "value_offsets",
+        "value_data",
+        "prop_offsets",
+        "prop_key_offsets",
+        "prop_key_data",
+        "prop_value_offsets",
+        "prop_value_data",
+    )
 
     def __init__(self, **arrays) -> None:
         for name in self.ENTRY_FIELDS + self.MESSAGE_FIELDS:
@@ -180,19 +211,25 @@ class DecodedEntries:
 
     def values(self) -> list[bytes]:
         o, d = self.value_offsets, self.value_data
-        return [d[o[i]:o[i + 1]].tobytes() for i in range(self.num_messages)]
+        return [d[o[i] : o[i + 1]].tobytes() for i in range(self.num_messages)]
 
     def keys(self) -> list[bytes | None]:
         o, d, v = self.key_offsets, self.key_data, self.key_valid
-        return [d[o[i]:o[i + 1]].tobytes() if v[i] else None for i in range(self.num_messages)]
+        return [d[o[i] : o[i + 1]].tobytes() if v[i] else None for i in range(self.num_messages)]
 
     def properties(self) -> list[dict[str, str]]:
         po = self.prop_offsets
-        ko, kd, vo, vd = (self.prop_key_offsets, self.prop_key_data,
-                          self.prop_value_offsets, self.prop_value_data)
+        ko, kd, vo, vd = (
+            self.prop_key_offsets,
+            self.prop_key_data,
+            self.prop_value_offsets,
+            self.prop_value_data,
+        )
         return [
-            {kd[ko[j]:ko[j + 1]].tobytes().decode(): vd[vo[j]:vo[j + 1]].tobytes().decode()
-             for j in range(po[i], po[i + 1])}
+            {
+                kd[ko[j] : ko[j + 1]].tobytes().decode(): vd[vo[j] : vo[j + 1]].tobytes().decode()
+                for j in range(po[i], po[i + 1])
+            }
             for i in range(self.num_messages)
         ]
 
@@ -251,8 +288,9 @@ def _binary(offsets, data, valid, type_=None):
     if valid is not None and n and not valid.all():
         validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
         null_count = int(n - valid.sum())
-    arr = pa.Array.from_buffers(type_, n, [validity, pa.py_buffer(offs), pa.py_buffer(data)],
-                                null_count=null_count)
+    arr = pa.Array.from_buffers(
+        type_, n, [validity, pa.py_buffer(offs), pa.py_buffer(data)], null_count=null_count
+    )
     if large and type_ == pa.large_binary():
         arr = arr.cast(pa.large_binary())
     return arr
@@ -262,14 +300,16 @@ def READ_SCHEMA():
     """API.md's schema of a read (scan, Spark reads)."""
     import pyarrow as pa
 
-    return pa.schema([
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("ledger_id", pa.int64()),
-        ("entry_id", pa.int64()),
-        ("batch_index", pa.int32()),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("properties", pa.map_(pa.string(), pa.string())),
-        ("publish_time", pa.timestamp("ms")),
-    ])
+    return pa.schema(
+        [
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("ledger_id", pa.int64()),
+            ("entry_id", pa.int64()),
+            ("batch_index", pa.int32()),
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("properties", pa.map_(pa.string(), pa.string())),
+            ("publish_time", pa.timestamp("ms")),
+        ]
+    )

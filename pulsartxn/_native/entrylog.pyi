@@ -1,4 +1,5 @@
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -10,17 +11,35 @@ ARENA_ROUND_BYTES: int
 
 def crc32c(data: Any, value: int = 0) -> int: ...
 def value_sizes(values: Any) -> np.ndarray: ...
-def encode_entry(values: Any, keys: Sequence[Any] | None = None,
-                 properties: Sequence[dict[str, str] | None] | None = None, *, txn_msb: int = 0,
-                 txn_lsb: int = 0, producer_id: int = 0, sequence_id: int = 0,
-                 publish_time: int = 0, marker_type: int = 0) -> bytes: ...
-def encode_entries(values: Any, keys: Sequence[Any] | None = None,
-                   properties: Sequence[dict[str, str] | None] | None = None, *,
-                   batch_size: int = 1000, max_entry_bytes: int = ..., txn_msb: int = 0,
-                   txn_lsb: int = 0, producer_id: int = 0, first_sequence_id: int = 0,
-                   publish_time: int = 0) -> list[bytes]: ...
+def encode_entry(
+    values: Any,
+    keys: Sequence[Any] | None = None,
+    properties: Sequence[dict[str, str] | None] | None = None,
+    *,
+    txn_msb: int = 0,
+    txn_lsb: int = 0,
+    producer_id: int = 0,
+    sequence_id: int = 0,
+    publish_time: int = 0,
+    marker_type: int = 0,
+) -> bytes: ...
+def encode_entries(
+    values: Any,
+    keys: Sequence[Any] | None = None,
+    properties: Sequence[dict[str, str] | None] | None = None,
+    *,
+    batch_size: int = 1000,
+    max_entry_bytes: int = ...,
+    txn_msb: int = 0,
+    txn_lsb: int = 0,
+    producer_id: int = 0,
+    first_sequence_id: int = 0,
+    publish_time: int = 0,
+) -> list[bytes]: ...
 def decode_header(buf: Any, verify: bool = True) -> EntryHeader: ...
-def decode_entries(entry_ids: Any, buffers: Sequence[Any], verify: bool = True) -> DecodedEntries: ...
+def decode_entries(
+    entry_ids: Any, buffers: Sequence[Any], verify: bool = True
+) -> DecodedEntries: ...
 
 class EntryLog:
     env: Any
@@ -31,13 +50,30 @@ class EntryLog:
     def first_entry_id(self, txn: Any) -> int: ...
     def count(self, txn: Any) -> int: ...
     def append(self, txn: Any, entries: Sequence[bytes]) -> int: ...
-    def append_messages(self, txn: Any, values: Any, keys: Sequence[Any] | None = None,
-                        properties: Sequence[dict[str, str] | None] | None = None, *,
-                        batch_size: int = 1000, max_entry_bytes: int = ..., txn_msb: int = 0,
-                        txn_lsb: int = 0, producer_id: int = 0, first_sequence_id: int = 0,
-                        publish_time: int = 0) -> tuple[int, list[int]]: ...
-    def scan(self, txn: Any, start: int = 0, end: int | None = None,
-             limit: int | None = None) -> tuple[list[int], list[Any]]: ...
-    def read(self, txn: Any, start: int = 0, end: int | None = None, limit: int | None = None,
-             verify: bool = True) -> DecodedEntries: ...
+    def append_messages(
+        self,
+        txn: Any,
+        values: Any,
+        keys: Sequence[Any] | None = None,
+        properties: Sequence[dict[str, str] | None] | None = None,
+        *,
+        batch_size: int = 1000,
+        max_entry_bytes: int = ...,
+        txn_msb: int = 0,
+        txn_lsb: int = 0,
+        producer_id: int = 0,
+        first_sequence_id: int = 0,
+        publish_time: int = 0,
+    ) -> tuple[int, list[int]]: ...
+    def scan(
+        self, txn: Any, start: int = 0, end: int | None = None, limit: int | None = None
+    ) -> tuple[list[int], list[Any]]: ...
+    def read(
+        self,
+        txn: Any,
+        start: int = 0,
+        end: int | None = None,
+        limit: int | None = None,
+        verify: bool = True,
+    ) -> DecodedEntries: ...
     def trim_below(self, txn: Any, entry_id: int) -> int: ...

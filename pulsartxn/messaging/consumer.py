@@ -32,9 +32,16 @@ _names = itertools.count()
 
 
 class Consumer:
-    def __init__(self, client, topic: str, subscription_name: str,
-                 subscriptions: list[Subscription], sub_type: int, consumer_name: str | None,
-                 negative_ack_redelivery_delay_ms: int) -> None:
+    def __init__(
+        self,
+        client,
+        topic: str,
+        subscription_name: str,
+        subscriptions: list[Subscription],
+        sub_type: int,
+        consumer_name: str | None,
+        negative_ack_redelivery_delay_ms: int,
+    ) -> None:
         self._client = client
         self._topic = topic
         self._subscription_name = subscription_name
@@ -93,7 +100,9 @@ class Consumer:
     def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; raises Timeout when none arrives within timeout_millis."""
         self._check_open()
-        if timeout_millis is not None and (not isinstance(timeout_millis, int) or timeout_millis < 0):
+        if timeout_millis is not None and (
+            not isinstance(timeout_millis, int) or timeout_millis < 0
+        ):
             raise ValueError(f"timeout_millis must be a non-negative int, not {timeout_millis!r}")
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
         while True:
@@ -107,14 +116,18 @@ class Consumer:
             if deadline is not None and now >= deadline:
                 raise Timeout(f"no message on {self._topic} within {timeout_millis} ms")
             wait = None if deadline is None else deadline - now
-            due = min((d for d in (s.next_due() for s in self._subs) if d is not None), default=None)
+            due = min(
+                (d for d in (s.next_due() for s in self._subs) if d is not None), default=None
+            )
             if due is not None:
                 wait = max(0.0, due - now) if wait is None else min(wait, max(0.0, due - now))
             with self._cond:
                 if self._signal == seen and not self._closed:
                     self._cond.wait(wait)
 
-    def batch_receive(self, max_num_messages: int = 1000, timeout_millis: int = 100) -> list[Message]:
+    def batch_receive(
+        self, max_num_messages: int = 1000, timeout_millis: int = 100
+    ) -> list[Message]:
         """Up to max_num_messages, waiting at most timeout_millis for them to arrive."""
         self._check_open()
         if max_num_messages < 1:
@@ -142,7 +155,9 @@ class Consumer:
     def get_last_message_id(self) -> MessageId:
         self._check_open()
         if len(self._subs) != 1:
-            raise InvalidConfiguration("get_last_message_id is not supported on a partitioned topic")
+            raise InvalidConfiguration(
+                "get_last_message_id is not supported on a partitioned topic"
+            )
         p = self._subs[0].partition
         last = p.last_entry_id
         if last < 0:

@@ -22,8 +22,8 @@ class Cursor:
 
     def __init__(self, mark_delete: int = -1) -> None:
         self.mark_delete = mark_delete
-        self.acked: set[int] = set()               # entry ids > mark_delete acknowledged whole
-        self.batch_acks: dict[int, AckSet] = {}    # entry id -> batch indexes acknowledged
+        self.acked: set[int] = set()  # entry ids > mark_delete acknowledged whole
+        self.batch_acks: dict[int, AckSet] = {}  # entry id -> batch indexes acknowledged
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -137,8 +137,10 @@ class Cursor:
         return cursor
 
     def __repr__(self) -> str:
-        return (f"Cursor(mark_delete={self.mark_delete}, acked={len(self.acked)}, "
-                f"partial={len(self.batch_acks)})")
+        return (
+            f"Cursor(mark_delete={self.mark_delete}, acked={len(self.acked)}, "
+            f"partial={len(self.batch_acks)})"
+        )
 
 
 def _ranges(ids: list[int]) -> list[tuple[int, int]]:

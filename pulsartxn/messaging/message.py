@@ -21,8 +21,14 @@ class MessageId:
 
     __slots__ = ("_ledger_id", "_entry_id", "_partition", "_batch_index", "_batch_size")
 
-    def __init__(self, ledger_id: int, entry_id: int, partition: int = -1,
-                 batch_index: int = -1, batch_size: int = 0) -> None:
+    def __init__(
+        self,
+        ledger_id: int,
+        entry_id: int,
+        partition: int = -1,
+        batch_index: int = -1,
+        batch_size: int = 0,
+    ) -> None:
         self._ledger_id = ledger_id
         self._entry_id = entry_id
         self._partition = partition
@@ -61,8 +67,14 @@ class MessageId:
         return hash((self._key(), self._partition))
 
     def serialize(self) -> bytes:
-        return _ID.pack(_ID_MAGIC, self._ledger_id, self._entry_id, self._partition,
-                        self._batch_index, self._batch_size)
+        return _ID.pack(
+            _ID_MAGIC,
+            self._ledger_id,
+            self._entry_id,
+            self._partition,
+            self._batch_index,
+            self._batch_size,
+        )
 
     @classmethod
     def deserialize(cls, data: bytes) -> MessageId:
@@ -74,8 +86,10 @@ class MessageId:
         return cls(ledger, entry, partition, batch_index, batch_size)
 
     def __repr__(self) -> str:
-        return (f"MessageId(ledger_id={self._ledger_id}, entry_id={self._entry_id}, "
-                f"partition={self._partition}, batch_index={self._batch_index})")
+        return (
+            f"MessageId(ledger_id={self._ledger_id}, entry_id={self._entry_id}, "
+            f"partition={self._partition}, batch_index={self._batch_index})"
+        )
 
     def __str__(self) -> str:
         return f"({self._ledger_id},{self._entry_id},{self._partition},{self._batch_index})"
@@ -84,11 +98,28 @@ class MessageId:
 class Message:
     """A received message."""
 
-    __slots__ = ("_data", "_properties", "_key", "_id", "_topic", "_publish_time",
-                 "_redelivery_count", "_txn")
+    __slots__ = (
+        "_data",
+        "_properties",
+        "_key",
+        "_id",
+        "_topic",
+        "_publish_time",
+        "_redelivery_count",
+        "_txn",
+    )
 
-    def __init__(self, data: bytes, properties: dict, key: str | None, message_id: MessageId,
-                 topic: str, publish_time: int, redelivery_count: int = 0, txn=None) -> None:
+    def __init__(
+        self,
+        data: bytes,
+        properties: dict,
+        key: str | None,
+        message_id: MessageId,
+        topic: str,
+        publish_time: int,
+        redelivery_count: int = 0,
+        txn=None,
+    ) -> None:
         self._data = data
         self._properties = properties
         self._key = key

@@ -60,7 +60,7 @@ class Partition:
                 for key, value in cursor:
                     if not bytes(key).startswith(self._dedup_prefix):
                         break
-                    producer = bytes(key)[len(self._dedup_prefix):].decode()
+                    producer = bytes(key)[len(self._dedup_prefix) :].decode()
                     self.dedup_highest[producer] = _DEDUP.unpack(value)[0]
         self.next_entry_id = last + 1 if last >= 0 else 0
         self.subscriptions: dict[str, Subscription] = {}
@@ -107,9 +107,15 @@ class Partition:
 
     # -- appends (writer thread) -----------------------------------------------------------
 
-    def append_op(self, entries: list[bytes], counts: list[int], nbytes: int,
-                  producer: str | None = None, first_sequence: int = -1,
-                  on_published=None) -> WriteOp:
+    def append_op(
+        self,
+        entries: list[bytes],
+        counts: list[int],
+        nbytes: int,
+        producer: str | None = None,
+        first_sequence: int = -1,
+        on_published=None,
+    ) -> WriteOp:
         """A group-commit operation appending encoded `entries`; its result is the first id."""
 
         def apply(txn):
@@ -124,16 +130,32 @@ class Partition:
 
         return WriteOp(apply, nbytes=nbytes, records=len(entries), on_commit=on_commit)
 
-    def append_messages_op(self, values, keys, nbytes: int, n: int, *, batch_size: int,
-                           producer: str, producer_id: int, first_sequence: int,
-                           publish_time: int) -> WriteOp:
+    def append_messages_op(
+        self,
+        values,
+        keys,
+        nbytes: int,
+        n: int,
+        *,
+        batch_size: int,
+        producer: str,
+        producer_id: int,
+        first_sequence: int,
+        publish_time: int,
+    ) -> WriteOp:
         """A group-commit operation that encodes a bulk of messages straight into the ledger
         (no intermediate bytes objects); its result is (first entry id, messages per entry)."""
 
         def apply(txn):
             first, counts = self.log.append_messages(
-                txn, values, keys, batch_size=batch_size, producer_id=producer_id,
-                first_sequence_id=first_sequence, publish_time=publish_time)
+                txn,
+                values,
+                keys,
+                batch_size=batch_size,
+                producer_id=producer_id,
+                first_sequence_id=first_sequence,
+                publish_time=publish_time,
+            )
             self._index_sequences(txn, first, counts, producer, first_sequence)
             return first, counts
 
@@ -143,7 +165,9 @@ class Partition:
 
         return WriteOp(apply, nbytes=nbytes, records=max(1, n // batch_size), on_commit=on_commit)
 
-    def _index_sequences(self, txn, first: int, counts: list[int], producer, first_sequence) -> None:
+    def _index_sequences(
+        self, txn, first: int, counts: list[int], producer, first_sequence
+    ) -> None:
         """Persist the producer's highest sequence id and where each entry's sequences start."""
         if producer is None or first_sequence < 0 or not counts:
             return
@@ -156,7 +180,9 @@ class Partition:
             seq += n
         txn.cursor(db=self._dedup_index_db).putmulti(rows)
 
-    def _published(self, first: int, counts: list[int], nbytes: int, producer, first_sequence) -> None:
+    def _published(
+        self, first: int, counts: list[int], nbytes: int, producer, first_sequence
+    ) -> None:
         with self.lock:
             if not self._counts and self.next_entry_id == 0:
                 self.first_entry_id = first

@@ -16,7 +16,6 @@ import zlib
 from concurrent.futures import Future
 
 import numpy as np
-
 import pyarrow as pa
 
 from .._native import encode_entry, value_sizes
@@ -87,13 +86,21 @@ def _complete(futures: list[Future], results: list | None, error: BaseException 
 
 
 class _Batch:
-    __slots__ = ("values", "keys", "props", "futures", "first_sequence", "nbytes", "started",
-                 "condition")
+    __slots__ = (
+        "values",
+        "keys",
+        "props",
+        "futures",
+        "first_sequence",
+        "nbytes",
+        "started",
+        "condition",
+    )
 
     def __init__(self, first_sequence: int) -> None:
         self.values: list[bytes] = []
-        self.keys: list | None = None     # created at the first keyed message
-        self.props: list | None = None    # created at the first message with properties
+        self.keys: list | None = None  # created at the first keyed message
+        self.props: list | None = None  # created at the first message with properties
         self.futures: list[Future] = []
         self.first_sequence = first_sequence
         self.nbytes = 0
@@ -113,7 +120,7 @@ class PartitionProducer:
         self.lock = threading.Lock()
         self.last_sequence = partition.dedup_highest.get(producer.producer_name, -1)
         self.batch: _Batch | None = None
-        self.inflight: list[_Batch] = []   # sent, not yet durable
+        self.inflight: list[_Batch] = []  # sent, not yet durable
 
     def add(self, content: bytes, properties, key, sequence_id) -> Future:
         producer = self.producer
@@ -164,7 +171,9 @@ class PartitionProducer:
 
     def _message_id(self, entry_id: int, n: int, batch_index: int) -> MessageId:
         p = self.partition
-        return MessageId(p.ledger_id, entry_id, p.index, batch_index if n > 1 else -1, n if n > 1 else 0)
+        return MessageId(
+            p.ledger_id, entry_id, p.index, batch_index if n > 1 else -1, n if n > 1 else 0
+        )
 
     def flush(self) -> None:
         with self.lock:
@@ -207,8 +216,14 @@ class PartitionProducer:
             self._landed(batch)
             _complete(batch.futures, ids, None)
 
-        op = p.append_op([entry], [n], batch.nbytes, producer.producer_name, batch.first_sequence,
-                         on_published=published)
+        op = p.append_op(
+            [entry],
+            [n],
+            batch.nbytes,
+            producer.producer_name,
+            batch.first_sequence,
+            on_published=published,
+        )
         fut = p.storage.submit(op)
         fut.add_done_callback(lambda f: self._failed(f, batch))
 
@@ -230,9 +245,17 @@ class PartitionProducer:
 class Producer:
     """``client.create_producer(topic, ...)``: send, send_async, send_batch, flush, close."""
 
-    def __init__(self, client, topic: str, partitions: list[Partition], producer_name: str | None,
-                 batching_enabled: bool, batching_max_messages: int, batching_max_bytes: int,
-                 max_message_size: int) -> None:
+    def __init__(
+        self,
+        client,
+        topic: str,
+        partitions: list[Partition],
+        producer_name: str | None,
+        batching_enabled: bool,
+        batching_max_messages: int,
+        batching_max_bytes: int,
+        max_message_size: int,
+    ) -> None:
         self.client = client
         self._topic = topic
         self.producer_name = producer_name or f"pulsartxn-{client.broker.broker_id}-{next(_names)}"
@@ -267,7 +290,9 @@ class Producer:
             return self._parts[_route(partition_key, len(self._parts))]
         return self._parts[next(self._round_robin) % len(self._parts)]
 
-    def _validate(self, content, properties, partition_key, sequence_id) -> tuple[bytes, dict | None]:
+    def _validate(
+        self, content, properties, partition_key, sequence_id
+    ) -> tuple[bytes, dict | None]:
         if isinstance(content, memoryview) or isinstance(content, bytearray):
             content = bytes(content)
         if not isinstance(content, bytes):
@@ -284,21 +309,34 @@ class Producer:
         if partition_key is not None and not isinstance(partition_key, str):
             raise TypeError(f"partition_key must be a str, not {type(partition_key).__name__}")
         if sequence_id is not None and (
-            isinstance(sequence_id, bool) or not isinstance(sequence_id, int)
+            isinstance(sequence_id, bool)
+            or not isinstance(sequence_id, int)
             or not 0 <= sequence_id < (1 << 63)
         ):
             raise ValueError(f"sequence_id must be an int in 0..2^63-1, not {sequence_id!r}")
         return content, properties or None
 
-    def send_async(self, content, properties=None, partition_key=None, sequence_id=None,
-                   txn=None, callback=None) -> Future:
+    def send_async(
+        self,
+        content,
+        properties=None,
+        partition_key=None,
+        sequence_id=None,
+        txn=None,
+        callback=None,
+    ) -> Future:
         """Queue one message; the Future gives its MessageId once it is durable."""
         if self._closed:
             self._check_open()
         if txn is not None:
             self.client._no_transactions_yet(txn)
-        if type(content) is not bytes or properties is not None or partition_key is not None \
-                or sequence_id is not None or len(content) > self.max_message_size:
+        if (
+            type(content) is not bytes
+            or properties is not None
+            or partition_key is not None
+            or sequence_id is not None
+            or len(content) > self.max_message_size
+        ):
             content, properties = self._validate(content, properties, partition_key, sequence_id)
         parts = self._parts
         if len(parts) == 1:
@@ -307,11 +345,14 @@ class Producer:
             part = self._part_for(partition_key)
         fut = part.add(content, properties, partition_key, sequence_id)
         if callback is not None:
-            fut.add_done_callback(lambda f: callback(f.exception(), None if f.exception() else f.result()))
+            fut.add_done_callback(
+                lambda f: callback(f.exception(), None if f.exception() else f.result())
+            )
         return fut
 
-    def send(self, content, properties=None, partition_key=None, sequence_id=None,
-             txn=None) -> MessageId:
+    def send(
+        self, content, properties=None, partition_key=None, sequence_id=None, txn=None
+    ) -> MessageId:
         """Send one message; durable when it returns."""
         self._check_open()
         self.client._no_transactions_yet(txn)
@@ -333,7 +374,8 @@ class Producer:
         if n and sizes.max() > self.max_message_size:
             i = int(sizes.argmax())
             raise MessageTooBig(
-                f"message {i} of {int(sizes[i])} bytes exceeds max_message_size {self.max_message_size}"
+                f"message {i} of {int(sizes[i])} bytes exceeds max_message_size "
+                f"{self.max_message_size}"
             )
         if n == 0:
             return 0
@@ -349,8 +391,15 @@ class Producer:
             plan = {0: np.arange(n)}
         elif key_list is not None:
             routes = np.fromiter(
-                (_route(k, len(self._parts)) if k is not None else next(self._round_robin) % len(self._parts)
-                 for k in key_list), dtype=np.int64, count=n)
+                (
+                    _route(k, len(self._parts))
+                    if k is not None
+                    else next(self._round_robin) % len(self._parts)
+                    for k in key_list
+                ),
+                dtype=np.int64,
+                count=n,
+            )
             plan = {i: np.flatnonzero(routes == i) for i in range(len(self._parts))}
         else:
             chunk = self.batching_max_messages
@@ -371,8 +420,9 @@ class Producer:
             part_storage.wait(fut)
         return n
 
-    def _send_rows(self, part: PartitionProducer, values, key_list, rows: np.ndarray, n: int,
-                   sizes: np.ndarray) -> Future:
+    def _send_rows(
+        self, part: PartitionProducer, values, key_list, rows: np.ndarray, n: int, sizes: np.ndarray
+    ) -> Future:
         if len(rows) == n:
             sub_values = values
             sub_keys = key_list
@@ -388,9 +438,16 @@ class Producer:
             part.last_sequence = first_seq + len(rows) - 1
             nbytes = int(sizes[rows].sum())
             op = part.partition.append_messages_op(
-                sub_values, sub_keys, nbytes, len(rows), batch_size=self.batching_max_messages,
-                producer=self.producer_name, producer_id=self.producer_id,
-                first_sequence=first_seq, publish_time=int(time.time() * 1000))
+                sub_values,
+                sub_keys,
+                nbytes,
+                len(rows),
+                batch_size=self.batching_max_messages,
+                producer=self.producer_name,
+                producer_id=self.producer_id,
+                first_sequence=first_seq,
+                publish_time=int(time.time() * 1000),
+            )
             return part.partition.storage.submit(op)
 
     def flush(self) -> None:

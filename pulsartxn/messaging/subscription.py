@@ -35,9 +35,9 @@ class _Pending:
     __slots__ = ("payload", "consumer", "count")
 
     def __init__(self, payload, consumer, count):
-        self.payload = payload      # (data, properties, key, publish_time, batch_size)
+        self.payload = payload  # (data, properties, key, publish_time, batch_size)
         self.consumer = consumer
-        self.count = count          # redelivery count of this delivery
+        self.count = count  # redelivery count of this delivery
 
 
 class Subscription:
@@ -49,9 +49,9 @@ class Subscription:
         self.consumers: list[Consumer] = []
         self.type: int | None = None
         self.read_position = cursor.mark_delete + 1
-        self._buffer: deque = deque()            # ((entry, batch_index), payload) read ahead
-        self._redeliver: list = []               # heap of ((entry, batch_index), payload)
-        self._nacked: list = []                  # heap of (due, (entry, batch_index), payload)
+        self._buffer: deque = deque()  # ((entry, batch_index), payload) read ahead
+        self._redeliver: list = []  # heap of ((entry, batch_index), payload)
+        self._nacked: list = []  # heap of (due, (entry, batch_index), payload)
         self._pending: dict[tuple[int, int], _Pending] = {}
         self._redelivery_counts: dict[tuple[int, int], int] = {}
         self._persist_queued = False
@@ -178,12 +178,18 @@ class Subscription:
                 bi = b if batched else -1
                 if cursor.is_acked(entry_id, bi):
                     continue
-                data = value_data[value_off[m]:value_off[m + 1]].tobytes()
+                data = value_data[value_off[m] : value_off[m + 1]].tobytes()
                 pkey = None
                 if key_valid[m]:
-                    pkey = key_data[key_off[m]:key_off[m + 1]].tobytes().decode("utf-8", "surrogateescape")
+                    pkey = (
+                        key_data[key_off[m] : key_off[m + 1]]
+                        .tobytes()
+                        .decode("utf-8", "surrogateescape")
+                    )
                 props = _properties(decoded, m)
-                self._buffer.append(((entry_id, bi), (data, props, pkey, publish[e], n if batched else 0)))
+                self._buffer.append(
+                    ((entry_id, bi), (data, props, pkey, publish[e], n if batched else 0))
+                )
                 added += 1
         return added
 
@@ -200,7 +206,9 @@ class Subscription:
     def has_available(self, consumer) -> bool:
         with self.lock:
             self._due_nacks()
-            if any(not self.cursor.is_acked(*k) and k not in self._pending for k, _ in self._redeliver):
+            if any(
+                not self.cursor.is_acked(*k) and k not in self._pending for k, _ in self._redeliver
+            ):
                 return True
             while True:
                 for key, _ in self._buffer:
@@ -220,7 +228,8 @@ class Subscription:
             if cumulative:
                 if self.type == SHARED:
                     raise InvalidConfiguration(
-                        f"cumulative acknowledgement is not allowed on Shared subscription {self.name}"
+                        "cumulative acknowledgement is not allowed on Shared "
+                        f"subscription {self.name}"
                     )
                 changed = self.cursor.ack_cumulative(entry_id, bi, size)
                 for key in [k for k in self._pending if self.cursor.is_acked(*k)]:
@@ -319,6 +328,6 @@ def _properties(decoded, m: int) -> dict[str, str]:
     ko, kd = decoded.prop_key_offsets, decoded.prop_key_data
     vo, vd = decoded.prop_value_offsets, decoded.prop_value_data
     return {
-        kd[ko[j]:ko[j + 1]].tobytes().decode(): vd[vo[j]:vo[j + 1]].tobytes().decode()
+        kd[ko[j] : ko[j + 1]].tobytes().decode(): vd[vo[j] : vo[j + 1]].tobytes().decode()
         for j in range(lo, hi)
     }

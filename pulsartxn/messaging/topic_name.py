@@ -1,4 +1,4 @@
-"""Topic names as Pulsar spells them: persistent://tenant/namespace/name, partitions -partition-N."""
+"""Topic names as Pulsar spells them: persistent://tenant/namespace/name, T-partition-N."""
 
 from __future__ import annotations
 
@@ -23,9 +23,13 @@ class TopicName:
     def parse(cls, name: object) -> TopicName:
         """A full (persistent://t/ns/name) or short (name, or t/ns/name) topic name."""
         if not isinstance(name, str):
-            raise InvalidTopicName(f"topic name must be a str, not {type(name).__name__} ({name!r})")
+            raise InvalidTopicName(
+                f"topic name must be a str, not {type(name).__name__} ({name!r})"
+            )
         if not name or len(name) > MAX_NAME_LENGTH:
-            raise InvalidTopicName(f"invalid topic name {name!r}: empty or longer than {MAX_NAME_LENGTH}")
+            raise InvalidTopicName(
+                f"invalid topic name {name!r}: empty or longer than {MAX_NAME_LENGTH}"
+            )
         rest = name
         if "://" in name:
             domain, rest = name.split("://", 1)

@@ -23,22 +23,28 @@ def drain(consumer, timeout_millis=200):
 def test_send_receive_in_order_with_metadata(client):
     producer = client.create_producer("t")
     consumer = client.subscribe("t", "s")
-    ids = [producer.send(f"m{i}".encode(), properties={"i": str(i)}, partition_key=f"k{i}") for i in range(20)]
+    ids = [
+        producer.send(f"m{i}".encode(), properties={"i": str(i)}, partition_key=f"k{i}")
+        for i in range(20)
+    ]
     assert ids == sorted(ids) and len(set(ids)) == 20
     got = [consumer.receive(1000) for _ in range(20)]
     assert [m.data() for m in got] == [f"m{i}".encode() for i in range(20)]
     assert [m.properties() for m in got] == [{"i": str(i)} for i in range(20)]
     assert [m.partition_key() for m in got] == [f"k{i}" for i in range(20)]
     assert [m.message_id() for m in got] == ids
-    assert all(m.topic_name() == "persistent://public/default/t" and m.publish_timestamp() > 0 for m in got)
+    assert all(
+        m.topic_name() == "persistent://public/default/t" and m.publish_timestamp() > 0 for m in got
+    )
     assert all(m.redelivery_count() == 0 for m in got)
     with pytest.raises(pulsartxn.Timeout):
         consumer.receive(50)
 
 
 def test_batched_send_async_shares_entries(client):
-    producer = client.create_producer("t", batching_max_messages=100,
-                                      batching_max_publish_delay_ms=60_000)
+    producer = client.create_producer(
+        "t", batching_max_messages=100, batching_max_publish_delay_ms=60_000
+    )
     futures = [producer.send_async(b"x%d" % i) for i in range(250)]
     producer.flush()
     ids = [f.result() for f in futures]
@@ -130,8 +136,17 @@ def test_send_batch_lists_and_arrow(client):
     assert table.column("value").to_pylist()[:3] == [b"v0", b"v1", b"v2"]
     assert table.column("value").to_pylist()[2500] == b"s0"
     assert table.column("key").to_pylist()[-3:] == [b"a", None, b"c"]
-    for col in ("topic", "partition", "ledger_id", "entry_id", "batch_index", "key", "value",
-                "properties", "publish_time"):
+    for col in (
+        "topic",
+        "partition",
+        "ledger_id",
+        "entry_id",
+        "batch_index",
+        "key",
+        "value",
+        "properties",
+        "publish_time",
+    ):
         assert col in table.schema.names
 
 
@@ -317,7 +332,9 @@ def test_threads_producing_and_consuming_at_once(client):
     done.set()
     for th in readers:
         th.join()
-    assert sorted(received) == sorted(b"%d-%d" % (t, i) for t in range(n_threads) for i in range(per_thread))
+    assert sorted(received) == sorted(
+        b"%d-%d" % (t, i) for t in range(n_threads) for i in range(per_thread)
+    )
     per_producer = {}
     for v in received:
         t, i = v.split(b"-")

@@ -22,8 +22,21 @@ def test_names_parse(name, full):
 
 @pytest.mark.parametrize(
     "bad",
-    ["", " ", "a b", "a/b", "non-persistent://public/default/x", "persistent://public/default",
-     "persistent://a/b/c/d", "persistent:///default/x", "x" * 600, "ünïcode", "a\0b", 5, None],
+    [
+        "",
+        " ",
+        "a b",
+        "a/b",
+        "non-persistent://public/default/x",
+        "persistent://public/default",
+        "persistent://a/b/c/d",
+        "persistent:///default/x",
+        "x" * 600,
+        "ünïcode",
+        "a\0b",
+        5,
+        None,
+    ],
 )
 def test_bad_names_are_refused(client, broker, bad):
     with pytest.raises(pulsartxn.InvalidTopicName):
@@ -39,7 +52,9 @@ def test_partitions(broker):
     assert broker.topic_partitions("orders") == [
         f"persistent://public/default/orders-partition-{i}" for i in range(4)
     ]
-    assert broker.topic_partitions("orders-partition-2") == ["persistent://public/default/orders-partition-2"]
+    assert broker.topic_partitions("orders-partition-2") == [
+        "persistent://public/default/orders-partition-2"
+    ]
     with pytest.raises(pulsartxn.TopicNotFound):
         broker.topic_partitions("orders-partition-4")
     with pytest.raises(pulsartxn.TopicAlreadyExists):
@@ -80,7 +95,9 @@ def test_close_is_idempotent_and_context_manager(tmp_path):
     with pytest.raises(pulsartxn.AlreadyClosed):
         b.client()
     with pulsartxn.Broker(tmp_path / "d", sync=False) as again:  # the lock was released
-        assert [bytes(r) for r in again.client().scan("t").__next__().column("value").to_pylist()] == [b"x"]
+        assert [
+            bytes(r) for r in again.client().scan("t").__next__().column("value").to_pylist()
+        ] == [b"x"]
 
 
 def test_second_broker_in_another_process_fails_fast(tmp_path):
@@ -88,10 +105,15 @@ def test_second_broker_in_another_process_fails_fast(tmp_path):
     import sys
 
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         f"import pulsartxn, sys; b = pulsartxn.Broker({str(tmp_path / 'x')!r}, sync=False); "
-         "print('open', flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            f"import pulsartxn, sys; b = pulsartxn.Broker({str(tmp_path / 'x')!r}, sync=False); "
+            "print('open', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "open"

@@ -65,7 +65,9 @@ def test_contains_many_over_arrays(impl):
     # Java-style signed halves are reinterpreted, not refused.
     top = impl.TxnID(65535, MAX_SEQ)
     s.add(top)
-    assert s.contains_many(np.array([-1], dtype=np.int64), np.array([-1], dtype=np.int64)).tolist() == [True]
+    assert s.contains_many(
+        np.array([-1], dtype=np.int64), np.array([-1], dtype=np.int64)
+    ).tolist() == [True]
     assert s.contains_many([], []).shape == (0,)
     assert impl.AbortSet().contains_many(msb[:3], lsb[:3]).tolist() == [False] * 3
     with pytest.raises(ValueError, match="length"):
@@ -79,7 +81,10 @@ def test_contains_many_over_arrays(impl):
 def test_prune_below_only_touches_one_coordinator(impl):
     s = impl.AbortSet(impl.TxnID(c, q) for c in (0, 1, 2) for q in (0, 5, 9, 1 << 80))
     assert s.prune_below(1, 9) == 2
-    assert {(t.coordinator_id, t.sequence) for t in s if t.coordinator_id == 1} == {(1, 9), (1, 1 << 80)}
+    assert {(t.coordinator_id, t.sequence) for t in s if t.coordinator_id == 1} == {
+        (1, 9),
+        (1, 1 << 80),
+    }
     assert s.prune_below(0, MAX_SEQ + 1) == 4  # everything of coordinator 0
     assert all(t.coordinator_id == 2 for t in s if t.coordinator_id != 1)
     assert s.prune_below(2, 0) == 0
@@ -105,7 +110,14 @@ def test_snapshot_round_trip_and_corrupt_snapshots(impl):
     assert pickle.loads(pickle.dumps(s)) == s
     assert s.copy() == s and s.copy() is not s
     assert impl.AbortSet.from_bytes(impl.AbortSet().to_bytes()) == impl.AbortSet()
-    for bad in [b"", b"PTAS", b"XXXX" + data[4:], data[:-1], data + b"\x00", data[:4] + b"\x02" + data[5:]]:
+    for bad in [
+        b"",
+        b"PTAS",
+        b"XXXX" + data[4:],
+        data[:-1],
+        data + b"\x00",
+        data[:4] + b"\x02" + data[5:],
+    ]:
         with pytest.raises(ValueError):
             impl.AbortSet.from_bytes(bad)
     huge = bytearray(data)
@@ -143,7 +155,9 @@ def test_many_members_with_deletions(impl):
 def test_a_million_members_native_matches_twin():
     rng = np.random.default_rng(11)
     n = 1_000_000
-    msb = (rng.integers(0, 16, n, dtype=np.uint64) << np.uint64(48)) | rng.integers(0, 4, n, dtype=np.uint64)
+    msb = (rng.integers(0, 16, n, dtype=np.uint64) << np.uint64(48)) | rng.integers(
+        0, 4, n, dtype=np.uint64
+    )
     lsb = rng.integers(0, 1 << 63, n, dtype=np.uint64)
     native, twin = NATIVE.AbortSet(), REFERENCE.AbortSet()
     native.add_many(msb, lsb)
@@ -151,7 +165,9 @@ def test_a_million_members_native_matches_twin():
     assert len(native) == len(twin)
     probe_msb = np.concatenate([msb[:50_000], msb[:50_000]])
     probe_lsb = np.concatenate([lsb[:50_000], lsb[:50_000] ^ np.uint64(1)])
-    assert np.array_equal(native.contains_many(probe_msb, probe_lsb), twin.contains_many(probe_msb, probe_lsb))
+    assert np.array_equal(
+        native.contains_many(probe_msb, probe_lsb), twin.contains_many(probe_msb, probe_lsb)
+    )
     assert native.to_bytes() == twin.to_bytes()
     assert native.prune_below(3, 1 << 60) == twin.prune_below(3, 1 << 60)
     assert len(native) == len(twin)
@@ -168,7 +184,9 @@ def test_native_and_twin_agree_on_random_members(members, probes):
     assert native.to_bytes() == twin.to_bytes()
     assert {int(t) for t in native} == {int(t) for t in twin}
     pm = probes + members[:5]
-    assert np.array_equal(native.contains_many(*halves(n_impl, pm)), twin.contains_many(*halves(r_impl, pm)))
+    assert np.array_equal(
+        native.contains_many(*halves(n_impl, pm)), twin.contains_many(*halves(r_impl, pm))
+    )
     assert np.array_equal(native.to_arrays()[0], twin.to_arrays()[0])
 
 

@@ -98,8 +98,11 @@ def test_words_and_pulsar_convention(impl):
 
 
 ops = st.lists(
-    st.tuples(st.sampled_from(["set", "clear", "set_range", "clear_range"]),
-              st.integers(0, 1 << 20), st.integers(0, 1 << 20)),
+    st.tuples(
+        st.sampled_from(["set", "clear", "set_range", "clear_range"]),
+        st.integers(0, 1 << 20),
+        st.integers(0, 1 << 20),
+    ),
     max_size=30,
 )
 
@@ -130,11 +133,33 @@ def test_native_twin_and_model_agree(size, ops_a, ops_b):
             sets.append(s)
         a, b = sets
         if impl is None:
-            results.append((sorted(a), sorted(b), bool(a & b), sorted(a | b), sorted(a - b),
-                            sorted(a & b), len(a), len(a) == 0, len(a) == size))
+            results.append(
+                (
+                    sorted(a),
+                    sorted(b),
+                    bool(a & b),
+                    sorted(a | b),
+                    sorted(a - b),
+                    sorted(a & b),
+                    len(a),
+                    len(a) == 0,
+                    len(a) == size,
+                )
+            )
         else:
-            results.append((list(a), list(b), a.overlaps(b), list(a | b), list(a - b), list(a & b),
-                            a.cardinality(), a.is_empty(), a.is_full()))
+            results.append(
+                (
+                    list(a),
+                    list(b),
+                    a.overlaps(b),
+                    list(a | b),
+                    list(a - b),
+                    list(a & b),
+                    a.cardinality(),
+                    a.is_empty(),
+                    a.is_full(),
+                )
+            )
             words = a.to_words()
             assert impl.AckSet.from_words(words, size) == a
             assert impl.AckSet.from_pulsar_words(a.to_pulsar_words(), size) == a
@@ -196,8 +221,11 @@ class PendingAckMachine(RuleBasedStateMachine):
         self.twin = REFERENCE.PendingAckIndex()
         self.model: dict[tuple[int, int], dict[int, set | None]] = {}
 
-    @rule(entry=st.integers(0, 3), txn=st.integers(0, 3),
-          bits=st.one_of(st.none(), st.sets(st.integers(0, 69), min_size=1, max_size=5)))
+    @rule(
+        entry=st.integers(0, 3),
+        txn=st.integers(0, 3),
+        bits=st.one_of(st.none(), st.sets(st.integers(0, 69), min_size=1, max_size=5)),
+    )
     def add(self, entry, txn, bits):
         holders = self.model.get((0, entry), {})
         conflict = any(
@@ -248,7 +276,9 @@ class PendingAckMachine(RuleBasedStateMachine):
                     assert (None if acks is None else set(acks)) == holders[t]
             for b in (0, 35, 69):
                 pending = any(h is None or b in h for h in holders.values())
-                assert self.native.is_pending(lid, e, b) == self.twin.is_pending(lid, e, b) == pending
+                assert (
+                    self.native.is_pending(lid, e, b) == self.twin.is_pending(lid, e, b) == pending
+                )
 
 
 TestPendingAckMachine = PendingAckMachine.TestCase

@@ -22,13 +22,15 @@ payloads = st.binary(max_size=300)
 keys = st.one_of(st.none(), st.binary(max_size=20), st.text(max_size=10))
 props = st.one_of(st.none(), st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3))
 messages = st.lists(st.tuples(payloads, keys, props), max_size=12)
-header_ints = st.fixed_dictionaries({
-    "txn_msb": st.one_of(st.just(0), st.just(U64), st.integers(0, U64)),
-    "txn_lsb": st.one_of(st.just(0), st.just(U64), st.integers(0, U64)),
-    "producer_id": st.integers(0, U64),
-    "sequence_id": st.integers(0, U64),
-    "publish_time": st.integers(-(1 << 63), (1 << 63) - 1),
-})
+header_ints = st.fixed_dictionaries(
+    {
+        "txn_msb": st.one_of(st.just(0), st.just(U64), st.integers(0, U64)),
+        "txn_lsb": st.one_of(st.just(0), st.just(U64), st.integers(0, U64)),
+        "producer_id": st.integers(0, U64),
+        "sequence_id": st.integers(0, U64),
+        "publish_time": st.integers(-(1 << 63), (1 << 63) - 1),
+    }
+)
 
 
 def split(msgs):
@@ -51,7 +53,11 @@ def test_native_and_twin_encode_the_same_bytes_and_decode_back(msgs, ints, marke
     header = NATIVE.decode_header(native)
     assert header == REFERENCE.decode_header(twin)
     assert header.message_count == len(values) and header.marker_type == marker
-    assert (header.txn_msb, header.txn_lsb, header.sequence_id) == (ints["txn_msb"], ints["txn_lsb"], ints["sequence_id"])
+    assert (header.txn_msb, header.txn_lsb, header.sequence_id) == (
+        ints["txn_msb"],
+        ints["txn_lsb"],
+        ints["sequence_id"],
+    )
     assert header.publish_time == ints["publish_time"]
     nd = NATIVE.decode_entries([7], [native])
     rd = REFERENCE.decode_entries([7], [twin])
@@ -75,13 +81,27 @@ def test_many_entries_decode_in_one_call(batches):
 
 
 @settings(max_examples=20)
-@given(st.lists(st.binary(max_size=64), max_size=300), st.integers(1, 50), st.integers(60, 2000),
-       st.integers(0, 1 << 40))
+@given(
+    st.lists(st.binary(max_size=64), max_size=300),
+    st.integers(1, 50),
+    st.integers(60, 2000),
+    st.integers(0, 1 << 40),
+)
 def test_encode_entries_splits_the_same_way(values, batch_size, max_bytes, first_seq):
-    native = NATIVE.encode_entries(values, batch_size=batch_size, max_entry_bytes=max_bytes,
-                                   first_sequence_id=first_seq, producer_id=3)
-    twin = REFERENCE.encode_entries(values, batch_size=batch_size, max_entry_bytes=max_bytes,
-                                    first_sequence_id=first_seq, producer_id=3)
+    native = NATIVE.encode_entries(
+        values,
+        batch_size=batch_size,
+        max_entry_bytes=max_bytes,
+        first_sequence_id=first_seq,
+        producer_id=3,
+    )
+    twin = REFERENCE.encode_entries(
+        values,
+        batch_size=batch_size,
+        max_entry_bytes=max_bytes,
+        first_sequence_id=first_seq,
+        producer_id=3,
+    )
     assert native == twin
     heads = [NATIVE.decode_header(e) for e in native]
     assert sum(h.message_count for h in heads) == len(values)
@@ -109,8 +129,15 @@ def test_arrow_values_are_read_from_buffers(impl):
 
 def test_edge_values(impl):
     big = os.urandom(5 * 1024 * 1024)
-    entry = impl.encode_entry([b"", big, b""], keys=[b"", None, "k"], txn_msb=U64, txn_lsb=U64,
-                              producer_id=U64, sequence_id=U64, publish_time=-1)
+    entry = impl.encode_entry(
+        [b"", big, b""],
+        keys=[b"", None, "k"],
+        txn_msb=U64,
+        txn_lsb=U64,
+        producer_id=U64,
+        sequence_id=U64,
+        publish_time=-1,
+    )
     d = impl.decode_entries([U64], [entry])
     assert d.values() == [b"", big, b""]
     assert d.keys() == [b"", None, b"k"]
@@ -125,9 +152,12 @@ def test_edge_values(impl):
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [
-        ({"txn_msb": -1}, ValueError), ({"txn_lsb": 1 << 64}, ValueError),
-        ({"producer_id": 1.5}, TypeError), ({"sequence_id": "1"}, TypeError),
-        ({"publish_time": 1 << 63}, ValueError), ({"marker_type": 256}, ValueError),
+        ({"txn_msb": -1}, ValueError),
+        ({"txn_lsb": 1 << 64}, ValueError),
+        ({"producer_id": 1.5}, TypeError),
+        ({"sequence_id": "1"}, TypeError),
+        ({"publish_time": 1 << 63}, ValueError),
+        ({"marker_type": 256}, ValueError),
         ({"marker_type": True}, TypeError),
     ],
 )
@@ -172,8 +202,13 @@ def test_crc32c_native_equals_twin(data, start):
     assert NATIVE.crc32c(data, start) == REFERENCE.crc32c(data, start)
 
 
-VALID = NATIVE.encode_entry([b"hello", b"", b"world" * 10], keys=["k", None, b""],
-                            properties=[{"a": "b"}, None, {"x": "yz"}], txn_msb=9, sequence_id=4)
+VALID = NATIVE.encode_entry(
+    [b"hello", b"", b"world" * 10],
+    keys=["k", None, b""],
+    properties=[{"a": "b"}, None, {"x": "yz"}],
+    txn_msb=9,
+    sequence_id=4,
+)
 
 
 @pytest.mark.parametrize("cut", range(len(VALID)))
@@ -238,7 +273,10 @@ def test_entry_log_append_scan_read_trim(impl, env, tmp_path):
     with env.begin(write=True) as txn:
         assert log.last_entry_id(txn) == -1 and log.first_entry_id(txn) == -1
         assert log.append(txn, [impl.encode_entry([b"e%d" % i]) for i in range(5)]) == 0
-        assert log.append(txn, impl.encode_entries([b"m%d" % i for i in range(25)], batch_size=10)) == 5
+        assert (
+            log.append(txn, impl.encode_entries([b"m%d" % i for i in range(25)], batch_size=10))
+            == 5
+        )
         assert log.append(txn, []) == 8
     with env.begin(buffers=True) as txn:
         assert log.count(txn) == 8 and log.last_entry_id(txn) == 7
@@ -281,13 +319,25 @@ def test_corrupt_stored_entry_names_its_position(impl, env):
 
 
 def test_to_arrow_schema_and_mask(impl):
-    entries = [impl.encode_entry([b"a", b"b"], keys=["k", None], properties=[{"p": "q"}, None],
-                                 publish_time=1000),
-               impl.encode_entry([b"c"], publish_time=2000)]
+    entries = [
+        impl.encode_entry(
+            [b"a", b"b"], keys=["k", None], properties=[{"p": "q"}, None], publish_time=1000
+        ),
+        impl.encode_entry([b"c"], publish_time=2000),
+    ]
     d = impl.decode_entries([3, 4], entries)
     batch = d.to_arrow(topic="persistent://public/default/t", partition=2, ledger_id=9)
-    assert batch.schema.names == ["topic", "partition", "ledger_id", "entry_id", "batch_index",
-                                  "key", "value", "properties", "publish_time"]
+    assert batch.schema.names == [
+        "topic",
+        "partition",
+        "ledger_id",
+        "entry_id",
+        "batch_index",
+        "key",
+        "value",
+        "properties",
+        "publish_time",
+    ]
     rows = batch.to_pylist()
     assert [r["value"] for r in rows] == [b"a", b"b", b"c"]
     assert [r["batch_index"] for r in rows] == [0, 1, -1]
@@ -310,8 +360,15 @@ def test_append_messages_equals_encode_then_append(impl, env, arrow, monkeypatch
     keys = [None if i % 3 else f"k{i}" for i in range(2000)]
     data = pa.array(values, pa.binary()) if arrow else values
     a, b = impl.EntryLog(env, b"ledger/a"), impl.EntryLog(env, b"ledger/b")
-    kwargs = dict(batch_size=37, max_entry_bytes=5000, txn_msb=5, txn_lsb=6, producer_id=7,
-                  first_sequence_id=100, publish_time=1234)
+    kwargs = dict(
+        batch_size=37,
+        max_entry_bytes=5000,
+        txn_msb=5,
+        txn_lsb=6,
+        producer_id=7,
+        first_sequence_id=100,
+        publish_time=1234,
+    )
     with env.begin(write=True) as txn:
         a.append(txn, [impl.encode_entry([b"first"])])
         b.append(txn, [impl.encode_entry([b"first"])])

@@ -64,7 +64,19 @@ def test_from_int_parse_unpack_refuse_bad_input(impl):
         impl.TxnID.from_int(-1)
     with pytest.raises(TypeError):
         impl.TxnID.from_int("5")
-    for text in ["", "1", "1:2:3", "-1:2", "1:-2", " 1:2", "1:2 ", "a:b", "1:+2", "1_0:2", "65536:0"]:
+    for text in [
+        "",
+        "1",
+        "1:2:3",
+        "-1:2",
+        "1:-2",
+        " 1:2",
+        "1:2 ",
+        "a:b",
+        "1:+2",
+        "1_0:2",
+        "65536:0",
+    ]:
         with pytest.raises(ValueError):
             impl.TxnID.parse(text)
     with pytest.raises(TypeError):

@@ -29,8 +29,10 @@ def test_concurrent_writes_share_groups(storage):
 
     def writer(t):
         barrier.wait()
-        futures = [storage.submit(WriteOp(lambda txn, k=b"%d-%d" % (t, i): txn.put(k, b"v", db=db)))
-                   for i in range(200)]
+        futures = [
+            storage.submit(WriteOp(lambda txn, k=b"%d-%d" % (t, i): txn.put(k, b"v", db=db)))
+            for i in range(200)
+        ]
         for f in futures:
             f.result()
 
@@ -94,7 +96,9 @@ def test_map_full_is_a_clear_error_and_writes_nothing(tmp_path):
 def test_close_commits_what_was_submitted(tmp_path):
     s = Storage(str(tmp_path / "env"), sync=False)
     db = s.open_db(b"t")
-    futures = [s.submit(WriteOp(lambda txn, i=i: txn.put(b"%d" % i, b"v", db=db))) for i in range(500)]
+    futures = [
+        s.submit(WriteOp(lambda txn, i=i: txn.put(b"%d" % i, b"v", db=db))) for i in range(500)
+    ]
     s.close()
     assert all(f.result() is True for f in futures)  # what put returned
     with pytest.raises(pulsartxn.AlreadyClosed):
@@ -136,7 +140,9 @@ def test_acknowledged_sends_survive_kill_9(tmp_path):
     # Lines printed before the kill (a line cut short by the kill was not fully acknowledged).
     acknowledged.extend(line.strip() for line in proc.stdout if line.endswith("\n"))
     with pulsartxn.Broker(data_dir, sync=True) as broker:
-        stored = [v.decode() for b in broker.client().scan("crash") for v in b.column("value").to_pylist()]
+        stored = [
+            v.decode() for b in broker.client().scan("crash") for v in b.column("value").to_pylist()
+        ]
     assert set(acknowledged) <= set(stored)
     assert len(stored) == len(set(stored))
     for t in range(3):

@@ -127,7 +127,9 @@ class AbortSet:
         if len(raw) < _HEADER or raw[:4] != MAGIC:
             raise ValueError("not an AbortSet snapshot: bad magic or too short")
         if raw[4] != VERSION:
-            raise ValueError(f"AbortSet snapshot version {raw[4]} not supported (expected {VERSION})")
+            raise ValueError(
+                f"AbortSet snapshot version {raw[4]} not supported (expected {VERSION})"
+            )
         (n,) = struct.unpack_from("<Q", raw, 8)
         if n > (len(raw) - _HEADER) // 16 or _HEADER + 16 * n != len(raw):
             raise ValueError(f"AbortSet snapshot of {len(raw)} bytes cannot hold {n} members")

@@ -174,8 +174,9 @@ class AckSet:
         out = cls(size)
         values = _word_list(words)
         if len(values) != len(out._words):
-            raise ValueError(f"{len(values)} words for an AckSet of size {out._size} "
-                             f"(needs {len(out._words)})")
+            raise ValueError(
+                f"{len(values)} words for an AckSet of size {out._size} (needs {len(out._words)})"
+            )
         tail = out._size % 64
         if tail and values[-1] >> tail:
             raise ValueError(f"words have bits set past size {out._size}")
@@ -238,8 +239,10 @@ class PendingAckIndex:
             if acks is None or held is None:
                 return other
             if acks.size != held.size:
-                raise ValueError(f"AckSet size {acks.size} differs from size {held.size} held on "
-                                 f"ledger {pos[0]} entry {pos[1]}")
+                raise ValueError(
+                    f"AckSet size {acks.size} differs from size {held.size} held on "
+                    f"ledger {pos[0]} entry {pos[1]}"
+                )
             if acks.overlaps(held):
                 return other
         return None
@@ -285,8 +288,11 @@ class PendingAckIndex:
         return {t: (None if a is None else a.copy()) for t, a in holders.items()}
 
     def entries_of(self, txn) -> list:
-        return [(pos[0], pos[1], None if h[txn] is None else h[txn].copy())
-                for pos, h in sorted(self._entries.items()) if txn in h]
+        return [
+            (pos[0], pos[1], None if h[txn] is None else h[txn].copy())
+            for pos, h in sorted(self._entries.items())
+            if txn in h
+        ]
 
     def release(self, txn) -> list:
         out = []

@@ -23,8 +23,18 @@ from ..entryformat import (
     normalize_properties,
 )
 
-__all__ = ["HEADER_SIZE", "EntryHeader", "DecodedEntries", "crc32c", "value_sizes", "encode_entry",
-           "encode_entries", "decode_header", "decode_entries", "EntryLog"]
+__all__ = [
+    "HEADER_SIZE",
+    "EntryHeader",
+    "DecodedEntries",
+    "crc32c",
+    "value_sizes",
+    "encode_entry",
+    "encode_entries",
+    "decode_header",
+    "decode_entries",
+    "EntryLog",
+]
 
 _BE64 = struct.Struct(">Q")
 _U32 = struct.Struct("<I")
@@ -58,9 +68,11 @@ def _values(values) -> list[bytes]:
     if arrow is not None:
         offsets, data = arrow
         raw = data.tobytes()
-        return [raw[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+        return [raw[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
     if not isinstance(values, (list, tuple)):
-        raise TypeError(f"values must be a list of bytes or a pyarrow array, not {type(values).__name__}")
+        raise TypeError(
+            f"values must be a list of bytes or a pyarrow array, not {type(values).__name__}"
+        )
     out = []
     for i, v in enumerate(values):
         if isinstance(v, (bytearray, memoryview)):
@@ -86,11 +98,23 @@ def _message(value: bytes, key, props) -> bytes:
     return key_part + prop_part + _U32.pack(len(value)) + value
 
 
-def _entry(messages: list[bytes], marker, txn_msb, txn_lsb, producer_id, sequence_id,
-           publish_time) -> bytes:
+def _entry(
+    messages: list[bytes], marker, txn_msb, txn_lsb, producer_id, sequence_id, publish_time
+) -> bytes:
     body = b"".join(messages)
-    head = HEADER.pack(MAGIC, VERSION, marker, 0, txn_msb, txn_lsb, producer_id, sequence_id,
-                       publish_time, len(messages), 0)
+    head = HEADER.pack(
+        MAGIC,
+        VERSION,
+        marker,
+        0,
+        txn_msb,
+        txn_lsb,
+        producer_id,
+        sequence_id,
+        publish_time,
+        len(messages),
+        0,
+    )
     crc = crc32c(body, crc32c(head[:52]))
     return head[:52] + _U32.pack(crc) + body
 
@@ -101,30 +125,59 @@ def _prepare(values, keys, properties):
     key_list = normalize_keys(keys, n)
     prop_list = normalize_properties(properties, n)
     return [
-        _message(vals[i], None if key_list is None else key_list[i],
-                 None if prop_list is None else prop_list[i])
+        _message(
+            vals[i],
+            None if key_list is None else key_list[i],
+            None if prop_list is None else prop_list[i],
+        )
         for i in range(n)
     ]
 
 
-def encode_entry(values, keys=None, properties=None, *, txn_msb=0, txn_lsb=0, producer_id=0,
-                 sequence_id=0, publish_time=0, marker_type=0) -> bytes:
+def encode_entry(
+    values,
+    keys=None,
+    properties=None,
+    *,
+    txn_msb=0,
+    txn_lsb=0,
+    producer_id=0,
+    sequence_id=0,
+    publish_time=0,
+    marker_type=0,
+) -> bytes:
     check_header_ints(txn_msb, txn_lsb, producer_id, sequence_id, publish_time, marker_type)
     messages = _prepare(values, keys, properties)
     return _entry(messages, marker_type, txn_msb, txn_lsb, producer_id, sequence_id, publish_time)
 
 
-def encode_entries(values, keys=None, properties=None, *, batch_size=1000,
-                   max_entry_bytes=DEFAULT_MAX_ENTRY_BYTES, txn_msb=0, txn_lsb=0, producer_id=0,
-                   first_sequence_id=0, publish_time=0) -> list[bytes]:
+def encode_entries(
+    values,
+    keys=None,
+    properties=None,
+    *,
+    batch_size=1000,
+    max_entry_bytes=DEFAULT_MAX_ENTRY_BYTES,
+    txn_msb=0,
+    txn_lsb=0,
+    producer_id=0,
+    first_sequence_id=0,
+    publish_time=0,
+) -> list[bytes]:
     check_header_ints(txn_msb, txn_lsb, producer_id, first_sequence_id, publish_time, 0)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
-    if isinstance(max_entry_bytes, bool) or not isinstance(max_entry_bytes, int) or max_entry_bytes < 1:
+    if (
+        isinstance(max_entry_bytes, bool)
+        or not isinstance(max_entry_bytes, int)
+        or max_entry_bytes < 1
+    ):
         raise ValueError(f"max_entry_bytes must be a positive int, not {max_entry_bytes!r}")
     messages = _prepare(values, keys, properties)
     if first_sequence_id + len(messages) - 1 > 0xFFFFFFFFFFFFFFFF:
-        raise ValueError(f"sequence ids from {first_sequence_id} for {len(messages)} messages pass 2^64-1")
+        raise ValueError(
+            f"sequence ids from {first_sequence_id} for {len(messages)} messages pass 2^64-1"
+        )
     out = []
     i0 = 0
     seq = first_sequence_id
@@ -147,7 +200,9 @@ def _parse(raw: bytes, verify: bool):
     size = len(raw)
     if size < HEADER_SIZE:
         return 1
-    magic, version, marker, flags, msb, lsb, producer, seq, publish, count, crc = HEADER.unpack_from(raw)
+    magic, version, marker, flags, msb, lsb, producer, seq, publish, count, crc = (
+        HEADER.unpack_from(raw)
+    )
     if magic != MAGIC:
         return 2
     if version != VERSION:
@@ -164,7 +219,7 @@ def _parse(raw: bytes, verify: bool):
         nonlocal pos
         if n > size - pos:
             raise IndexError
-        out = raw[pos:pos + n]
+        out = raw[pos : pos + n]
         pos += n
         return out
 
@@ -262,18 +317,26 @@ def decode_entries(entry_ids, buffers, verify=True) -> DecodedEntries:
 
     return DecodedEntries(
         entry_id=ids,
-        marker_type=column(0, np.uint8), txn_msb=column(1, np.uint64), txn_lsb=column(2, np.uint64),
-        producer_id=column(3, np.uint64), sequence_id=column(4, np.uint64),
-        publish_time=column(5, np.int64), message_count=column(6, np.uint32),
+        marker_type=column(0, np.uint8),
+        txn_msb=column(1, np.uint64),
+        txn_lsb=column(2, np.uint64),
+        producer_id=column(3, np.uint64),
+        sequence_id=column(4, np.uint64),
+        publish_time=column(5, np.int64),
+        message_count=column(6, np.uint32),
         first_message=np.array(first, dtype=np.int64),
         msg_entry=np.array(cols["msg_entry"], dtype=np.int64),
         batch_index=np.array(cols["batch_index"], dtype=np.int32),
         key_valid=np.array(cols["key_valid"], dtype=np.bool_),
-        key_offsets=np.array(key_off, dtype=np.int64), key_data=data(key_parts),
-        value_offsets=np.array(val_off, dtype=np.int64), value_data=data(value_parts),
+        key_offsets=np.array(key_off, dtype=np.int64),
+        key_data=data(key_parts),
+        value_offsets=np.array(val_off, dtype=np.int64),
+        value_data=data(value_parts),
         prop_offsets=np.array(prop_off, dtype=np.int64),
-        prop_key_offsets=np.array(pk_off, dtype=np.int64), prop_key_data=data(pk_parts),
-        prop_value_offsets=np.array(pv_off, dtype=np.int64), prop_value_data=data(pv_parts),
+        prop_key_offsets=np.array(pk_off, dtype=np.int64),
+        prop_key_data=data(pk_parts),
+        prop_value_offsets=np.array(pv_off, dtype=np.int64),
+        prop_value_data=data(pv_parts),
     )
 
 
@@ -285,7 +348,11 @@ def _range(start, end, limit):
             raise TypeError(f"{name} must be an int, not {type(value).__name__}")
         if value < 0 or value > 0xFFFFFFFFFFFFFFFF:
             raise ValueError(f"{name} {value} out of range 0..2^64-1")
-    return int(start), (int(end) if end is not None else None), (int(limit) if limit is not None else None)
+    return (
+        int(start),
+        (int(end) if end is not None else None),
+        (int(limit) if limit is not None else None),
+    )
 
 
 class EntryLog:
@@ -324,13 +391,33 @@ class EntryLog:
             raise RuntimeError(f"{self.name!r}: appended {added} of {len(entries)} entries")
         return first
 
-    def append_messages(self, txn, values, keys=None, properties=None, *, batch_size=1000,
-                        max_entry_bytes=DEFAULT_MAX_ENTRY_BYTES, txn_msb=0, txn_lsb=0,
-                        producer_id=0, first_sequence_id=0, publish_time=0):
-        entries = encode_entries(values, keys, properties, batch_size=batch_size,
-                                 max_entry_bytes=max_entry_bytes, txn_msb=txn_msb, txn_lsb=txn_lsb,
-                                 producer_id=producer_id, first_sequence_id=first_sequence_id,
-                                 publish_time=publish_time)
+    def append_messages(
+        self,
+        txn,
+        values,
+        keys=None,
+        properties=None,
+        *,
+        batch_size=1000,
+        max_entry_bytes=DEFAULT_MAX_ENTRY_BYTES,
+        txn_msb=0,
+        txn_lsb=0,
+        producer_id=0,
+        first_sequence_id=0,
+        publish_time=0,
+    ):
+        entries = encode_entries(
+            values,
+            keys,
+            properties,
+            batch_size=batch_size,
+            max_entry_bytes=max_entry_bytes,
+            txn_msb=txn_msb,
+            txn_lsb=txn_lsb,
+            producer_id=producer_id,
+            first_sequence_id=first_sequence_id,
+            publish_time=publish_time,
+        )
         counts = [decode_header(e, verify=False).message_count for e in entries]
         return self.append(txn, entries), counts
 
