@@ -189,8 +189,14 @@ void ptx_u128set_contains_many(const ptx_u128set *s, const uint64_t *hi, const u
     }
 }
 
-size_t ptx_u128set_prune_below(ptx_u128set *s, uint64_t top, uint64_t bound_hi, uint64_t bound_lo) {
+/* Whether a TxnID key is of coordinator `top` with a sequence below (bound_hi, bound_lo). */
+static inline int is_below(const ptx_u128 *key, uint64_t top, uint64_t bound_hi, uint64_t bound_lo) {
     const uint64_t low48 = (((uint64_t)1) << 48) - 1;
+    uint64_t seq_hi = key->hi & low48;
+    return (key->hi >> 48) == top && (seq_hi < bound_hi || (seq_hi == bound_hi && key->lo < bound_lo));
+}
+
+size_t ptx_u128set_prune_below(ptx_u128set *s, uint64_t top, uint64_t bound_hi, uint64_t bound_lo) {
     size_t removed = 0;
     if (s->has_zero && top == 0 && (bound_hi | bound_lo) != 0) {
         s->has_zero = 0;
@@ -201,11 +207,7 @@ size_t ptx_u128set_prune_below(ptx_u128set *s, uint64_t top, uint64_t bound_hi, 
     size_t survivors = 0;
     for (size_t i = 0; i < capacity; i++) {
         const ptx_u128 *slot = &s->slots[i];
-        if (is_empty(slot)) continue;
-        uint64_t seq_hi = slot->hi & low48;
-        int below = (slot->hi >> 48) == top &&
-                    (seq_hi < bound_hi || (seq_hi == bound_hi && slot->lo < bound_lo));
-        if (!below) survivors++;
+        if (!is_empty(slot) && !is_below(slot, top, bound_hi, bound_lo)) survivors++;
     }
     size_t dropped = s->used - survivors;
     if (dropped == 0) return removed;
@@ -218,11 +220,8 @@ size_t ptx_u128set_prune_below(ptx_u128set *s, uint64_t top, uint64_t bound_hi, 
     }
     for (size_t i = 0; i < capacity; i++) {
         const ptx_u128 *slot = &s->slots[i];
-        if (is_empty(slot)) continue;
-        uint64_t seq_hi = slot->hi & low48;
-        int below = (slot->hi >> 48) == top &&
-                    (seq_hi < bound_hi || (seq_hi == bound_hi && slot->lo < bound_lo));
-        if (!below) place(fresh, fresh_capacity - 1, slot->hi, slot->lo);
+        if (!is_empty(slot) && !is_below(slot, top, bound_hi, bound_lo))
+            place(fresh, fresh_capacity - 1, slot->hi, slot->lo);
     }
     free(s->slots);
     s->slots = fresh;

@@ -28,6 +28,8 @@ from .includes.u128set cimport (
 )
 from .txnid cimport TxnID, txnid_from_halves
 
+from .checks import as_uint64_array
+
 import operator
 
 import numpy as np
@@ -57,18 +59,6 @@ cdef inline TxnID _txnid(object value, str what):
     if not isinstance(value, TxnID):
         raise TypeError(f"{what} takes a TxnID, not {type(value).__name__} ({value!r})")
     return <TxnID>value
-
-
-def _as_uint64_array(values, str what):
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise ValueError(f"{what} must be one-dimensional, got shape {arr.shape}")
-    if arr.size and arr.dtype.kind not in "iu":
-        raise TypeError(f"{what} must hold integers, not {arr.dtype}")
-    if arr.dtype.kind == "i" and arr.size and arr.min() < 0:
-        # Signed halves as Java longs carry them: reinterpret the bits.
-        arr = arr.astype(np.int64, copy=False).view(np.uint64)
-    return np.ascontiguousarray(arr, dtype=np.uint64)
 
 
 cdef class AbortSet:
@@ -113,8 +103,8 @@ cdef class AbortSet:
     @cython.wraparound(False)
     def add_many(self, msb, lsb) -> None:
         """Add the TxnIDs given as two arrays of 64-bit halves."""
-        hi_arr = _as_uint64_array(msb, "msb")
-        lo_arr = _as_uint64_array(lsb, "lsb")
+        hi_arr = as_uint64_array(msb, "msb")
+        lo_arr = as_uint64_array(lsb, "lsb")
         if hi_arr.shape[0] != lo_arr.shape[0]:
             raise ValueError(f"msb and lsb differ in length: {hi_arr.shape[0]} != {lo_arr.shape[0]}")
         cdef const uint64_t[::1] hi = hi_arr
@@ -145,8 +135,8 @@ cdef class AbortSet:
         msb, lsb: equal-length integer arrays of the two 64-bit halves (signed halves are
         reinterpreted as unsigned). Runs without the GIL.
         """
-        hi_arr = _as_uint64_array(msb, "msb")
-        lo_arr = _as_uint64_array(lsb, "lsb")
+        hi_arr = as_uint64_array(msb, "msb")
+        lo_arr = as_uint64_array(lsb, "lsb")
         if hi_arr.shape[0] != lo_arr.shape[0]:
             raise ValueError(f"msb and lsb differ in length: {hi_arr.shape[0]} != {lo_arr.shape[0]}")
         cdef Py_ssize_t n = hi_arr.shape[0]

@@ -24,6 +24,8 @@ import operator
 
 from pulsartxn.errors import TransactionConflict
 
+from .checks import as_int
+
 MAX_SIZE = 1 << 20
 _U64 = (1 << 64) - 1
 
@@ -319,18 +321,9 @@ cdef class _Held:
         self.size = 0
 
 
-cdef inline object _as_int(object value, str what):
-    if isinstance(value, bool):
-        raise TypeError(f"{what} must be an int, not bool")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{what} must be an int, not {type(value).__name__} ({value!r})") from None
-
-
 cdef inline object _position(object ledger_id, object entry_id):
-    cdef object lid = _as_int(ledger_id, "ledger_id")
-    cdef object eid = _as_int(entry_id, "entry_id")
+    cdef object lid = as_int(ledger_id, "ledger_id")
+    cdef object eid = as_int(entry_id, "entry_id")
     if not 0 <= lid <= _U64:
         raise ValueError(f"ledger_id {lid} out of range 0..2^64-1")
     if not 0 <= eid <= _U64:

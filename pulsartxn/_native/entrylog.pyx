@@ -24,6 +24,7 @@ import numpy as np
 
 from pulsartxn.errors import CorruptEntry
 
+from .checks import as_entry_ids, check_bulk, entry_range
 from .entryformat import (
     DEFAULT_MAX_ENTRY_BYTES,
     HEADER_SIZE,
@@ -271,7 +272,7 @@ cdef void _write_entry(uint8_t *out, _Messages m, Py_ssize_t i0, Py_ssize_t i1, 
     put_u32(out + 52, crc)
 
 
-cdef bytes _encode_range(_Messages m, Py_ssize_t i0, Py_ssize_t i1, uint8_t marker,
+cdef bytes _encodeentry_range(_Messages m, Py_ssize_t i0, Py_ssize_t i1, uint8_t marker,
                          uint64_t txn_msb, uint64_t txn_lsb, uint64_t producer_id,
                          uint64_t sequence_id, int64_t publish_time):
     cdef size_t total = 56
@@ -317,7 +318,7 @@ def encode_entry(values, keys=None, properties=None, *, txn_msb=0, txn_lsb=0, pr
     cdef _Messages m = _gather(values, keys, properties)
     if m.n > 0xFFFFFFFF:
         raise ValueError(f"{m.n} messages do not fit one entry")
-    return _encode_range(m, 0, m.n, marker_type, txn_msb, txn_lsb, producer_id, sequence_id,
+    return _encodeentry_range(m, 0, m.n, marker_type, txn_msb, txn_lsb, producer_id, sequence_id,
                          publish_time)
 
 
@@ -327,19 +328,15 @@ def encode_entries(values, keys=None, properties=None, *, batch_size=1000,
     """Split a bulk of messages into consecutive entries of at most batch_size messages and
     (unless one message alone is larger) max_entry_bytes bytes; sequence ids run on."""
     check_header_ints(txn_msb, txn_lsb, producer_id, first_sequence_id, publish_time, 0)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
-    if isinstance(max_entry_bytes, bool) or not isinstance(max_entry_bytes, int) or max_entry_bytes < 1:
-        raise ValueError(f"max_entry_bytes must be a positive int, not {max_entry_bytes!r}")
+    check_bulk(batch_size, max_entry_bytes, first_sequence_id, 1)
     cdef _Messages m = _gather(values, keys, properties)
-    if first_sequence_id + m.n - 1 > 0xFFFFFFFFFFFFFFFF:
-        raise ValueError(f"sequence ids from {first_sequence_id} for {m.n} messages pass 2^64-1")
+    check_bulk(batch_size, max_entry_bytes, first_sequence_id, m.n)
     cdef list out = []
     cdef Py_ssize_t i0 = 0, i
     cdef uint64_t seq = first_sequence_id
     while i0 < m.n:
         i = _entry_end(m, i0, batch_size, max_entry_bytes, NULL)
-        out.append(_encode_range(m, i0, i, 0, txn_msb, txn_lsb, producer_id, seq, publish_time))
+        out.append(_encodeentry_range(m, i0, i, 0, txn_msb, txn_lsb, producer_id, seq, publish_time))
         seq += <uint64_t>(i - i0)
         i0 = i
     return out
@@ -539,7 +536,7 @@ def decode_header(buf, verify=True):
 @cython.wraparound(False)
 def decode_entries(entry_ids, buffers, verify=True) -> DecodedEntries:
     """Decode entries into columns. Any malformed entry raises CorruptEntry naming its id."""
-    ids_arr = _as_ids(entry_ids)
+    ids_arr = as_entry_ids(entry_ids)
     if not isinstance(buffers, (list, tuple)):
         buffers = list(buffers)
     cdef Py_ssize_t ne = len(buffers)
@@ -571,24 +568,6 @@ def decode_entries(entry_ids, buffers, verify=True) -> DecodedEntries:
         for e in range(acquired):
             PyBuffer_Release(&views[e])
         free(views)
-
-
-def _as_ids(entry_ids):
-    arr = np.asarray(entry_ids)
-    if arr.ndim != 1:
-        raise ValueError(f"entry_ids must be one-dimensional, got shape {arr.shape}")
-    if arr.size == 0:
-        return np.zeros(0, dtype=np.uint64)
-    if arr.dtype.kind not in "iu":
-        if arr.dtype == object and all(isinstance(x, int) for x in arr.tolist()):
-            arr = np.array(arr.tolist(), dtype=object)
-            if min(arr) < 0 or max(arr) >= (1 << 64):
-                raise ValueError("entry ids must be in 0..2^64-1")
-            return np.array(arr.tolist(), dtype=np.uint64)
-        raise TypeError(f"entry_ids must be integers, not {arr.dtype}")
-    if arr.dtype.kind == "i" and arr.min() < 0:
-        raise ValueError(f"entry ids must not be negative (got {arr.min()})")
-    return np.ascontiguousarray(arr, dtype=np.uint64)
 
 
 cdef uint8_t *_data_ptr(object arr) except? NULL:
@@ -753,13 +732,9 @@ cdef class EntryLog:
         per-thread arena, never materialised as bytes objects.
         """
         check_header_ints(txn_msb, txn_lsb, producer_id, first_sequence_id, publish_time, 0)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
-        if isinstance(max_entry_bytes, bool) or not isinstance(max_entry_bytes, int) or max_entry_bytes < 1:
-            raise ValueError(f"max_entry_bytes must be a positive int, not {max_entry_bytes!r}")
+        check_bulk(batch_size, max_entry_bytes, first_sequence_id, 1)
         cdef _Messages m = _gather(values, keys, properties)
-        if first_sequence_id + m.n - 1 > 0xFFFFFFFFFFFFFFFF:
-            raise ValueError(f"sequence ids from {first_sequence_id} for {m.n} messages pass 2^64-1")
+        check_bulk(batch_size, max_entry_bytes, first_sequence_id, m.n)
         cdef uint64_t first = self.last_entry_id(txn) + 1
         cdef uint64_t seq = first_sequence_id, total
         cdef Py_ssize_t i0 = 0, i
@@ -826,7 +801,7 @@ cdef class EntryLog:
 
     def scan(self, txn, start=0, end=None, limit=None):
         """(entry ids, buffers) of entries start..end-1; buffers live as long as txn."""
-        lo, hi, cap = _range(start, end, limit)
+        lo, hi, cap = entry_range(start, end, limit)
         ids = []
         bufs = []
         if cap == 0 or (hi is not None and lo >= hi):
@@ -851,7 +826,7 @@ cdef class EntryLog:
 
     def trim_below(self, txn, entry_id) -> int:
         """Delete the entries below entry_id (the last entry always stays); returns how many."""
-        bound, _, _ = _range(entry_id, None, None)
+        bound, _, _ = entry_range(entry_id, None, None)
         last = self.last_entry_id(txn)
         if last < 0:
             return 0
@@ -865,14 +840,3 @@ cdef class EntryLog:
                 break
             removed += 1
         return removed
-
-
-def _range(start, end, limit):
-    for name, value in (("start", start), ("end", end), ("limit", limit)):
-        if value is None and name != "start":
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-        if value < 0 or value > 0xFFFFFFFFFFFFFFFF:
-            raise ValueError(f"{name} {value} out of range 0..2^64-1")
-    return int(start), (int(end) if end is not None else None), (int(limit) if limit is not None else None)

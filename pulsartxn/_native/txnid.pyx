@@ -9,10 +9,11 @@ Held as two unsigned 64-bit halves: ``most_sig_bits = coordinator << 48 | sequen
 cimport cython
 from libc.stdint cimport uint8_t, uint64_t
 
-import operator
 import sys
 
 import numpy as np
+
+from .checks import as_int
 
 MAX_COORDINATOR = 0xFFFF
 MAX_SEQUENCE = (1 << 112) - 1
@@ -22,15 +23,6 @@ cdef uint64_t LOW48 = (<uint64_t>1 << 48) - 1
 cdef uint64_t HASH_MODULUS = (<uint64_t>1 << 61) - 1
 # TxnID hashes like int(txn_id); the C shortcut holds where Python's int hash is mod 2^61 - 1.
 cdef bint C_HASH = sys.hash_info.modulus == (1 << 61) - 1
-
-
-cdef inline object _as_int(object value, str what):
-    if isinstance(value, bool):
-        raise TypeError(f"{what} must be an int, not bool ({value!r})")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{what} must be an int, not {type(value).__name__} ({value!r})") from None
 
 
 cdef TxnID txnid_from_halves(uint64_t msb, uint64_t lsb):
@@ -44,8 +36,8 @@ cdef class TxnID:
     """A transaction id: TxnID(coordinator_id, sequence). Immutable, ordered, hashable."""
 
     def __init__(self, coordinator_id, sequence):
-        c = _as_int(coordinator_id, "coordinator_id")
-        s = _as_int(sequence, "sequence")
+        c = as_int(coordinator_id, "coordinator_id")
+        s = as_int(sequence, "sequence")
         if not 0 <= c <= MAX_COORDINATOR:
             raise ValueError(f"coordinator_id {c} out of range 0..65535")
         if not 0 <= s <= MAX_SEQUENCE:
@@ -64,7 +56,7 @@ cdef class TxnID:
     @classmethod
     def from_int(cls, value):
         """The TxnID whose 128-bit integer is value (0 <= value < 2^128)."""
-        v = _as_int(value, "value")
+        v = as_int(value, "value")
         if not 0 <= v < (1 << 128):
             raise ValueError(f"TxnID integer {v} out of range 0..2^128-1")
         return txnid_from_halves(v >> 64, v & _MASK64)
@@ -72,8 +64,8 @@ cdef class TxnID:
     @classmethod
     def from_halves(cls, most_sig_bits, least_sig_bits):
         """The TxnID of two unsigned 64-bit halves (Pulsar's mostSigBits, leastSigBits)."""
-        hi = _as_int(most_sig_bits, "most_sig_bits")
-        lo = _as_int(least_sig_bits, "least_sig_bits")
+        hi = as_int(most_sig_bits, "most_sig_bits")
+        lo = as_int(least_sig_bits, "least_sig_bits")
         if not 0 <= hi <= _MASK64:
             raise ValueError(f"most_sig_bits {hi} out of range 0..2^64-1")
         if not 0 <= lo <= _MASK64:
@@ -170,17 +162,17 @@ cdef class TxnIdAllocator:
     """
 
     def __init__(self, coordinator_id, next_sequence=0, *, block_size=None, reserve=None):
-        c = _as_int(coordinator_id, "coordinator_id")
+        c = as_int(coordinator_id, "coordinator_id")
         if not 0 <= c <= MAX_COORDINATOR:
             raise ValueError(f"coordinator_id {c} out of range 0..65535")
-        s = _as_int(next_sequence, "next_sequence")
+        s = as_int(next_sequence, "next_sequence")
         if not 0 <= s <= MAX_SEQUENCE + 1:
             raise ValueError(f"next_sequence {s} out of range 0..2^112")
         if reserve is not None and not callable(reserve):
             raise TypeError(f"reserve must be callable, not {type(reserve).__name__}")
         if block_size is None:
             block_size = 1024 if reserve is not None else 0
-        b = _as_int(block_size, "block_size")
+        b = as_int(block_size, "block_size")
         if reserve is not None and b < 1:
             raise ValueError(f"block_size {b} must be at least 1 when reserve is given")
         if b < 0:
@@ -239,7 +231,7 @@ cdef class TxnIdAllocator:
     @cython.wraparound(False)
     def allocate(self, n):
         """The next n TxnIDs as two uint64 numpy arrays (most_sig_bits, least_sig_bits)."""
-        cdef Py_ssize_t count = _as_int(n, "n")
+        cdef Py_ssize_t count = as_int(n, "n")
         if count < 0:
             raise ValueError(f"n {count} must not be negative")
         start = self.next_sequence

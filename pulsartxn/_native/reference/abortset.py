@@ -7,6 +7,7 @@ import struct
 
 import numpy as np
 
+from ..checks import as_uint64_array
 from .txnid import TxnID
 
 MAGIC = b"PTAS"
@@ -20,17 +21,6 @@ def _txnid(value, what: str) -> TxnID:
     if not isinstance(value, TxnID):
         raise TypeError(f"{what} takes a TxnID, not {type(value).__name__} ({value!r})")
     return value
-
-
-def _as_uint64_array(values, what: str) -> np.ndarray:
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise ValueError(f"{what} must be one-dimensional, got shape {arr.shape}")
-    if arr.size and arr.dtype.kind not in "iu":
-        raise TypeError(f"{what} must hold integers, not {arr.dtype}")
-    if arr.dtype.kind == "i" and arr.size and arr.min() < 0:
-        arr = arr.astype(np.int64, copy=False).view(np.uint64)
-    return np.ascontiguousarray(arr, dtype=np.uint64)
 
 
 class AbortSet:
@@ -60,8 +50,8 @@ class AbortSet:
             self.add(txn)
 
     def add_many(self, msb, lsb) -> None:
-        hi = _as_uint64_array(msb, "msb")
-        lo = _as_uint64_array(lsb, "lsb")
+        hi = as_uint64_array(msb, "msb")
+        lo = as_uint64_array(lsb, "lsb")
         if hi.shape[0] != lo.shape[0]:
             raise ValueError(f"msb and lsb differ in length: {hi.shape[0]} != {lo.shape[0]}")
         self._ids.update((h << 64) | l for h, l in zip(hi.tolist(), lo.tolist()))
@@ -72,8 +62,8 @@ class AbortSet:
         return int(txn) in self._ids
 
     def contains_many(self, msb, lsb) -> np.ndarray:
-        hi = _as_uint64_array(msb, "msb")
-        lo = _as_uint64_array(lsb, "lsb")
+        hi = as_uint64_array(msb, "msb")
+        lo = as_uint64_array(lsb, "lsb")
         if hi.shape[0] != lo.shape[0]:
             raise ValueError(f"msb and lsb differ in length: {hi.shape[0]} != {lo.shape[0]}")
         ids = self._ids

@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import operator
-
 from ...errors import TransactionConflict
+from ..checks import as_int
 
 MAX_SIZE = 1 << 20
 _U64 = (1 << 64) - 1
-
-
-def _as_index(value, what: str) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{what} must be an int, not bool")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{what} must be an int, not {type(value).__name__} ({value!r})") from None
 
 
 def _word_list(words) -> list[int]:
@@ -40,7 +30,7 @@ class AckSet:
     __slots__ = ("_size", "_words")
 
     def __init__(self, size, full=False):
-        n = _as_index(size, "size")
+        n = as_int(size, "size")
         if not 1 <= n <= MAX_SIZE:
             raise ValueError(f"AckSet size {n} out of range 1..{MAX_SIZE}")
         self._size = n
@@ -53,7 +43,7 @@ class AckSet:
         return self._size
 
     def _check_index(self, i) -> int:
-        k = _as_index(i, "index")
+        k = as_int(i, "index")
         if not 0 <= k < self._size:
             raise IndexError(f"batch index {k} out of range 0..{self._size - 1}")
         return k
@@ -78,7 +68,7 @@ class AckSet:
         self._assign(self._check_index(i), self._check_index(i) + 1, False)
 
     def _range(self, start, end):
-        s, e = _as_index(start, "start"), _as_index(end, "end")
+        s, e = as_int(start, "start"), as_int(end, "end")
         if not 0 <= s <= e <= self._size:
             raise ValueError(f"range [{s}, {e}) is not within 0..{self._size}")
         return s, e
@@ -217,8 +207,8 @@ class AckSet:
 
 
 def _position(ledger_id, entry_id) -> tuple[int, int]:
-    lid = _as_index(ledger_id, "ledger_id")
-    eid = _as_index(entry_id, "entry_id")
+    lid = as_int(ledger_id, "ledger_id")
+    eid = as_int(entry_id, "entry_id")
     if not 0 <= lid <= _U64:
         raise ValueError(f"ledger_id {lid} out of range 0..2^64-1")
     if not 0 <= eid <= _U64:

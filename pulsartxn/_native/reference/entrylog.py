@@ -7,6 +7,7 @@ import struct
 import numpy as np
 
 from ...errors import CorruptEntry
+from ..checks import as_entry_ids, check_bulk, entry_range
 from ..entryformat import (
     DEFAULT_MAX_ENTRY_BYTES,
     HEADER,
@@ -165,19 +166,9 @@ def encode_entries(
     publish_time=0,
 ) -> list[bytes]:
     check_header_ints(txn_msb, txn_lsb, producer_id, first_sequence_id, publish_time, 0)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
-    if (
-        isinstance(max_entry_bytes, bool)
-        or not isinstance(max_entry_bytes, int)
-        or max_entry_bytes < 1
-    ):
-        raise ValueError(f"max_entry_bytes must be a positive int, not {max_entry_bytes!r}")
+    check_bulk(batch_size, max_entry_bytes, first_sequence_id, 1)
     messages = _prepare(values, keys, properties)
-    if first_sequence_id + len(messages) - 1 > 0xFFFFFFFFFFFFFFFF:
-        raise ValueError(
-            f"sequence ids from {first_sequence_id} for {len(messages)} messages pass 2^64-1"
-        )
+    check_bulk(batch_size, max_entry_bytes, first_sequence_id, len(messages))
     out = []
     i0 = 0
     seq = first_sequence_id
@@ -259,25 +250,8 @@ def decode_header(buf, verify=True) -> EntryHeader:
     return EntryHeader(marker, msb, lsb, producer, seq, publish, count)
 
 
-def _as_ids(entry_ids) -> np.ndarray:
-    arr = np.asarray(entry_ids)
-    if arr.ndim != 1:
-        raise ValueError(f"entry_ids must be one-dimensional, got shape {arr.shape}")
-    if arr.size == 0:
-        return np.zeros(0, dtype=np.uint64)
-    if arr.dtype.kind not in "iu":
-        if arr.dtype == object and all(isinstance(x, int) for x in arr.tolist()):
-            if min(arr.tolist()) < 0 or max(arr.tolist()) >= (1 << 64):
-                raise ValueError("entry ids must be in 0..2^64-1")
-            return np.array(arr.tolist(), dtype=np.uint64)
-        raise TypeError(f"entry_ids must be integers, not {arr.dtype}")
-    if arr.dtype.kind == "i" and arr.min() < 0:
-        raise ValueError(f"entry ids must not be negative (got {arr.min()})")
-    return np.ascontiguousarray(arr, dtype=np.uint64)
-
-
 def decode_entries(entry_ids, buffers, verify=True) -> DecodedEntries:
-    ids = _as_ids(entry_ids)
+    ids = as_entry_ids(entry_ids)
     buffers = list(buffers)
     if len(ids) != len(buffers):
         raise ValueError(f"{len(ids)} entry ids for {len(buffers)} buffers")
@@ -337,21 +311,6 @@ def decode_entries(entry_ids, buffers, verify=True) -> DecodedEntries:
         prop_key_data=data(pk_parts),
         prop_value_offsets=np.array(pv_off, dtype=np.int64),
         prop_value_data=data(pv_parts),
-    )
-
-
-def _range(start, end, limit):
-    for name, value in (("start", start), ("end", end), ("limit", limit)):
-        if value is None and name != "start":
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-        if value < 0 or value > 0xFFFFFFFFFFFFFFFF:
-            raise ValueError(f"{name} {value} out of range 0..2^64-1")
-    return (
-        int(start),
-        (int(end) if end is not None else None),
-        (int(limit) if limit is not None else None),
     )
 
 
@@ -422,7 +381,7 @@ class EntryLog:
         return self.append(txn, entries), counts
 
     def scan(self, txn, start=0, end=None, limit=None):
-        lo, hi, cap = _range(start, end, limit)
+        lo, hi, cap = entry_range(start, end, limit)
         ids, bufs = [], []
         if cap == 0 or (hi is not None and lo >= hi):
             return ids, bufs
@@ -444,7 +403,7 @@ class EntryLog:
         return decode_entries(ids, bufs, verify)
 
     def trim_below(self, txn, entry_id) -> int:
-        bound, _, _ = _range(entry_id, None, None)
+        bound, _, _ = entry_range(entry_id, None, None)
         last = self.last_entry_id(txn)
         if last < 0:
             return 0

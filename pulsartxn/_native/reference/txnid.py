@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import operator
 from functools import total_ordering
 
 import numpy as np
 
+from ..checks import as_int
+
 MAX_COORDINATOR = 0xFFFF
 MAX_SEQUENCE = (1 << 112) - 1
 _MASK64 = (1 << 64) - 1
-
-
-def _as_int(value, what: str) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{what} must be an int, not bool ({value!r})")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{what} must be an int, not {type(value).__name__} ({value!r})") from None
 
 
 @total_ordering
@@ -28,8 +20,8 @@ class TxnID:
     __slots__ = ("_value",)
 
     def __init__(self, coordinator_id, sequence):
-        c = _as_int(coordinator_id, "coordinator_id")
-        s = _as_int(sequence, "sequence")
+        c = as_int(coordinator_id, "coordinator_id")
+        s = as_int(sequence, "sequence")
         if not 0 <= c <= MAX_COORDINATOR:
             raise ValueError(f"coordinator_id {c} out of range 0..65535")
         if not 0 <= s <= MAX_SEQUENCE:
@@ -63,15 +55,15 @@ class TxnID:
 
     @classmethod
     def from_int(cls, value) -> TxnID:
-        v = _as_int(value, "value")
+        v = as_int(value, "value")
         if not 0 <= v < (1 << 128):
             raise ValueError(f"TxnID integer {v} out of range 0..2^128-1")
         return cls._of(v)
 
     @classmethod
     def from_halves(cls, most_sig_bits, least_sig_bits) -> TxnID:
-        hi = _as_int(most_sig_bits, "most_sig_bits")
-        lo = _as_int(least_sig_bits, "least_sig_bits")
+        hi = as_int(most_sig_bits, "most_sig_bits")
+        lo = as_int(least_sig_bits, "least_sig_bits")
         if not 0 <= hi <= _MASK64:
             raise ValueError(f"most_sig_bits {hi} out of range 0..2^64-1")
         if not 0 <= lo <= _MASK64:
@@ -130,17 +122,17 @@ class TxnIdAllocator:
     """Hands out one coordinator's TxnIDs; see the native module for the reservation contract."""
 
     def __init__(self, coordinator_id, next_sequence=0, *, block_size=None, reserve=None):
-        c = _as_int(coordinator_id, "coordinator_id")
+        c = as_int(coordinator_id, "coordinator_id")
         if not 0 <= c <= MAX_COORDINATOR:
             raise ValueError(f"coordinator_id {c} out of range 0..65535")
-        s = _as_int(next_sequence, "next_sequence")
+        s = as_int(next_sequence, "next_sequence")
         if not 0 <= s <= MAX_SEQUENCE + 1:
             raise ValueError(f"next_sequence {s} out of range 0..2^112")
         if reserve is not None and not callable(reserve):
             raise TypeError(f"reserve must be callable, not {type(reserve).__name__}")
         if block_size is None:
             block_size = 1024 if reserve is not None else 0
-        b = _as_int(block_size, "block_size")
+        b = as_int(block_size, "block_size")
         if reserve is not None and b < 1:
             raise ValueError(f"block_size {b} must be at least 1 when reserve is given")
         if b < 0:
@@ -177,7 +169,7 @@ class TxnIdAllocator:
         return t
 
     def allocate(self, n):
-        count = _as_int(n, "n")
+        count = as_int(n, "n")
         if count < 0:
             raise ValueError(f"n {count} must not be negative")
         if self._next + count > MAX_SEQUENCE + 1:
