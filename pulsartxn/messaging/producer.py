@@ -44,34 +44,41 @@ def _done(value=None, error: BaseException | None = None) -> Future:
 class _MessageFuture(Future):
     """The Future of one message of a batch. The batch's messages share one Condition, and the
     whole batch is completed under it at once (creating a Condition per message would cost
-    more than the rest of a send). Uses concurrent.futures.Future's documented-by-source state
-    fields, as its own subclasses in the standard library do."""
+    more than the rest of a send); the MessageId is made when result() first asks for it.
+    Uses concurrent.futures.Future's state fields, as its own subclasses in the standard
+    library do."""
 
-    def __init__(self, condition: threading.Condition) -> None:  # noqa: D107 - see class
-        self._condition = condition
+    def __init__(self, batch: _Batch, index: int) -> None:
+        self._condition = batch.condition
         self._state = _PENDING
         self._result = None
         self._exception = None
         self._waiters = []
         self._done_callbacks = []
+        self._batch = batch
+        self._index = index
+
+    def result(self, timeout=None):
+        result = super().result(timeout)
+        if result is None:
+            result = self._result = self._batch.message_id(self._index)
+        return result
 
 
 _PENDING = "PENDING"
 _FINISHED = "FINISHED"
 
 
-def _complete(futures: list[Future], results: list | None, error: BaseException | None) -> None:
+def _complete(futures: list[Future], error: BaseException | None) -> None:
     """Finish a batch's futures in one pass under their shared condition."""
     if not futures:
         return
     cond = futures[0]._condition
     with cond:
-        for i, f in enumerate(futures):
+        for f in futures:
             if f._state != _PENDING:
                 continue  # cancelled by its caller
-            if error is None:
-                f._result = results[i]
-            else:
+            if error is not None:
                 f._exception = error
             f._state = _FINISHED
             for waiter in f._waiters:
@@ -95,6 +102,8 @@ class _Batch:
         "nbytes",
         "started",
         "condition",
+        "entry_id",
+        "partition",
     )
 
     def __init__(self, first_sequence: int) -> None:
@@ -106,6 +115,14 @@ class _Batch:
         self.nbytes = 0
         self.started = time.monotonic()
         self.condition = threading.Condition(threading.Lock())
+        self.entry_id = -1
+        self.partition = None
+
+    def message_id(self, index: int) -> MessageId:
+        p, n = self.partition, len(self.values)
+        if n > 1:
+            return MessageId(p.ledger_id, self.entry_id, p.index, index, n)
+        return MessageId(p.ledger_id, self.entry_id, p.index)
 
     def contains(self, sequence_id: int) -> bool:
         return self.first_sequence <= sequence_id < self.first_sequence + len(self.values)
@@ -150,7 +167,7 @@ class PartitionProducer:
                 batch.keys.append(key)
             if batch.props is not None:
                 batch.props.append(properties)
-            fut = _MessageFuture(batch.condition)
+            fut = _MessageFuture(batch, n)
             batch.futures.append(fut)
             batch.nbytes += len(content)
             self.last_sequence = sequence_id
@@ -205,16 +222,14 @@ class PartitionProducer:
         )
         n = len(batch.values)
         p = self.partition
-        ledger_id, index = p.ledger_id, p.index
         self.inflight.append(batch)
 
+        batch.partition = p
+
         def published(entry_id: int) -> None:
-            if n > 1:
-                ids = [MessageId(ledger_id, entry_id, index, i, n) for i in range(n)]
-            else:
-                ids = [MessageId(ledger_id, entry_id, index)]
+            batch.entry_id = entry_id
             self._landed(batch)
-            _complete(batch.futures, ids, None)
+            _complete(batch.futures, None)
 
         op = p.append_op(
             [entry],
@@ -239,7 +254,7 @@ class PartitionProducer:
         if error is None:
             return
         self._landed(batch)
-        _complete(batch.futures, None, error)
+        _complete(batch.futures, error)
 
 
 class Producer:

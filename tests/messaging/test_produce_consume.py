@@ -340,3 +340,25 @@ def test_threads_producing_and_consuming_at_once(client):
         t, i = v.split(b"-")
         per_producer.setdefault(t, []).append(int(i))
     assert all(len(v) == per_thread for v in per_producer.values())
+
+
+def test_send_async_futures_behave_as_futures(client):
+    from concurrent.futures import as_completed, wait
+
+    p = client.create_producer("t", batching_max_messages=50, batching_max_publish_delay_ms=60_000)
+    seen = []
+    futures = [
+        p.send_async(b"%d" % i, callback=lambda err, mid: seen.append((err, mid)))
+        for i in range(120)
+    ]
+    assert futures[0].result(timeout=10).batch_index() == 0  # a full batch goes on its own
+    assert not futures[-1].done()  # the last 20 wait in the container (no delay flush)
+    p.flush()
+    done, not_done = wait(futures, timeout=10)
+    assert len(done) == 120 and not not_done
+    ids = [f.result() for f in as_completed(futures, timeout=10)]
+    assert sorted(ids) == [f.result() for f in futures]
+    assert [mid.batch_index() for mid in (f.result() for f in futures[:50])] == list(range(50))
+    assert len(seen) == 120 and all(err is None for err, _ in seen)
+    assert sorted(mid for _, mid in seen) == sorted(ids)
+    assert all(f.exception() is None for f in futures)
