@@ -78,23 +78,26 @@ class Client:
                 bool(batching_enabled),
                 batching_max_messages or cfg.batching_max_messages,
                 batching_max_allowed_size_in_bytes or cfg.batching_max_bytes,
+                cfg.batching_max_publish_delay_ms
+                if batching_max_publish_delay_ms is None
+                else batching_max_publish_delay_ms,
                 cfg.max_message_size,
             )
             for part in partitions:
-                if producer.producer_name in part.producers:
+                if producer.name in part.producers:
                     raise ProducerBusy(
-                        f"producer {producer.producer_name} is already connected to {part.topic}"
+                        f"producer {producer.name} is already connected to {part.topic}"
                     )
             for part in partitions:
-                part.producers[producer.producer_name] = producer
+                part.producers[producer.name] = producer
         self._producers.add(producer)
         return producer
 
     def _producer_closed(self, producer: Producer) -> None:
         with self.broker._lock:
             for part in producer._parts:
-                if part.partition.producers.get(producer.producer_name) is producer:
-                    del part.partition.producers[producer.producer_name]
+                if part.partition.producers.get(producer.name) is producer:
+                    del part.partition.producers[producer.name]
 
     # -- consumers -------------------------------------------------------------------------
 

@@ -114,7 +114,8 @@ class _Batch:
         self.first_sequence = first_sequence
         self.nbytes = 0
         self.started = time.monotonic()
-        self.condition = threading.Condition(threading.Lock())
+        # Reentrant, as a Future's own: wait() and as_completed() lock every future they watch.
+        self.condition = threading.Condition()
         self.entry_id = -1
         self.partition = None
 
@@ -135,7 +136,7 @@ class PartitionProducer:
         self.producer = producer
         self.partition = partition
         self.lock = threading.Lock()
-        self.last_sequence = partition.dedup_highest.get(producer.producer_name, -1)
+        self.last_sequence = partition.dedup_highest.get(producer.name, -1)
         self.batch: _Batch | None = None
         self.inflight: list[_Batch] = []  # sent, not yet durable
 
@@ -179,7 +180,7 @@ class PartitionProducer:
         for batch in [*self.inflight, self.batch]:
             if batch is not None and batch.contains(sequence_id):
                 return batch.futures[sequence_id - batch.first_sequence]
-        found = self.partition.lookup_sequence(self.producer.producer_name, sequence_id)
+        found = self.partition.lookup_sequence(self.producer.name, sequence_id)
         if found is None:
             # Below the highest persisted but never stored (a gap): Pulsar answers -1:-1.
             return _done(MessageId(-1, -1, self.partition.index))
@@ -197,11 +198,12 @@ class PartitionProducer:
             self._flush_locked()
 
     def flush_if_older(self, seconds: float) -> bool:
-        """Flush a batch that has waited `seconds`; True when nothing is left waiting."""
+        """Flush a batch older than the producer's publish delay (the broker's flusher asks
+        every `seconds`); True when nothing is left waiting."""
         with self.lock:
             if self.batch is None:
                 return True
-            if time.monotonic() - self.batch.started >= seconds:
+            if time.monotonic() - self.batch.started >= self.producer.publish_delay:
                 self._flush_locked()
                 return True
             return False
@@ -235,7 +237,7 @@ class PartitionProducer:
             [entry],
             [n],
             batch.nbytes,
-            producer.producer_name,
+            producer.name,
             batch.first_sequence,
             on_published=published,
         )
@@ -269,15 +271,32 @@ class Producer:
         batching_enabled: bool,
         batching_max_messages: int,
         batching_max_bytes: int,
+        batching_max_publish_delay_ms: float,
         max_message_size: int,
     ) -> None:
+        for what, value in (
+            ("batching_max_messages", batching_max_messages),
+            ("batching_max_allowed_size_in_bytes", batching_max_bytes),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{what} must be a positive int, not {value!r}")
+        if (
+            isinstance(batching_max_publish_delay_ms, bool)
+            or not isinstance(batching_max_publish_delay_ms, (int, float))
+            or batching_max_publish_delay_ms < 0
+        ):
+            raise ValueError(
+                "batching_max_publish_delay_ms must be a non-negative number, "
+                f"not {batching_max_publish_delay_ms!r}"
+            )
         self.client = client
         self._topic = topic
-        self.producer_name = producer_name or f"pulsartxn-{client.broker.broker_id}-{next(_names)}"
-        self.producer_id = client.broker.producer_id(self.producer_name)
+        self.name = producer_name or f"pulsartxn-{client.broker.broker_id}-{next(_names)}"
+        self.producer_id = client.broker.producer_id(self.name)
         self.batching_enabled = batching_enabled
         self.batching_max_messages = batching_max_messages
         self.batching_max_bytes = batching_max_bytes
+        self.publish_delay = batching_max_publish_delay_ms / 1000.0
         self.max_message_size = max_message_size
         self._closed = False
         self._round_robin = itertools.count()
@@ -288,15 +307,15 @@ class Producer:
     def topic(self) -> str:
         return self._topic
 
-    def producer_name_(self) -> str:
-        return self.producer_name
+    def producer_name(self) -> str:
+        return self.name
 
     def last_sequence_id(self) -> int:
         return max(p.last_sequence for p in self._parts)
 
     def _check_open(self) -> None:
         if self._closed:
-            raise AlreadyClosed(f"producer {self.producer_name} on {self._topic} is closed")
+            raise AlreadyClosed(f"producer {self.name} on {self._topic} is closed")
 
     def _part_for(self, partition_key) -> PartitionProducer:
         if len(self._parts) == 1:
@@ -458,7 +477,7 @@ class Producer:
                 nbytes,
                 len(rows),
                 batch_size=self.batching_max_messages,
-                producer=self.producer_name,
+                producer=self.name,
                 producer_id=self.producer_id,
                 first_sequence=first_seq,
                 publish_time=int(time.time() * 1000),
