@@ -60,7 +60,11 @@ class _BatchFlusher:
                     with self._lock:
                         # Unwatch first: a watch() racing with this flush stays registered.
                         self._watched.discard(part)
-                    if not part.flush_if_older(self._delay):
+                    try:
+                        done = part.flush_if_older(self._delay)
+                    except AlreadyClosed:
+                        done = True  # the broker is closing; close() writes what is left
+                    if not done:
                         with self._lock:
                             self._watched.add(part)
                 self._wake.wait(max(self._delay / 2, 0.0002))
