@@ -14,7 +14,7 @@ import os
 import types
 import warnings
 
-MODULES = ("txnid", "abortset", "ackset", "entrylog")
+MODULES = ("txnid", "abortset", "ackset", "entrylog", "producer")
 
 NAMES = (
     "TxnID",
@@ -32,6 +32,7 @@ NAMES = (
     "decode_entries",
     "crc32c",
     "value_sizes",
+    "PartitionProducer",
     "HEADER_SIZE",
 )
 

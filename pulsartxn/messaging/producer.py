@@ -10,7 +10,6 @@ one persisted is not stored again and answers with the MessageId it was stored u
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 import zlib
 from concurrent.futures import Future
@@ -18,9 +17,9 @@ from concurrent.futures import Future
 import numpy as np
 import pyarrow as pa
 
-from .._native import encode_entry, value_sizes
-from ..errors import AlreadyClosed, MessageTooBig
+from .._native import PartitionProducer, value_sizes
 from .message import MessageId
+from ..errors import AlreadyClosed, MessageTooBig
 from .partition import Partition
 
 _names = itertools.count()
@@ -30,233 +29,6 @@ def _route(key: str | bytes, n: int) -> int:
     """Stable partition of a key: the same on every process and run (not Python's hash)."""
     raw = key.encode() if isinstance(key, str) else bytes(key)
     return zlib.crc32(raw) % n
-
-
-def _done(value=None, error: BaseException | None = None) -> Future:
-    fut: Future = Future()
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(value)
-    return fut
-
-
-class _MessageFuture(Future):
-    """The Future of one message of a batch. The batch's messages share one Condition, and the
-    whole batch is completed under it at once (creating a Condition per message would cost
-    more than the rest of a send); the MessageId is made when result() first asks for it.
-    Uses concurrent.futures.Future's state fields, as its own subclasses in the standard
-    library do."""
-
-    def __init__(self, batch: _Batch, index: int) -> None:
-        self._condition = batch.condition
-        self._state = _PENDING
-        self._result = None
-        self._exception = None
-        self._waiters = []
-        self._done_callbacks = []
-        self._batch = batch
-        self._index = index
-
-    def result(self, timeout=None):
-        result = super().result(timeout)
-        if result is None:
-            result = self._result = self._batch.message_id(self._index)
-        return result
-
-
-_PENDING = "PENDING"
-_FINISHED = "FINISHED"
-
-
-def _complete(futures: list[Future], error: BaseException | None) -> None:
-    """Finish a batch's futures in one pass under their shared condition."""
-    if not futures:
-        return
-    cond = futures[0]._condition
-    with cond:
-        for f in futures:
-            if f._state != _PENDING:
-                continue  # cancelled by its caller
-            if error is not None:
-                f._exception = error
-            f._state = _FINISHED
-            for waiter in f._waiters:
-                if error is None:
-                    waiter.add_result(f)
-                else:
-                    waiter.add_exception(f)
-        cond.notify_all()
-    for f in futures:
-        if f._done_callbacks:
-            f._invoke_callbacks()
-
-
-class _Batch:
-    __slots__ = (
-        "values",
-        "keys",
-        "props",
-        "futures",
-        "first_sequence",
-        "nbytes",
-        "started",
-        "condition",
-        "entry_id",
-        "partition",
-    )
-
-    def __init__(self, first_sequence: int) -> None:
-        self.values: list[bytes] = []
-        self.keys: list | None = None  # created at the first keyed message
-        self.props: list | None = None  # created at the first message with properties
-        self.futures: list[Future] = []
-        self.first_sequence = first_sequence
-        self.nbytes = 0
-        self.started = time.monotonic()
-        # Reentrant, as a Future's own: wait() and as_completed() lock every future they watch.
-        self.condition = threading.Condition()
-        self.entry_id = -1
-        self.partition = None
-
-    def message_id(self, index: int) -> MessageId:
-        p, n = self.partition, len(self.values)
-        if n > 1:
-            return MessageId(p.ledger_id, self.entry_id, p.index, index, n)
-        return MessageId(p.ledger_id, self.entry_id, p.index)
-
-    def contains(self, sequence_id: int) -> bool:
-        return self.first_sequence <= sequence_id < self.first_sequence + len(self.values)
-
-
-class PartitionProducer:
-    """A producer's state on one partition: its batch container and sequence ids."""
-
-    def __init__(self, producer: Producer, partition: Partition) -> None:
-        self.producer = producer
-        self.partition = partition
-        self.lock = threading.Lock()
-        self.last_sequence = partition.dedup_highest.get(producer.name, -1)
-        self.batch: _Batch | None = None
-        self.inflight: list[_Batch] = []  # sent, not yet durable
-
-    def add(self, content: bytes, properties, key, sequence_id) -> Future:
-        producer = self.producer
-        with self.lock:
-            if sequence_id is None:
-                sequence_id = self.last_sequence + 1
-            elif sequence_id <= self.last_sequence:
-                return self._duplicate(sequence_id)
-            batch = self.batch
-            if batch is not None and (
-                len(batch.values) >= producer.batching_max_messages
-                or batch.nbytes + len(content) > producer.batching_max_bytes
-                or sequence_id != batch.first_sequence + len(batch.values)
-            ):
-                self._flush_locked()
-                batch = None
-            if batch is None:
-                batch = self.batch = _Batch(sequence_id)
-                producer.client.broker._flusher.watch(self)
-            n = len(batch.values)
-            if key is not None and batch.keys is None:
-                batch.keys = [None] * n
-            if properties and batch.props is None:
-                batch.props = [None] * n
-            batch.values.append(content)
-            if batch.keys is not None:
-                batch.keys.append(key)
-            if batch.props is not None:
-                batch.props.append(properties)
-            fut = _MessageFuture(batch, n)
-            batch.futures.append(fut)
-            batch.nbytes += len(content)
-            self.last_sequence = sequence_id
-            if not producer.batching_enabled or n + 1 >= producer.batching_max_messages:
-                self._flush_locked()
-            return fut
-
-    def _duplicate(self, sequence_id: int) -> Future:
-        for batch in [*self.inflight, self.batch]:
-            if batch is not None and batch.contains(sequence_id):
-                return batch.futures[sequence_id - batch.first_sequence]
-        found = self.partition.lookup_sequence(self.producer.name, sequence_id)
-        if found is None:
-            # Below the highest persisted but never stored (a gap): Pulsar answers -1:-1.
-            return _done(MessageId(-1, -1, self.partition.index))
-        entry_id, n, batch_index = found
-        return _done(self._message_id(entry_id, n, batch_index))
-
-    def _message_id(self, entry_id: int, n: int, batch_index: int) -> MessageId:
-        p = self.partition
-        return MessageId(
-            p.ledger_id, entry_id, p.index, batch_index if n > 1 else -1, n if n > 1 else 0
-        )
-
-    def flush(self) -> None:
-        with self.lock:
-            self._flush_locked()
-
-    def flush_if_older(self, seconds: float) -> bool:
-        """Flush a batch older than the producer's publish delay (the broker's flusher asks
-        every `seconds`); True when nothing is left waiting."""
-        with self.lock:
-            if self.batch is None:
-                return True
-            if time.monotonic() - self.batch.started >= self.producer.publish_delay:
-                self._flush_locked()
-                return True
-            return False
-
-    def _flush_locked(self) -> None:
-        batch = self.batch
-        if batch is None:
-            return
-        self.batch = None
-        producer = self.producer
-        entry = encode_entry(
-            batch.values,
-            batch.keys,
-            batch.props,
-            producer_id=producer.producer_id,
-            sequence_id=batch.first_sequence,
-            publish_time=int(time.time() * 1000),
-        )
-        n = len(batch.values)
-        p = self.partition
-        self.inflight.append(batch)
-
-        batch.partition = p
-
-        def published(entry_id: int) -> None:
-            batch.entry_id = entry_id
-            self._landed(batch)
-            _complete(batch.futures, None)
-
-        op = p.append_op(
-            [entry],
-            [n],
-            batch.nbytes,
-            producer.name,
-            batch.first_sequence,
-            on_published=published,
-        )
-        fut = p.storage.submit(op)
-        fut.add_done_callback(lambda f: self._failed(f, batch))
-
-    def _landed(self, batch: _Batch) -> None:
-        with self.lock:
-            try:
-                self.inflight.remove(batch)
-            except ValueError:
-                pass
-
-    def _failed(self, fut: Future, batch: _Batch) -> None:
-        error = fut.exception()
-        if error is None:
-            return
-        self._landed(batch)
-        _complete(batch.futures, error)
 
 
 class Producer:
@@ -303,6 +75,8 @@ class Producer:
         self._parts: list[PartitionProducer] = []
         for partition in partitions:
             self._parts.append(PartitionProducer(self, partition))
+        if len(self._parts) == 1:
+            self.send_async = self._parts[0].send_async
 
     def topic(self) -> str:
         return self._topic
@@ -359,7 +133,14 @@ class Producer:
         txn=None,
         callback=None,
     ) -> Future:
-        """Queue one message; the Future gives its MessageId once it is durable."""
+        """Queue one message; the Future gives its MessageId once it is durable.
+
+        A one-partition producer's instances answer this with their partition's native
+        ``send_async`` (bound in __init__), which handles the plain case and calls
+        ``_send_async`` for the rest."""
+        return self._send_async(content, properties, partition_key, sequence_id, txn, callback)
+
+    def _send_async(self, content, properties, partition_key, sequence_id, txn, callback) -> Future:
         if self._closed:
             self._check_open()
         if txn is not None:
@@ -487,19 +268,17 @@ class Producer:
     def flush(self) -> None:
         """Send every waiting batch and wait until all are durable."""
         self._check_open()
-        pending = []
+        last = []  # the last future of every batch not yet durable (batches land in order)
         for part in self._parts:
             with part.lock:
-                pending.extend(part.inflight)
-                if part.batch is not None:
-                    pending.append(part.batch)
+                batches = [*part.inflight, part.batch]
+                last.extend(b.futures[-1] for b in batches if b is not None and b.futures)
                 part._flush_locked()
-        for batch in pending:
-            if batch.futures:
-                try:
-                    batch.futures[-1].result()
-                except Exception:  # noqa: BLE001 - the sender's own future reports it
-                    pass
+        for fut in last:
+            try:
+                fut.result()
+            except Exception:  # noqa: BLE001 - the sender's own future reports it
+                pass
 
     def close(self) -> None:
         if self._closed:
