@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 
 from .._native import PartitionProducer, value_sizes
-from .message import MessageId
 from ..errors import AlreadyClosed, MessageTooBig
+from .message import MessageId
 from .partition import Partition
 
 _names = itertools.count()

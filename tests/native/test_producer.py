@@ -1,4 +1,4 @@
-"""The native per-partition producer and its twin store the same messages and answer the same ids."""
+"""The native per-partition producer and its twin store the same messages, answer the same ids."""
 
 from __future__ import annotations
 
