@@ -42,18 +42,16 @@ class MessageFuture(Future):
 
     @property
     def _waiters(self):
-        d = self.__dict__
-        w = d.get("_waiter_list")
+        w = getattr(self, "_waiter_list", None)
         if w is None:
-            w = d["_waiter_list"] = []
+            w = self._waiter_list = []
         return w
 
     @property
     def _done_callbacks(self):
-        d = self.__dict__
-        c = d.get("_callback_list")
+        c = getattr(self, "_callback_list", None)
         if c is None:
-            c = d["_callback_list"] = []
+            c = self._callback_list = []
         return c
 
     def result(self, timeout=None):
@@ -64,14 +62,15 @@ class MessageFuture(Future):
 
 
 cdef object _new_future(Batch batch, Py_ssize_t index):
+    # Plain attribute stores keep CPython's inline instance values: touching __dict__ here would
+    # make a dict object per message for the garbage collector to walk.
     cdef object fut = MessageFuture.__new__(MessageFuture)
-    cdef dict d = fut.__dict__
-    d["_condition"] = batch.condition
-    d["_state"] = _PENDING
-    d["_result"] = None
-    d["_exception"] = None
-    d["_batch"] = batch
-    d["_index"] = index
+    fut._condition = batch.condition
+    fut._state = _PENDING
+    fut._result = None
+    fut._exception = None
+    fut._batch = batch
+    fut._index = index
     return fut
 
 
@@ -79,24 +78,24 @@ cdef void _complete(list futures, object error) except *:
     """Finish a batch's futures in one pass under their shared condition."""
     if not futures:
         return
-    cdef dict d
     cond = futures[0]._condition
     with cond:
         for f in futures:
-            d = f.__dict__
-            if d["_state"] is not _PENDING and d["_state"] != _PENDING:
+            if f._state != _PENDING:
                 continue  # cancelled by its caller
             if error is not None:
-                d["_exception"] = error
-            d["_state"] = _FINISHED
-            for waiter in d.get("_waiter_list", ()):
-                if error is None:
-                    waiter.add_result(f)
-                else:
-                    waiter.add_exception(f)
+                f._exception = error
+            f._state = _FINISHED
+            waiters = getattr(f, "_waiter_list", None)
+            if waiters:
+                for waiter in waiters:
+                    if error is None:
+                        waiter.add_result(f)
+                    else:
+                        waiter.add_exception(f)
         cond.notify_all()
     for f in futures:
-        if f.__dict__.get("_callback_list"):
+        if getattr(f, "_callback_list", None):
             f._invoke_callbacks()
 
 

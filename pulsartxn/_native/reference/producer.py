@@ -49,11 +49,17 @@ class MessageFuture(Future):
     # Made when first used: most futures never get a waiter or a callback.
     @property
     def _waiters(self):
-        return self.__dict__.setdefault("_waiter_list", [])
+        w = getattr(self, "_waiter_list", None)
+        if w is None:
+            w = self._waiter_list = []
+        return w
 
     @property
     def _done_callbacks(self):
-        return self.__dict__.setdefault("_callback_list", [])
+        c = getattr(self, "_callback_list", None)
+        if c is None:
+            c = self._callback_list = []
+        return c
 
     def result(self, timeout=None):
         result = super().result(timeout)
@@ -74,14 +80,14 @@ def _complete(futures: list[Future], error: BaseException | None) -> None:
             if error is not None:
                 f._exception = error
             f._state = _FINISHED
-            for waiter in f.__dict__.get("_waiter_list", ()):
+            for waiter in getattr(f, "_waiter_list", ()):
                 if error is None:
                     waiter.add_result(f)
                 else:
                     waiter.add_exception(f)
         cond.notify_all()
     for f in futures:
-        if f.__dict__.get("_callback_list"):
+        if getattr(f, "_callback_list", None):
             f._invoke_callbacks()
 
 
