@@ -704,7 +704,7 @@ cdef _Plan _make_plan(_Messages msgs, Py_ssize_t batch, uint64_t cap):
     cdef const Messages *m = &msgs.c
     cdef Py_ssize_t n = m.n, i = 0, j, e = 0
     cdef uint64_t total, size
-    cdef size_t slots = <size_t>n + 1
+    cdef size_t slots = <size_t>n + 2
     plan.bounds = <int64_t *>malloc(slots * sizeof(int64_t))
     plan.sizes = <uint64_t *>malloc(slots * sizeof(uint64_t))
     plan.out = <uint8_t **>calloc(slots, sizeof(uint8_t *))
@@ -1101,6 +1101,21 @@ cdef bytearray _arena(int which, size_t need):
     return buf
 
 
+cdef _EncodeJob _prepare_round(_Messages m, _Plan plan, tuple rnd, int which, list arenas,
+                               tuple head):
+    """Point the entries of one round at arena `which` and make the job that writes them."""
+    cdef Py_ssize_t e, r0 = rnd[0], r1 = rnd[1]
+    cdef uint64_t off = 0
+    arena = _arena(which, rnd[2])
+    cdef uint8_t *base = <uint8_t *>(<char *>arena)
+    for e in range(r0, r1):
+        plan.out[e] = base + off
+        off += plan.sizes[e]
+    arenas[which] = arena
+    msb, lsb, producer, sequence, publish = head
+    return _job(m, plan, r0, r1, 0, msb, lsb, producer, sequence, publish)
+
+
 cdef class EntryLog:
     """One partition's ledger: a named LMDB database of u64 big-endian entry id -> entry.
 
@@ -1220,32 +1235,18 @@ cdef class EntryLog:
 
     def _pipeline(self, cursor, _Messages m, _Plan plan, list rounds, first, tuple head):
         cdef Py_ssize_t k, e, e0, e1, nr = len(rounds)
-        cdef uint8_t *base
         cdef uint64_t off
-        msb, lsb, producer, sequence, publish = head
         arenas = [None, None]
         jobs = [None, None]
-
-        def prepare(Py_ssize_t k):
-            cdef Py_ssize_t e
-            cdef uint64_t off = 0
-            r0, r1, nbytes = rounds[k]
-            arena = _arena(k % 2, nbytes)
-            cdef uint8_t *base = <uint8_t *>(<char *>arena)
-            for e in range(r0, r1):
-                plan.out[e] = base + off
-                off += plan.sizes[e]
-            arenas[k % 2] = arena
-            jobs[k % 2] = _job(m, plan, r0, r1, 0, msb, lsb, producer, sequence, publish)
-
-        prepare(0)
+        jobs[0] = _prepare_round(m, plan, rounds[0], 0, arenas, head)
         _run_job(<_EncodeJob>jobs[0], rounds[0][2])
         pack = _BE64.pack
         future = None
         try:
             for k in range(nr):
                 if k + 1 < nr:
-                    prepare(k + 1)
+                    jobs[(k + 1) % 2] = _prepare_round(m, plan, rounds[k + 1], (k + 1) % 2, arenas,
+                                                       head)
                     future = _helper().submit((<_EncodeJob>jobs[(k + 1) % 2]).run)
                 e0, e1, _ = rounds[k]
                 view = memoryview(arenas[k % 2])

@@ -23,10 +23,21 @@ class PartitionProducer:
     batch: Batch | None
     inflight: list[Batch]
     def __init__(self, producer: Any, partition: Any) -> None: ...
-    def send_async(self, content: Any, properties: dict[str, str] | None = None,
-                   partition_key: str | None = None, sequence_id: int | None = None,
-                   txn: Any = None, callback: Any = None) -> Future: ...
-    def add(self, content: bytes, properties: dict[str, str] | None, key: str | None,
-            sequence_id: int | None) -> Future: ...
+    def send_async(
+        self,
+        content: Any,
+        properties: dict[str, str] | None = None,
+        partition_key: str | None = None,
+        sequence_id: int | None = None,
+        txn: Any = None,
+        callback: Any = None,
+    ) -> Future: ...
+    def add(
+        self,
+        content: bytes,
+        properties: dict[str, str] | None,
+        key: str | None,
+        sequence_id: int | None,
+    ) -> Future: ...
     def flush(self) -> None: ...
     def flush_if_older(self, seconds: float) -> bool: ...

@@ -139,8 +139,15 @@ class PartitionProducer:
         self.batch: Batch | None = None
         self.inflight: list[Batch] = []  # sent, not yet durable
 
-    def send_async(self, content, properties=None, partition_key=None, sequence_id=None,
-                   txn=None, callback=None) -> Future:
+    def send_async(
+        self,
+        content,
+        properties=None,
+        partition_key=None,
+        sequence_id=None,
+        txn=None,
+        callback=None,
+    ) -> Future:
         """Producer.send_async of a one-partition producer: the plain case here, the rest
         (validation, keys, properties, sequence ids, callbacks, errors) in the producer."""
         producer = self.producer
@@ -276,5 +283,3 @@ class PartitionProducer:
         self._landed(batch)
         _complete(batch.futures, error)
         batch.futures = []
-
-
