@@ -44,3 +44,19 @@ def test_messaging_suite_passes_on_the_twins():
         text=True,
     )
     assert check.stdout.strip() == "reference"
+
+
+def test_load_works_after_the_types_submodule_is_imported():
+    """`pulsartxn._native.types` is bound on the package once imported; `load` must not
+    mistake it for the standard library's `types`."""
+    import subprocess
+    import sys
+
+    code = (
+        "import pulsartxn._native.types\n"
+        "from pulsartxn._native import load\n"
+        "print(load('reference').kind, load('native').kind)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["reference", "native"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
-import types
+from types import SimpleNamespace
 import warnings
 
 MODULES = ("txnid", "abortset", "ackset", "entrylog", "producer")
@@ -37,7 +37,7 @@ NAMES = (
 )
 
 
-def load(kind: str) -> types.SimpleNamespace:
+def load(kind: str) -> SimpleNamespace:
     """Return a namespace with every name of NAMES from the ``native`` or ``reference`` modules."""
     if kind == "native":
         package = __name__
@@ -45,7 +45,7 @@ def load(kind: str) -> types.SimpleNamespace:
         package = __name__ + ".reference"
     else:
         raise ValueError(f"unknown implementation {kind!r}: expected 'native' or 'reference'")
-    ns = types.SimpleNamespace(kind=kind)
+    ns = SimpleNamespace(kind=kind)
     for module_name in MODULES:
         module = importlib.import_module(f"{package}.{module_name}")
         for name in NAMES:
@@ -54,7 +54,7 @@ def load(kind: str) -> types.SimpleNamespace:
     return ns
 
 
-def _choose() -> types.SimpleNamespace:
+def _choose() -> SimpleNamespace:
     wanted = os.environ.get("PULSARTXN_IMPL", "native")
     if wanted == "native":
         try:

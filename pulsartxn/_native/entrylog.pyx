@@ -480,6 +480,10 @@ cdef int _check_entry(const uint8_t *p, uint64_t size, bint verify, _Totals *t) 
         if pairs * 8 > size - pos:
             return 6
         for k in range(pairs):
+            # Every u32 read is preceded by a check that its 4 bytes are there: the bound on
+            # pairs above limits only their total, not where one pair's lengths end.
+            if size - pos < 4:
+                return 6
             n = get_u32(p + pos)
             pos += 4
             if n > size - pos or size - pos - n < 4:

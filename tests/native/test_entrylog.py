@@ -381,3 +381,48 @@ def test_append_messages_equals_encode_then_append(impl, env, arrow, monkeypatch
         ids_b, bufs_b = b.scan(txn)
         assert ids_a == ids_b and [bytes(x) for x in bufs_a] == [bytes(x) for x in bufs_b]
         assert a.read(txn, 1).values() == values
+
+
+_GUARD_PAGE_SCRIPT = r"""
+import ctypes, mmap, struct, sys
+from pulsartxn._native import load
+from pulsartxn.errors import CorruptEntry
+
+impl = load(sys.argv[1])
+# One message, no key, two property pairs declared; the first pair takes all the bytes there
+# are (16 = the 2 * 8 the pair count asks for), so reading the second pair's key length would
+# be the 4 bytes past the end of the entry.
+body = struct.pack("<II", 0xFFFFFFFF, 2) + struct.pack("<I", 1) + b"a" + struct.pack("<I", 7)
+body += b"bcdefgh"
+entry = b"PTXE" + bytes([1, 0, 0, 0]) + bytes(40) + struct.pack("<II", 1, 0) + body
+page = mmap.PAGESIZE
+region = mmap.mmap(-1, 2 * page, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+if libc.mprotect(ctypes.c_void_p(base + page), page, 0) != 0:  # PROT_NONE: reads fault
+    raise OSError(ctypes.get_errno(), "mprotect")
+start = page - len(entry)
+region[start:page] = entry
+view = memoryview(region)[start:page]
+try:
+    impl.decode_entries([3], [view], verify=False)
+except CorruptEntry as e:
+    print("corrupt:", e)
+else:
+    print("decoded")
+"""
+
+
+@pytest.mark.parametrize("kind", ["native", "reference"])
+def test_decoder_never_reads_past_the_entry(kind, tmp_path):
+    """A property pair count that fits in total but not pair by pair: the decoder must stop at
+    the entry's end. The entry ends at a PROT_NONE page, so one byte too far is a SIGSEGV."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "guard.py"
+    script.write_text(_GUARD_PAGE_SCRIPT)
+    run = subprocess.run([sys.executable, str(script), kind], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("corrupt: entry 3"), run.stdout
