@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import importlib
 import os
-from types import SimpleNamespace
 import warnings
+from types import SimpleNamespace
 
 MODULES = ("txnid", "abortset", "ackset", "entrylog", "producer")
 
