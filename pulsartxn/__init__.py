@@ -12,6 +12,7 @@ from .errors import (
     AlreadyClosed,
     ConsumerBusy,
     CoordinatorNotFound,
+    CoordinatorUnavailable,
     CorruptEntry,
     DataDirectoryLocked,
     InvalidConfiguration,
@@ -23,6 +24,7 @@ from .errors import (
     PulsarTxnError,
     StorageFull,
     Timeout,
+    TooManyTransactions,
     TopicAlreadyExists,
     TopicNotFound,
     TransactionConflict,
@@ -31,6 +33,8 @@ from .errors import (
 )
 from .messaging.consumer import ConsumerType, InitialPosition, Isolation
 from .messaging.message import Message, MessageId
+from .txn.state import TxnState
+from .txn.transaction import Transaction
 
 __version__ = "0.1.0"
 
@@ -44,6 +48,10 @@ __all__ = [
     "Isolation",
     "Message",
     "MessageId",
+    "Transaction",
+    "TxnState",
+    "TooManyTransactions",
+    "CoordinatorUnavailable",
     "DataDirectoryLocked",
     "InvalidConfiguration",
     "InvalidMessageId",

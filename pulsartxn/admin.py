@@ -1,4 +1,4 @@
-"""Admin and stats (API.md, "Admin and stats"); transaction views come with their issues."""
+"""Admin and stats (API.md, "Admin and stats")."""
 
 from __future__ import annotations
 
@@ -48,3 +48,61 @@ class Admin:
                     agg[k] += s[k]
                 agg["type"] = agg["type"] or s["type"]
         return out
+
+    # -- transaction coordinators ----------------------------------------------------------
+
+    def coordinators(self) -> list[dict]:
+        """One line per coordinator: id, state, active transactions, low watermark."""
+        self._broker._check_open()
+        out = []
+        for c in self._broker.txn.coordinators:
+            st = c.stats()
+            out.append(
+                {
+                    "coordinator_id": c.id,
+                    "state": st["state"],
+                    "error": st["error"],
+                    "active": st["active"],
+                    "low_watermark": st["low_watermark"],
+                    "next_sequence": st["next_sequence"],
+                }
+            )
+        return out
+
+    def coordinator_stats(self, coordinator_id: int) -> dict:
+        """Counters (created, committed, aborted, timed out, active), the begin-to-end latency
+        histogram, transactions still being finalized, recovery time and counts."""
+        self._broker._check_open()
+        service = self._broker.txn
+        stats = service.coordinator(coordinator_id).stats()
+        stats["decision_errors"] = list(service.decision_errors)
+        return stats
+
+    def transaction_metadata(self, txn_id) -> dict:
+        """State, timeout, open time, produced partitions and acked subscriptions of a live
+        transaction; state only (``{"txn_id", "state"}``) for one recently finished."""
+        from .client import as_txn_id
+
+        self._broker._check_open()
+        tid = as_txn_id(txn_id)
+        service = self._broker.txn
+        c = service.of(tid)
+        with c.lock:
+            meta = c.txns.get(tid.sequence)
+            if meta is not None:
+                return c.metadata(meta)
+        return {"txn_id": str(tid), "state": service.state_of(tid).value}
+
+    def slow_transactions(self, min_open_ms: float) -> list[dict]:
+        """Live transactions open for at least min_open_ms, oldest first."""
+        self._broker._check_open()
+        if isinstance(min_open_ms, bool) or not isinstance(min_open_ms, (int, float)):
+            raise TypeError(f"min_open_ms must be a number, not {min_open_ms!r}")
+        if min_open_ms < 0:
+            raise ValueError(f"min_open_ms must not be negative, got {min_open_ms}")
+        return self._broker.txn.slow(min_open_ms)
+
+    def scale_coordinators(self, n: int) -> None:
+        """Grow the number of coordinators on a live broker (shrinking is refused)."""
+        self._broker._check_open()
+        self._broker.txn.scale(n)

@@ -85,8 +85,13 @@ class Broker:
         num_coordinators: int = 16,
         default_txn_timeout_ms: int = 60_000,
         sync: bool = True,
+        txn_participants=None,
         **options,
     ) -> None:
+        """txn_participants: optional ``(kind, name) -> participant or None`` consulted before
+        the broker's own partitions and subscriptions when a transaction is finalized (fault
+        injection, custom resource managers); a participant has ``end_txn(txn_id, commit,
+        low_watermark)`` and must treat a repeated call as success."""
         self.config = BrokerConfig(
             data_dir,
             num_coordinators=num_coordinators,
@@ -114,8 +119,16 @@ class Broker:
         self._clients: weakref.WeakSet = weakref.WeakSet()
         self._flusher = _BatchFlusher(cfg.batching_max_publish_delay_ms)
         from .admin import Admin
+        from .txn.service import Coordinators
 
+        try:
+            self.txn = Coordinators(self, txn_participants)
+        except BaseException:
+            self._flusher.stop()
+            self.storage.close()
+            raise
         self.admin = Admin(self)
+        self.txn.start()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -146,6 +159,7 @@ class Broker:
                 client.close()
             except PulsarTxnError:
                 pass
+        self.txn.close()
         for part in list(self._partitions.values()):
             for sub in list(part.subscriptions.values()):
                 sub.wait_persisted()

@@ -1,14 +1,16 @@
-"""The client API of API.md: producers, consumers, scans (and transactions, later issues)."""
+"""The client API of API.md: producers, consumers, scans and transactions."""
 
 from __future__ import annotations
 
 import threading
 import weakref
 
+from ._native import TxnID
 from .errors import AlreadyClosed
 from .messaging.consumer import Consumer, ConsumerType, InitialPosition, Isolation
 from .messaging.message import MessageId
 from .messaging.producer import Producer
+from .txn.transaction import Transaction
 
 SCAN_ENTRIES = 1024
 
@@ -162,6 +164,42 @@ class Client:
             for sub in consumer._subs:
                 self.broker._delete_subscription(sub)
 
+    # -- transactions ----------------------------------------------------------------------
+
+    def new_transaction(
+        self, timeout_ms: int | None = None, coordinator_id: int | None = None, group=None
+    ) -> Transaction:
+        """Begin a transaction (logged by its coordinator before this returns)."""
+        self._check_open()
+        meta = self.broker.txn.new_transaction(timeout_ms, coordinator_id, group)
+        return Transaction(self, self.broker.txn, meta.txn_id)
+
+    def transaction(self, txn_id) -> Transaction:
+        """A handle on an existing transaction by id (TxnID, its str or its int)."""
+        self._check_open()
+        tid = as_txn_id(txn_id)
+        service = self.broker.txn
+        service.state_of(tid)  # CoordinatorNotFound / TransactionNotFound
+        return Transaction(self, service, tid)
+
+    def commit_all(self, txns) -> None:
+        """Commit the transactions as one atomic unit: one log record decides all of them;
+        if any one is not OPEN, the call fails and nothing is committed."""
+        self._check_open()
+        self.broker.txn.commit_all([as_txn_id(t) for t in txns])
+
+    def commit_group(self, group: str, winners, idempotency_key=None) -> dict:
+        """Commit exactly `winners` and abort every other transaction labelled `group`, in one
+        decision. With idempotency_key=(app_id, version), a key whose version was already
+        decided for app_id is a no-op success (``{"duplicate": True}``)."""
+        self._check_open()
+        return self.broker.txn.commit_group(group, [as_txn_id(t) for t in winners], idempotency_key)
+
+    def abort_group(self, group: str) -> dict:
+        """Abort every live transaction labelled `group`."""
+        self._check_open()
+        return self.broker.txn.abort_group(group)
+
     # -- scans -----------------------------------------------------------------------------
 
     def scan(
@@ -200,6 +238,19 @@ class Client:
         self.close()
 
 
+def as_txn_id(value) -> TxnID:
+    """A TxnID from a TxnID, a Transaction, its str ("<coordinator>:<sequence>") or its int."""
+    if isinstance(value, TxnID):
+        return value
+    if isinstance(value, Transaction):
+        return value.id
+    if isinstance(value, str):
+        return TxnID.parse(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return TxnID.from_int(value)
+    raise TypeError(f"expected a TxnID, Transaction, str or int, not {type(value).__name__}")
+
+
 def _entry_bound(bound, part, default: int) -> int:
     if bound is None:
         return default
@@ -230,4 +281,4 @@ def _scan(bounds):
             )
 
 
-__all__ = ["Client", "ConsumerType", "InitialPosition", "Isolation"]
+__all__ = ["Client", "ConsumerType", "InitialPosition", "Isolation", "Transaction"]

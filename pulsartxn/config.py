@@ -25,6 +25,12 @@ class BrokerConfig:
     batching_max_publish_delay_ms: float = 1.0
     # Dispatch.
     receiver_queue_size: int = 1000
+    # Transactions. A timeout above the maximum is capped to it; a limit on live transactions
+    # per coordinator keeps memory bounded (Pulsar #15133); deadlines are checked every tick
+    # (Pulsar: 100 ms).
+    max_txn_timeout_ms: int = 3_600_000
+    max_active_txns_per_coordinator: int = 100_000
+    txn_timeout_tick_ms: float = 100.0
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -39,6 +45,8 @@ class BrokerConfig:
             "batching_max_bytes",
             "receiver_queue_size",
             "max_dbs",
+            "max_txn_timeout_ms",
+            "max_active_txns_per_coordinator",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -47,6 +55,12 @@ class BrokerConfig:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         if self.num_coordinators > 65536:
             raise ValueError(f"num_coordinators {self.num_coordinators} exceeds 65536")
+        if not isinstance(self.txn_timeout_tick_ms, (int, float)) or not (
+            0 < self.txn_timeout_tick_ms <= 60_000
+        ):
+            raise ValueError(
+                f"txn_timeout_tick_ms must be in (0, 60000], got {self.txn_timeout_tick_ms!r}"
+            )
         for name in ("group_linger_ms", "batching_max_publish_delay_ms"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:

@@ -26,6 +26,8 @@ __all__ = [
     "InvalidMessageId",
     "InvalidConfiguration",
     "TopicAlreadyExists",
+    "TooManyTransactions",
+    "CoordinatorUnavailable",
 ]
 
 
@@ -103,3 +105,11 @@ class InvalidConfiguration(PulsarTxnError):
 
 class TopicAlreadyExists(PulsarTxnError):
     """create_topic of a topic that exists."""
+
+
+class TooManyTransactions(PulsarTxnError):
+    """A coordinator is at its limit of open transactions (max_active_txns_per_coordinator)."""
+
+
+class CoordinatorUnavailable(PulsarTxnError):
+    """A coordinator exists but could not recover its log (see coordinator_stats)."""

@@ -1,0 +1,2 @@
+"""Transactions: coordinators, their logs, deadlines and finalize (buffers and pending acks
+follow)."""

@@ -1,0 +1,227 @@
+"""The transaction log: record formats and where they live in LMDB.
+
+Each coordinator has its own database ``txnlog/<id>``. A transaction's operations are records
+keyed by ``sequence (14 bytes, big-endian) + record index (u16, big-endian)``, so a
+transaction's records are adjacent and replay in order; the coordinator keeps the number of
+records of each live transaction in memory and deletes them all once the transaction is
+COMMITTED or ABORTED, so the log holds only live transactions.
+
+A decision that ends several transactions at once (``commit_all``, ``commit_group``,
+``abort_group``) is one record in the shared database ``txndecisions`` naming every
+transaction it commits or aborts; it is deleted once all of them are finished. Since every
+coordinator's log lives in one LMDB environment, one write transaction makes a decision
+atomic even across coordinators.
+
+Every record starts with the CRC-32C of the rest, so a damaged log is reported, not replayed.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from .._native import TxnID, crc32c
+from ..errors import CorruptEntry
+
+NEW, PARTITIONS, SUBSCRIPTIONS, END, DECISION = 1, 2, 3, 4, 5
+SEQ_BYTES = 14
+KEY = struct.Struct(">H")  # record index after the 14 sequence bytes
+_NEW = struct.Struct("<QQ")  # timeout ms, open time (ms since the epoch)
+_U32 = struct.Struct("<I")
+_U16 = struct.Struct("<H")
+_END = struct.Struct("<BB")  # commit (1) or abort (0), EndReason
+_DECISION = struct.Struct("<QIIB")  # decision id, commits, aborts, EndReason
+MAX_NAME_BYTES = 0xFFFF
+
+DECISIONS_DB = b"txndecisions"
+GROUP_KEYS_DB = b"txngroupkeys"
+
+
+def log_db_name(coordinator_id: int) -> bytes:
+    return b"txnlog/%d" % coordinator_id
+
+
+def hwm_key(coordinator_id: int) -> bytes:
+    """meta key of a coordinator's reserved sequence high-water mark."""
+    return b"txn/hwm/%d" % coordinator_id
+
+
+COORDINATORS_KEY = b"txn/coordinators"
+
+
+def seq_prefix(sequence: int) -> bytes:
+    return sequence.to_bytes(SEQ_BYTES, "big")
+
+
+def record_key(sequence: int, index: int) -> bytes:
+    return sequence.to_bytes(SEQ_BYTES, "big") + KEY.pack(index)
+
+
+def split_key(key: bytes) -> tuple[int, int]:
+    if len(key) != SEQ_BYTES + 2:
+        raise CorruptEntry(f"transaction log key of {len(key)} bytes")
+    return int.from_bytes(key[:SEQ_BYTES], "big"), KEY.unpack_from(key, SEQ_BYTES)[0]
+
+
+def _seal(body: bytes) -> bytes:
+    return _U32.pack(crc32c(body)) + body
+
+
+def _open(record) -> memoryview:
+    data = memoryview(bytes(record))
+    if len(data) < 5:
+        raise CorruptEntry(f"transaction log record of {len(data)} bytes")
+    if _U32.unpack_from(data)[0] != crc32c(data[4:]):
+        raise CorruptEntry("transaction log record fails its checksum")
+    return data[4:]
+
+
+def _pack_str(out: list, text: str) -> None:
+    raw = text.encode()
+    if len(raw) > MAX_NAME_BYTES:
+        raise ValueError(f"name of {len(raw)} bytes (at most {MAX_NAME_BYTES})")
+    out.append(_U16.pack(len(raw)))
+    out.append(raw)
+
+
+def _read_str(data: memoryview, pos: int) -> tuple[str, int]:
+    if pos + 2 > len(data):
+        raise CorruptEntry("transaction log record truncated")
+    (n,) = _U16.unpack_from(data, pos)
+    pos += 2
+    if pos + n > len(data):
+        raise CorruptEntry("transaction log record truncated")
+    try:
+        return bytes(data[pos : pos + n]).decode(), pos + n
+    except UnicodeDecodeError:
+        raise CorruptEntry("transaction log record holds a name that is not UTF-8") from None
+
+
+def encode_new(timeout_ms: int, open_ms: int, group: str | None) -> bytes:
+    parts = [bytes([NEW]), _NEW.pack(timeout_ms, open_ms)]
+    if group is not None:
+        parts.append(b"\x01")
+        _pack_str(parts, group)
+    else:
+        parts.append(b"\x00")
+    return _seal(b"".join(parts))
+
+
+def encode_names(kind: int, names) -> bytes:
+    """PARTITIONS: partition names; SUBSCRIPTIONS: (partition, subscription) pairs."""
+    parts = [bytes([kind]), _U32.pack(len(names))]
+    for name in names:
+        if kind == SUBSCRIPTIONS:
+            _pack_str(parts, name[0])
+            _pack_str(parts, name[1])
+        else:
+            _pack_str(parts, name)
+    return _seal(b"".join(parts))
+
+
+def encode_end(commit: bool, reason: int) -> bytes:
+    return _seal(bytes([END]) + _END.pack(1 if commit else 0, reason))
+
+
+@dataclass
+class Record:
+    kind: int
+    timeout_ms: int = 0
+    open_ms: int = 0
+    group: str | None = None
+    names: list = field(default_factory=list)
+    commit: bool = False
+    reason: int = 0
+
+
+def decode(record) -> Record:
+    data = _open(record)
+    kind = data[0]
+    if kind == NEW:
+        if len(data) < 1 + _NEW.size + 1:
+            raise CorruptEntry("transaction log NEW record truncated")
+        timeout_ms, open_ms = _NEW.unpack_from(data, 1)
+        group = None
+        pos = 1 + _NEW.size
+        if data[pos] == 1:
+            group, pos = _read_str(data, pos + 1)
+        elif data[pos] != 0:
+            raise CorruptEntry("transaction log NEW record has a bad group flag")
+        else:
+            pos += 1
+        _expect_end(data, pos)
+        return Record(NEW, timeout_ms=timeout_ms, open_ms=open_ms, group=group)
+    if kind in (PARTITIONS, SUBSCRIPTIONS):
+        if len(data) < 5:
+            raise CorruptEntry("transaction log record truncated")
+        (count,) = _U32.unpack_from(data, 1)
+        pos = 5
+        names = []
+        for _ in range(count):
+            a, pos = _read_str(data, pos)
+            if kind == SUBSCRIPTIONS:
+                b, pos = _read_str(data, pos)
+                names.append((a, b))
+            else:
+                names.append(a)
+        _expect_end(data, pos)
+        return Record(kind, names=names)
+    if kind == END:
+        if len(data) != 1 + _END.size:
+            raise CorruptEntry("transaction log END record has the wrong size")
+        commit, reason = _END.unpack_from(data, 1)
+        if commit not in (0, 1):
+            raise CorruptEntry("transaction log END record has a bad outcome")
+        return Record(END, commit=bool(commit), reason=reason)
+    raise CorruptEntry(f"transaction log record of unknown kind {kind}")
+
+
+def _expect_end(data: memoryview, pos: int) -> None:
+    if pos != len(data):
+        raise CorruptEntry("transaction log record has trailing bytes")
+
+
+@dataclass
+class Decision:
+    decision_id: int
+    commits: list  # TxnIDs
+    aborts: list
+    reason: int
+    group: str | None = None
+
+
+def encode_decision(d: Decision) -> bytes:
+    parts = [
+        bytes([DECISION]),
+        _DECISION.pack(d.decision_id, len(d.commits), len(d.aborts), d.reason),
+    ]
+    parts.extend(t.pack() for t in d.commits)
+    parts.extend(t.pack() for t in d.aborts)
+    if d.group is not None:
+        parts.append(b"\x01")
+        _pack_str(parts, d.group)
+    else:
+        parts.append(b"\x00")
+    return _seal(b"".join(parts))
+
+
+def decode_decision(record) -> Decision:
+    data = _open(record)
+    if data[0] != DECISION or len(data) < 1 + _DECISION.size:
+        raise CorruptEntry("transaction decision record malformed")
+    decision_id, nc, na, reason = _DECISION.unpack_from(data, 1)
+    pos = 1 + _DECISION.size
+    if pos + 16 * (nc + na) + 1 > len(data):
+        raise CorruptEntry("transaction decision record truncated")
+    ids = [TxnID.unpack(bytes(data[pos + 16 * i : pos + 16 * (i + 1)])) for i in range(nc + na)]
+    pos += 16 * (nc + na)
+    group = None
+    if data[pos] == 1:
+        group, pos = _read_str(data, pos + 1)
+    else:
+        pos += 1
+    _expect_end(data, pos)
+    return Decision(decision_id, ids[:nc], ids[nc:], reason, group)
+
+
+DECISION_KEY = struct.Struct(">Q")

@@ -1,0 +1,426 @@
+"""The broker's transaction coordinators: routing, decisions over many transactions, groups.
+
+``Coordinators`` owns ``num_coordinators`` :class:`Coordinator` objects (ids 0..n-1), the timer
+thread that drives their deadlines and finalize retries, the labelled groups, and decisions
+that end several transactions with one log record (``commit_all``, ``commit_group``,
+``abort_group``: beyond Pulsar, for Spark).
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+import threading
+import time
+
+from .._native import TxnID
+from ..errors import (
+    CoordinatorNotFound,
+    CoordinatorUnavailable,
+    CorruptEntry,
+    InvalidTxnStatus,
+)
+from ..storage import WriteOp
+from . import log
+from .coordinator import ABORTED, COMMITTED, OPEN, Coordinator, TxnMeta, status_error
+from .state import EndReason, TxnState
+from .timer import TxnTimer
+
+MAX_TIMEOUT_MS = 1 << 40  # beyond this a timeout is a mistake, not a wish (~35 years)
+_IDEM = struct.Struct("<Q")
+
+
+class _Stateless:
+    """Participant of a partition or subscription that holds no transaction state (yet)."""
+
+    def end_txn(self, txn_id, commit, low_watermark) -> None:
+        return None
+
+
+STATELESS = _Stateless()
+
+
+class Coordinators:
+    def __init__(self, broker, participants=None) -> None:
+        cfg = broker.config
+        self.broker = broker
+        self.storage = broker.storage
+        self.max_active = cfg.max_active_txns_per_coordinator
+        self.default_timeout_ms = cfg.default_txn_timeout_ms
+        self.max_timeout_ms = cfg.max_txn_timeout_ms
+        self._participants = participants
+        self.closed = False
+        self._lock = threading.Lock()  # groups, decisions, the coordinator list
+        self._decision_lock = threading.Lock()  # one decision written at a time
+        self._groups: dict[str, set] = {}
+        self._decisions: dict[int, set] = {}  # decision id -> TxnIDs not yet finished
+        self._next_decision = 1
+        self._round_robin = itertools.count()
+        self._decisions_db = self.storage.open_db(log.DECISIONS_DB)
+        self._group_keys_db = self.storage.open_db(log.GROUP_KEYS_DB)
+        with self.storage.read() as txn:
+            raw = txn.get(log.COORDINATORS_KEY, db=self.storage.meta)
+        stored = struct.unpack("<I", bytes(raw))[0] if raw is not None else 0
+        # A data directory never shrinks its coordinators: their logs would be orphaned.
+        n = max(stored, cfg.num_coordinators)
+        if n != stored:
+            self._store_count(n)
+        self.coordinators: list[Coordinator] = [Coordinator(self, i) for i in range(n)]
+        self.timer = TxnTimer(cfg.txn_timeout_tick_ms, self._expire_all)
+        self.decision_errors: list[str] = []
+        self._recover()
+
+    # -- recovery --------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        decided: dict = {}
+        pending_decisions: dict[int, set] = {}
+        corrupt = []
+        with self.storage.read() as txn:
+            for key, value in txn.cursor(db=self._decisions_db):
+                try:
+                    d = log.decode_decision(value)
+                except CorruptEntry as exc:
+                    corrupt.append((bytes(key), exc))
+                    if len(key) == 8:
+                        self._next_decision = max(
+                            self._next_decision, int.from_bytes(bytes(key), "big") + 1
+                        )
+                    continue
+                self._next_decision = max(self._next_decision, d.decision_id + 1)
+                pending_decisions[d.decision_id] = set(d.commits) | set(d.aborts)
+                for t in d.commits:
+                    decided[t] = (d.decision_id, True)
+                for t in d.aborts:
+                    decided[t] = (d.decision_id, False)
+        to_finalize: list[tuple[Coordinator, TxnMeta]] = []
+        for c in self.coordinators:
+            for meta in c.recover(decided):
+                to_finalize.append((c, meta))
+            for meta in c.txns.values():
+                if meta.group is not None:
+                    self._groups.setdefault(meta.group, set()).add(meta.txn_id)
+        # A decision stays until every transaction it names is finished.
+        live = {m.txn_id for c in self.coordinators for m in c.txns.values()}
+        for did, ids in pending_decisions.items():
+            remaining = ids & live
+            if remaining:
+                self._decisions[did] = remaining
+            else:
+                self._delete_decision(did)
+        # A damaged decision record cannot decide anything: its transactions stay as their own
+        # logs say (OPEN ones time out). It is kept for inspection and reported.
+        self.decision_errors = [f"decision record {k.hex()}: {exc}" for k, exc in corrupt]
+        self._recovered = to_finalize
+
+    def start(self) -> None:
+        """Finalize what recovery found mid-end (called once the broker is fully open)."""
+        for c, meta in self._recovered:
+            self.timer.submit(c.finalize, meta)
+        self._recovered = []
+
+    # -- routing ---------------------------------------------------------------------------
+
+    def coordinator(self, coordinator_id) -> Coordinator:
+        if isinstance(coordinator_id, bool) or not isinstance(coordinator_id, int):
+            raise TypeError(f"coordinator_id must be an int, not {coordinator_id!r}")
+        coords = self.coordinators
+        if not 0 <= coordinator_id < len(coords):
+            raise CoordinatorNotFound(
+                f"transaction coordinator {coordinator_id} does not exist "
+                f"(this broker has {len(coords)}: 0..{len(coords) - 1})"
+            )
+        return coords[coordinator_id]
+
+    def of(self, txn_id) -> Coordinator:
+        return self.coordinator(txn_id.coordinator_id)
+
+    def participant(self, kind: str, name):
+        if self._participants is not None:
+            found = self._participants(kind, name)
+            if found is not None:
+                return found
+        return STATELESS
+
+    # -- single transactions ---------------------------------------------------------------
+
+    def new_transaction(self, timeout_ms=None, coordinator_id=None, group=None) -> TxnMeta:
+        if timeout_ms is None:
+            timeout_ms = self.default_timeout_ms
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int):
+            raise TypeError(f"timeout_ms must be an int, not {timeout_ms!r}")
+        if not 1 <= timeout_ms <= MAX_TIMEOUT_MS:
+            raise ValueError(f"timeout_ms {timeout_ms} out of range 1..{MAX_TIMEOUT_MS}")
+        timeout_ms = min(timeout_ms, self.max_timeout_ms)  # capped by the broker's maximum
+        if group is not None and (not isinstance(group, str) or not group):
+            raise ValueError(f"group must be a non-empty str, not {group!r}")
+        if group is not None and len(group.encode()) > log.MAX_NAME_BYTES:
+            raise ValueError(f"group label of {len(group.encode())} bytes is too long")
+        if coordinator_id is not None:
+            coordinator = self.coordinator(coordinator_id)
+        else:
+            coordinator = self._pick()
+        meta = coordinator.new(timeout_ms, group)
+        if group is not None:
+            with self._lock:
+                self._groups.setdefault(group, set()).add(meta.txn_id)
+        return meta
+
+    def _pick(self) -> Coordinator:
+        coords = self.coordinators
+        n = len(coords)
+        for _ in range(n):
+            c = coords[next(self._round_robin) % n]
+            if c.status == "READY":
+                return c
+        raise CoordinatorUnavailable("no transaction coordinator is available")
+
+    def add_partitions(self, txn_id, partitions) -> None:
+        self.of(txn_id).add(txn_id.sequence, log.PARTITIONS, list(partitions))
+
+    def add_subscriptions(self, txn_id, subscriptions) -> None:
+        pairs = [(str(p), str(s)) for p, s in subscriptions]
+        self.of(txn_id).add(txn_id.sequence, log.SUBSCRIPTIONS, pairs)
+
+    def end(self, txn_id, commit: bool, timeout_s: float | None = None) -> TxnState:
+        c = self.of(txn_id)
+        meta = c.end(txn_id.sequence, commit, EndReason.CLIENT)
+        c.wait(meta, timeout_s)
+        return meta.state
+
+    def state_of(self, txn_id) -> TxnState:
+        state, reason = self.of(txn_id).state_of(txn_id.sequence)
+        if state is ABORTED and reason == EndReason.TIMEOUT:
+            return TxnState.TIMEOUT
+        return state
+
+    def meta_of(self, txn_id) -> TxnMeta:
+        c = self.of(txn_id)
+        with c.lock:
+            return c.live(txn_id.sequence, "look up")
+
+    # -- decisions over many transactions --------------------------------------------------
+
+    def commit_all(self, txn_ids) -> dict:
+        ids = list(dict.fromkeys(txn_ids))
+        if not ids:
+            raise ValueError("commit_all needs at least one transaction")
+        return self._decide(ids, [], None, None)
+
+    def commit_group(self, group: str, winners, idempotency_key=None) -> dict:
+        _check_label(group)
+        winners = list(dict.fromkeys(winners))
+        key = _idempotency(idempotency_key)
+        with self._decision_lock:
+            if key is not None and self._already_decided(key):
+                return {"committed": [], "aborted": [], "duplicate": True}
+            with self._lock:
+                members = set(self._groups.get(group, ()))
+            for w in winners:
+                if w not in members:
+                    c = self.of(w)
+                    with c.lock:
+                        c.live(w.sequence, "commit")  # unknown or finished: its own error
+                    raise InvalidTxnStatus(f"transaction {w} is not in group {group!r}")
+            losers = sorted(members.difference(winners))
+            return self._decide_locked(winners, losers, group, key)
+
+    def abort_group(self, group: str) -> dict:
+        _check_label(group)
+        with self._lock:
+            members = sorted(self._groups.get(group, ()))
+        return self._decide([], members, group, None)
+
+    def _decide(self, commits, aborts, group, key) -> dict:
+        with self._decision_lock:
+            return self._decide_locked(commits, aborts, group, key)
+
+    def _decide_locked(self, commits, aborts, group, key) -> dict:
+        """One record decides every transaction named: commits must all be OPEN (else nothing
+        is decided); aborts that are no longer OPEN are left as they are."""
+        coords = sorted({t.coordinator_id for t in list(commits) + list(aborts)})
+        locked = [self.coordinator(cid) for cid in coords]
+        for c in locked:
+            c.check_ready()
+        decision_id = self._next_decision
+        metas_c: list[TxnMeta] = []
+        metas_a: list[TxnMeta] = []
+        for c in locked:
+            c.lock.acquire()
+        try:
+            for t in commits:
+                c = self.of(t)
+                meta = c.live(t.sequence, "commit")
+                if meta.state is not OPEN or not meta.durable:
+                    raise status_error(t, meta.state, meta.reason, meta.timeout_ms, "commit")
+                metas_c.append(meta)
+            for t in aborts:
+                meta = self.of(t).txns.get(t.sequence)
+                if meta is not None and meta.state is OPEN and meta.durable:
+                    metas_a.append(meta)
+            for meta in metas_c:
+                meta.state, meta.reason, meta.decision = (
+                    TxnState.COMMITTING,
+                    EndReason.GROUP,
+                    decision_id,
+                )
+            for meta in metas_a:
+                meta.state, meta.reason, meta.decision = (
+                    TxnState.ABORTING,
+                    EndReason.GROUP,
+                    decision_id,
+                )
+        finally:
+            for c in reversed(locked):
+                c.lock.release()
+        everyone = metas_c + metas_a
+        for meta in everyone:
+            c = self.of(meta.txn_id)
+            with c.lock:
+                while meta.inflight:
+                    c.cond.wait()
+        if not everyone and key is None:
+            return {"committed": [], "aborted": [], "duplicate": False}
+        record = log.encode_decision(
+            log.Decision(
+                decision_id,
+                [m.txn_id for m in metas_c],
+                [m.txn_id for m in metas_a],
+                EndReason.GROUP,
+                group,
+            )
+        )
+        dkey = log.DECISION_KEY.pack(decision_id)
+        ddb, kdb = self._decisions_db, self._group_keys_db
+
+        def apply(txn):
+            if everyone:
+                txn.put(dkey, record, db=ddb)
+            if key is not None:
+                txn.put(key[0], _IDEM.pack(key[1]), db=kdb)
+
+        try:
+            self.storage.wait(self.storage.submit(WriteOp(apply, nbytes=len(record))))
+        except BaseException:
+            for meta in everyone:
+                self.of(meta.txn_id).reopen(meta)
+            raise
+        self._next_decision = decision_id + 1
+        if everyone:
+            with self._lock:
+                self._decisions[decision_id] = {m.txn_id for m in everyone}
+        for meta in everyone:
+            self.of(meta.txn_id).finalize(meta)
+        for meta in everyone:
+            self.of(meta.txn_id).wait(meta, None)
+        return {
+            "committed": [m.txn_id for m in metas_c],
+            "aborted": [m.txn_id for m in metas_a],
+            "duplicate": False,
+        }
+
+    def _already_decided(self, key) -> bool:
+        with self.storage.read() as txn:
+            raw = txn.get(key[0], db=self._group_keys_db)
+        return raw is not None and _IDEM.unpack(bytes(raw))[0] >= key[1]
+
+    def on_finished(self, meta: TxnMeta) -> None:
+        with self._lock:
+            if meta.group is not None:
+                members = self._groups.get(meta.group)
+                if members is not None:
+                    members.discard(meta.txn_id)
+                    if not members:
+                        del self._groups[meta.group]
+            did = meta.decision
+            if did is None:
+                return
+            remaining = self._decisions.get(did)
+            if remaining is None:
+                return
+            remaining.discard(meta.txn_id)
+            if remaining:
+                return
+            del self._decisions[did]
+        self._delete_decision(did)
+
+    def _delete_decision(self, decision_id: int) -> None:
+        key, db = log.DECISION_KEY.pack(decision_id), self._decisions_db
+        if not self.storage.closed:
+            try:
+                self.storage.submit(WriteOp(lambda t: t.delete(key, db=db), nbytes=8))
+            except Exception:  # noqa: BLE001 - recovery deletes it next time
+                pass
+
+    # -- deadlines, scaling, lifecycle -----------------------------------------------------
+
+    def _expire_all(self, now: float) -> None:
+        for c in self.coordinators:
+            if c.status != "READY":
+                continue
+            for seq in c.expire(now):
+                self.timer.submit(c.timeout, seq)
+
+    def scale(self, n: int) -> None:
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"number of coordinators must be an int, not {n!r}")
+        with self._lock:
+            current = len(self.coordinators)
+            if n < current:
+                raise ValueError(
+                    f"cannot shrink coordinators from {current} to {n}: logs would be orphaned"
+                )
+            if n > 65536:
+                raise ValueError(f"at most 65536 coordinators, not {n}")
+            if n == current:
+                return
+            self._store_count(n)
+            added = [Coordinator(self, i) for i in range(current, n)]
+            for c in added:
+                c.recover({})
+            self.coordinators = self.coordinators + added
+
+    def _store_count(self, n: int) -> None:
+        value = struct.pack("<I", n)
+        self.storage.write(lambda txn: txn.put(log.COORDINATORS_KEY, value, db=self.storage.meta))
+
+    def close(self) -> None:
+        self.closed = True
+        self.timer.stop()
+        for c in self.coordinators:
+            with c.lock:
+                c.cond.notify_all()
+
+    def slow(self, min_open_ms: float) -> list[dict]:
+        out = []
+        now = time.monotonic()
+        for c in self.coordinators:
+            with c.lock:
+                metas = [m for m in c.txns.values() if (now - m.started) * 1000.0 >= min_open_ms]
+                out.extend(c.metadata(m) for m in metas)
+        out.sort(key=lambda d: -d["open_ms"])
+        return out
+
+
+def _check_label(group) -> None:
+    if not isinstance(group, str) or not group:
+        raise ValueError(f"group must be a non-empty str, not {group!r}")
+
+
+def _idempotency(key):
+    if key is None:
+        return None
+    if (
+        not isinstance(key, tuple)
+        or len(key) != 2
+        or not isinstance(key[0], str)
+        or not key[0]
+        or isinstance(key[1], bool)
+        or not isinstance(key[1], int)
+        or not 0 <= key[1] < 1 << 64
+    ):
+        raise ValueError(f"idempotency_key must be (app_id: str, version: int >= 0), not {key!r}")
+    return key[0].encode(), key[1]
+
+
+__all__ = ["Coordinators", "COMMITTED", "ABORTED", "TxnID"]

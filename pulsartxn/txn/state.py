@@ -1,0 +1,28 @@
+"""Transaction states and why a transaction ended."""
+
+from __future__ import annotations
+
+import enum
+
+
+class TxnState(enum.Enum):
+    """A transaction's state as a client sees it (Pulsar's TxnStatus plus the client's TIMEOUT)."""
+
+    OPEN = "OPEN"
+    COMMITTING = "COMMITTING"
+    COMMITTED = "COMMITTED"
+    ABORTING = "ABORTING"
+    ABORTED = "ABORTED"
+    TIMEOUT = "TIMEOUT"  # aborted by its coordinator at its deadline
+    ERROR = "ERROR"  # its coordinator could not recover it
+
+
+class EndReason(enum.IntEnum):
+    """Why a transaction ends (stored with the COMMITTING/ABORTING record)."""
+
+    CLIENT = 1  # commit() or abort()
+    TIMEOUT = 2  # its deadline passed while OPEN
+    GROUP = 3  # a commit_all / commit_group / abort_group decision
+
+
+FINAL = (TxnState.COMMITTED, TxnState.ABORTED, TxnState.TIMEOUT)

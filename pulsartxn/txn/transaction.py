@@ -1,0 +1,94 @@
+"""The client's handle on a transaction (API.md, "Transactions")."""
+
+from __future__ import annotations
+
+from .._native import TxnID
+from ..errors import InvalidTxnStatus, PulsarTxnError, Timeout
+from .state import FINAL, TxnState
+
+
+class Transaction:
+    """``client.new_transaction()``: commit or abort it, or use it as a context manager
+    (commits on normal exit, aborts on an exception)."""
+
+    __slots__ = ("_client", "_service", "id", "_final", "partitions", "subscriptions")
+
+    def __init__(self, client, service, txn_id: TxnID) -> None:
+        self._client = client
+        self._service = service
+        self.id = txn_id
+        self._final: TxnState | None = None
+        # Participants this client has already registered with the coordinator (once each).
+        self.partitions: set = set()
+        self.subscriptions: set = set()
+
+    @property
+    def state(self) -> TxnState:
+        if self._final is not None:
+            return self._final
+        try:
+            state = self._service.state_of(self.id)
+        except PulsarTxnError:
+            return TxnState.ERROR
+        if state in FINAL:
+            self._final = state
+        return state
+
+    def commit(self, timeout_ms: float | None = None) -> None:
+        """Commit; returns once the transaction is COMMITTED (every participant finalized).
+
+        Raises TransactionTimeout if it was aborted by its deadline, InvalidTxnStatus if it is
+        not OPEN. With timeout_ms, raises Timeout if finalizing takes longer; the commit is
+        decided by then and completes in the background.
+        """
+        self._end(True, timeout_ms)
+
+    def abort(self, timeout_ms: float | None = None) -> None:
+        self._end(False, timeout_ms)
+
+    def _end(self, commit: bool, timeout_ms) -> None:
+        self._client._check_open()
+        timeout_s = None if timeout_ms is None else max(float(timeout_ms), 0.0) / 1000.0
+        state = self._service.end(self.id, commit, timeout_s)
+        if state in FINAL:
+            self._final = state
+            return
+        raise Timeout(
+            f"transaction {self.id} is {state.value}: its participants are still being finalized"
+        )
+
+    def register_partitions(self, partitions) -> None:
+        """Log the partitions this transaction produces to (cached: once per partition)."""
+        new = [p for p in partitions if p not in self.partitions]
+        if new:
+            self._service.add_partitions(self.id, new)
+            self.partitions.update(new)
+
+    def register_subscriptions(self, subscriptions) -> None:
+        new = [s for s in subscriptions if s not in self.subscriptions]
+        if new:
+            self._service.add_subscriptions(self.id, new)
+            self.subscriptions.update(new)
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            if self.state is TxnState.OPEN:
+                self.commit()
+            return
+        try:
+            if self.state is TxnState.OPEN:
+                self.abort()
+        except (InvalidTxnStatus, PulsarTxnError):
+            pass  # the original exception is what the caller needs to see
+
+    def __repr__(self) -> str:
+        return f"Transaction({self.id}, {self.state.value})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Transaction) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)

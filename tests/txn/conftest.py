@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import pulsartxn
+
+
+class RecordingParticipant:
+    """A participant that records every end call; fails the first `failures` calls."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.failures = failures
+        self.calls: list = []
+        self.lock = threading.Lock()
+
+    def end_txn(self, txn_id, commit, low_watermark) -> None:
+        with self.lock:
+            if self.failures > 0:
+                self.failures -= 1
+                raise OSError("injected failure")
+            self.calls.append((txn_id, commit, low_watermark))
+
+    def outcomes(self) -> dict:
+        with self.lock:
+            return {t: c for t, c, _ in self.calls}
+
+
+class Participants:
+    """Resolver handed to Broker(txn_participants=...): one RecordingParticipant per name."""
+
+    def __init__(self) -> None:
+        self.by_name: dict = {}
+
+    def __call__(self, kind, name):
+        return self.by_name.setdefault((kind, name), RecordingParticipant())
+
+
+@pytest.fixture
+def participants():
+    return Participants()
+
+
+@pytest.fixture
+def open_broker(tmp_path, participants):
+    """open_broker(**options) -> a broker on tmp_path/data (closed at the end of the test)."""
+    brokers = []
+
+    def open_(**options):
+        options.setdefault("sync", False)
+        options.setdefault("num_coordinators", 4)
+        options.setdefault("txn_timeout_tick_ms", 10)
+        options.setdefault("txn_participants", participants)
+        b = pulsartxn.Broker(tmp_path / "data", **options)
+        brokers.append(b)
+        return b
+
+    yield open_
+    for b in brokers:
+        b.close()
