@@ -69,6 +69,7 @@ class Storage:
             max_records=group_max_records,
             max_bytes=group_max_bytes,
             linger_ms=group_linger_ms,
+            sync=sync,
         )
 
     def _check_format(self) -> None:

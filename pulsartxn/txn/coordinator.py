@@ -363,8 +363,7 @@ class Coordinator:
             self.append_failures += 1
 
     def _write(self, apply, nbytes: int) -> None:
-        storage = self.storage
-        storage.wait(storage.submit(WriteOp(apply, nbytes=nbytes)))
+        self.storage.write(apply, nbytes=nbytes)
 
     def _delete_records(self, meta: TxnMeta, count: int):
         db = self.db
