@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import weakref
 
+import numpy as np
+
 from ._native import TxnID
 from .errors import AlreadyClosed
 from .messaging.consumer import Consumer, ConsumerType, InitialPosition, Isolation
@@ -43,9 +45,17 @@ class Client:
             raise AlreadyClosed("client is closed")
         self.broker._check_open()
 
-    def _no_transactions_yet(self, txn) -> None:
-        if txn is not None:
-            raise NotImplementedError("transactions come with the coordinator issues")
+    def _txn_for(self, txn) -> Transaction | None:
+        """The Transaction a `txn=` argument names (a Transaction, or a TxnID / its str / int
+        of one opened elsewhere), checked to be still open on this side."""
+        if txn is None:
+            return None
+        if not isinstance(txn, Transaction):
+            txn = self.transaction(txn)
+        elif txn._service is not self.broker.txn:
+            raise ValueError(f"transaction {txn.id} belongs to another broker")
+        txn.check_open("produce or acknowledge")
+        return txn
 
     # -- producers -------------------------------------------------------------------------
 
@@ -143,6 +153,7 @@ class Client:
                 subscription_type.value,
                 consumer_name,
                 negative_ack_redelivery_delay_ms,
+                isolation is Isolation.READ_COMMITTED,
             )
         self._consumers.add(consumer)
         return consumer
@@ -214,9 +225,11 @@ class Client:
         full, partitions = self.broker._resolve(topic, create=False)
         bounds = []
         for part in partitions:
+            # Read committed: up to the max read position, fixed now.
+            stop = part.dispatch_end(True)
             lo = _entry_bound(start, part, part.first_entry_id)
-            hi = _entry_bound(end, part, part.next_entry_id)
-            bounds.append((part, lo, min(hi, part.next_entry_id)))
+            hi = _entry_bound(end, part, stop)
+            bounds.append((part, lo, min(hi, stop)))
         return _scan(bounds)
 
     def close(self) -> None:
@@ -272,10 +285,11 @@ def _scan(bounds):
                 break
             pos = int(decoded.entry_id[-1]) + 1
             mask = None
-            if decoded.marker_type.any():
-                import numpy as np
-
-                mask = np.repeat(decoded.marker_type == 0, decoded.message_count.astype(np.int64))
+            if decoded.marker_type.any() or decoded.txn_msb.any() or decoded.txn_lsb.any():
+                # Markers never show; entries of aborted transactions are filtered in bulk.
+                keep = decoded.marker_type == 0
+                keep &= ~part.buffer.aborted_mask(decoded.txn_msb, decoded.txn_lsb)
+                mask = np.repeat(keep, decoded.message_count.astype(np.int64))
             yield decoded.to_arrow(
                 topic=part.topic, partition=part.index, ledger_id=part.ledger_id, mask=mask
             )

@@ -7,7 +7,13 @@ import itertools
 import threading
 import time
 
-from ..errors import AlreadyClosed, InvalidConfiguration, InvalidMessageId, Timeout
+from ..errors import (
+    AlreadyClosed,
+    InvalidConfiguration,
+    InvalidMessageId,
+    Timeout,
+    TransactionConflict,
+)
 from .message import Message, MessageId
 from .subscription import EXCLUSIVE, FAILOVER, SHARED, Subscription
 
@@ -41,6 +47,7 @@ class Consumer:
         sub_type: int,
         consumer_name: str | None,
         negative_ack_redelivery_delay_ms: int,
+        read_committed: bool = True,
     ) -> None:
         self._client = client
         self._topic = topic
@@ -57,7 +64,7 @@ class Consumer:
         attached = []
         try:
             for sub in subscriptions:
-                sub.attach(self, sub_type)
+                sub.attach(self, sub_type, read_committed)
                 attached.append(sub)
         except BaseException:
             for sub in attached:
@@ -180,21 +187,42 @@ class Consumer:
         return sub, mid
 
     def acknowledge(self, msg_or_id, txn=None) -> None:
+        """Acknowledge; with txn, held for the transaction until it ends (a conflict with
+        another transaction or an already acknowledged message raises TransactionConflict,
+        and the transaction can then only abort)."""
         self._check_open()
-        self._client._no_transactions_yet(txn)
         sub, mid = self._sub_for(msg_or_id)
-        sub.acknowledge(mid)
+        if txn is None:
+            sub.acknowledge(mid)
+        else:
+            self._txn_ack(sub, mid, txn, cumulative=False)
 
     def acknowledge_cumulative(self, msg_or_id, txn=None) -> None:
         self._check_open()
-        self._client._no_transactions_yet(txn)
         if self._type == SHARED:
             raise InvalidConfiguration(
                 f"cumulative acknowledgement is not allowed on Shared subscription "
                 f"{self._subscription_name}"
             )
         sub, mid = self._sub_for(msg_or_id)
-        sub.acknowledge(mid, cumulative=True)
+        if txn is None:
+            sub.acknowledge(mid, cumulative=True)
+        else:
+            self._txn_ack(sub, mid, txn, cumulative=True)
+
+    def _txn_ack(self, sub, mid: MessageId, txn, cumulative: bool) -> None:
+        txn = self._client._txn_for(txn)
+        sub.partition.check_position(mid.entry_id(), mid.ledger_id())
+        name = (sub.partition.topic, sub.name)
+        if name not in txn.subscriptions:
+            txn.register_subscriptions([name])  # logged by the coordinator, once
+        try:
+            sub.pending_ack.ack(
+                txn.id, mid.entry_id(), mid.batch_index(), mid.batch_size(), cumulative
+            )
+        except TransactionConflict as exc:
+            txn._failed(exc)
+            raise
 
     def negative_acknowledge(self, msg_or_id) -> None:
         self._check_open()

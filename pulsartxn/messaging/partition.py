@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from .._native import EntryLog, decode_header
 from ..errors import InvalidMessageId
 from ..storage import Storage, WriteOp
+from ..txn.buffer import TransactionBuffer
 from .topic_name import TopicName
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class Partition:
         self.first_entry_id = 0
         self._counts = array("q")
         self._cumulative = array("q", [0])  # cumulative[i] = messages in entries < first + i
+        self.buffer = TransactionBuffer(self)
         with storage.read() as txn:
             first = self.log.first_entry_id(txn)
             last = self.log.last_entry_id(txn)
@@ -52,7 +54,10 @@ class Partition:
                     while expected < entry_id:  # a gap (trimmed or never written)
                         self._push_count(0)
                         expected += 1
-                    self._push_count(decode_header(buf).message_count)
+                    head = decode_header(buf)
+                    self._push_count(head.message_count)
+                    if head.txn_msb or head.txn_lsb:
+                        self.buffer.replay(entry_id, head.marker_type, head.txn_msb, head.txn_lsb)
                     expected += 1
             self.dedup_highest: dict[str, int] = {}
             cursor = txn.cursor(db=self._dedup_db)
@@ -115,8 +120,12 @@ class Partition:
         producer: str | None = None,
         first_sequence: int = -1,
         on_published=None,
+        before_publish=None,
     ) -> WriteOp:
-        """A group-commit operation appending encoded `entries`; its result is the first id."""
+        """A group-commit operation appending encoded `entries`; its result is the first id.
+
+        before_publish(first) runs under the partition lock just before the entries become
+        visible (the transaction buffer records them there); on_published(first) after."""
 
         def apply(txn):
             first = self.log.append(txn, entries)
@@ -124,7 +133,10 @@ class Partition:
             return first
 
         def on_commit(first):
-            self._published(first, counts, nbytes, producer, first_sequence)
+            with self.lock:
+                if before_publish is not None:
+                    before_publish(first)
+                self._published(first, counts, nbytes, producer, first_sequence)
             if on_published is not None:
                 on_published(first)
 
@@ -142,9 +154,13 @@ class Partition:
         producer_id: int,
         first_sequence: int,
         publish_time: int,
+        txn_id=None,
     ) -> WriteOp:
         """A group-commit operation that encodes a bulk of messages straight into the ledger
-        (no intermediate bytes objects); its result is (first entry id, messages per entry)."""
+        (no intermediate bytes objects); its result is (first entry id, messages per entry).
+        With txn_id, the entries carry it and the transaction buffer records them."""
+        msb = txn_id.most_sig_bits if txn_id is not None else 0
+        lsb = txn_id.least_sig_bits if txn_id is not None else 0
 
         def apply(txn):
             first, counts = self.log.append_messages(
@@ -155,13 +171,18 @@ class Partition:
                 producer_id=producer_id,
                 first_sequence_id=first_sequence,
                 publish_time=publish_time,
+                txn_msb=msb,
+                txn_lsb=lsb,
             )
             self._index_sequences(txn, first, counts, producer, first_sequence)
             return first, counts
 
         def on_commit(result):
             first, counts = result
-            self._published(first, counts, nbytes, producer, first_sequence)
+            with self.lock:
+                if txn_id is not None:
+                    self.buffer.appended(txn_id, first)
+                self._published(first, counts, nbytes, producer, first_sequence)
 
         return WriteOp(apply, nbytes=nbytes, records=max(1, n // batch_size), on_commit=on_commit)
 
@@ -199,6 +220,13 @@ class Partition:
             subscriptions = list(self.subscriptions.values())
         for sub in subscriptions:
             sub.notify()
+
+    def dispatch_end(self, read_committed: bool = True) -> int:
+        """Entry id (exclusive) up to which readers may read: the transaction buffer's max read
+        position for read-committed readers, the end of the ledger for read-uncommitted."""
+        if read_committed:
+            return self.buffer.max_read_position()
+        return self.next_entry_id
 
     # -- reads -----------------------------------------------------------------------------
 

@@ -17,8 +17,8 @@ from concurrent.futures import Future
 import numpy as np
 import pyarrow as pa
 
-from .._native import PartitionProducer, value_sizes
-from ..errors import AlreadyClosed, MessageTooBig
+from .._native import PartitionProducer, encode_entry, value_sizes
+from ..errors import AlreadyClosed, InvalidTxnStatus, MessageTooBig
 from .message import MessageId
 from .partition import Partition
 
@@ -72,6 +72,7 @@ class Producer:
         self.max_message_size = max_message_size
         self._closed = False
         self._round_robin = itertools.count()
+        self._txn_batches: dict = {}  # (partition producer, TxnID) -> _TxnBatch
         self._parts: list[PartitionProducer] = []
         for partition in partitions:
             self._parts.append(PartitionProducer(self, partition))
@@ -144,7 +145,13 @@ class Producer:
         if self._closed:
             self._check_open()
         if txn is not None:
-            self.client._no_transactions_yet(txn)
+            content, properties = self._validate(content, properties, partition_key, sequence_id)
+            fut = self._txn_add(txn, content, properties, partition_key, sequence_id)
+            if callback is not None:
+                fut.add_done_callback(
+                    lambda f: callback(f.exception(), None if f.exception() else f.result())
+                )
+            return fut
         if (
             type(content) is not bytes
             or properties is not None
@@ -170,8 +177,11 @@ class Producer:
     ) -> MessageId:
         """Send one message; durable when it returns."""
         self._check_open()
-        self.client._no_transactions_yet(txn)
         content, properties = self._validate(content, properties, partition_key, sequence_id)
+        if txn is not None:
+            fut = self._txn_add(txn, content, properties, partition_key, sequence_id)
+            self._txn_flush(txn)
+            return fut.result()
         part = self._part_for(partition_key)
         fut = part.add(content, properties, partition_key, sequence_id)
         if not fut.done():
@@ -182,7 +192,6 @@ class Producer:
     def send_batch(self, values, keys=None, txn=None) -> int:
         """Bulk send: a list of bytes or a pyarrow binary/string array; durable when it returns."""
         self._check_open()
-        self.client._no_transactions_yet(txn)
         n, sizes = _sizes(values)
         if keys is not None and len(keys) != n:
             raise ValueError(f"keys has {len(keys)} items for {n} values")
@@ -200,6 +209,9 @@ class Producer:
             for k in key_list:
                 if k is not None and not isinstance(k, (str, bytes)):
                     raise TypeError(f"keys must be str, bytes or None, not {type(k).__name__}")
+        txn = self.client._txn_for(txn)
+        if txn is not None:
+            self._txn_flush(txn)
         self.flush()  # keep order with messages already waiting in containers
         # Route: by key, or round robin over chunks of one batch each.
         if len(self._parts) == 1:
@@ -225,18 +237,37 @@ class Producer:
                 picked = [np.arange(s, min(s + chunk, n)) for s, o in zip(starts, owner) if o == i]
                 if picked:
                     plan[i] = np.concatenate(picked)
+        plan = {i: rows for i, rows in plan.items() if len(rows)}
+        if txn is not None:
+            txn.register_partitions([self._parts[i].partition.topic for i in plan])
         futures = []
-        for i, rows in plan.items():
-            if len(rows) == 0:
-                continue
-            futures.append(self._send_rows(self._parts[i], values, key_list, rows, n, sizes))
-        for fut in futures:
-            part_storage = self._parts[0].partition.storage
-            part_storage.wait(fut)
+        try:
+            for i, rows in plan.items():
+                futures.append(
+                    self._send_rows(self._parts[i], values, key_list, rows, n, sizes, txn)
+                )
+        finally:
+            errors = []
+            for fut in futures:
+                try:
+                    self._parts[0].partition.storage.wait(fut)
+                except Exception as exc:  # noqa: BLE001 - the first one is raised below
+                    errors.append(exc)
+            if errors:
+                if txn is not None:
+                    txn._failed(errors[0])
+                raise errors[0]
         return n
 
     def _send_rows(
-        self, part: PartitionProducer, values, key_list, rows: np.ndarray, n: int, sizes: np.ndarray
+        self,
+        part: PartitionProducer,
+        values,
+        key_list,
+        rows: np.ndarray,
+        n: int,
+        sizes: np.ndarray,
+        txn=None,
     ) -> Future:
         if len(rows) == n:
             sub_values = values
@@ -247,6 +278,9 @@ class Producer:
             else:
                 sub_values = [values[int(i)] for i in rows]
             sub_keys = [key_list[int(i)] for i in rows] if key_list is not None else None
+        buffer = part.partition.buffer
+        if txn is not None:
+            buffer.begin_append(txn.id)
         with part.lock:
             part._flush_locked()
             first_seq = part.last_sequence + 1
@@ -262,12 +296,133 @@ class Producer:
                 producer_id=self.producer_id,
                 first_sequence=first_seq,
                 publish_time=int(time.time() * 1000),
+                txn_id=txn.id if txn is not None else None,
             )
-            return part.partition.storage.submit(op)
+            fut = part.partition.storage.submit(op)
+        if txn is not None:
+            fut.add_done_callback(lambda f: f.exception() and buffer.append_failed(txn.id))
+        return fut
+
+    # -- transactions ----------------------------------------------------------------------
+
+    def _txn_add(self, txn, content, properties, partition_key, sequence_id) -> Future:
+        """Queue one message of a transaction in its (partition, transaction) batch."""
+        txn = self.client._txn_for(txn)
+        part = self._part_for(partition_key)
+        topic = part.partition.topic
+        if topic not in txn.partitions:
+            txn.register_partitions([topic])  # logged by the coordinator, once per partition
+        fut: Future = Future()
+        with part.lock:
+            if sequence_id is None:
+                sequence_id = part.last_sequence + 1
+            elif sequence_id <= part.last_sequence:
+                found = part.partition.lookup_sequence(self.name, sequence_id)
+                if found is not None:
+                    entry_id, n, bi = found
+                    pp = part.partition
+                    fut.set_result(
+                        MessageId(pp.ledger_id, entry_id, pp.index, bi, n)
+                        if n > 1
+                        else MessageId(pp.ledger_id, entry_id, pp.index)
+                    )
+                    return fut
+            part.last_sequence = max(part.last_sequence, sequence_id)
+            key = (id(part), txn.id)
+            batch = self._txn_batches.get(key)
+            if batch is not None and (
+                len(batch.values) >= self.batching_max_messages
+                or batch.nbytes + len(content) > self.batching_max_bytes
+                or sequence_id != batch.first_sequence + len(batch.values)
+            ):
+                self._txn_send_locked(key)
+                batch = None
+            if batch is None:
+                batch = self._txn_batches[key] = _TxnBatch(part, txn, sequence_id)
+                txn._producers.add(self)
+            batch.add(content, properties, partition_key, fut)
+            if not self.batching_enabled or len(batch.values) >= self.batching_max_messages:
+                self._txn_send_locked(key)
+        return fut
+
+    def _txn_send_locked(self, key) -> None:
+        """Encode one transaction batch into an entry and append it (part lock held)."""
+        batch = self._txn_batches.pop(key)
+        part, txn = batch.part, batch.txn
+        partition = part.partition
+        try:
+            partition.buffer.begin_append(txn.id)
+        except Exception as exc:  # noqa: BLE001 - every message of the batch gets it
+            batch.fail(exc)
+            txn._failed(exc)
+            return
+        entry = encode_entry(
+            batch.values,
+            batch.keys,
+            batch.props,
+            txn_msb=txn.id.most_sig_bits,
+            txn_lsb=txn.id.least_sig_bits,
+            producer_id=self.producer_id,
+            sequence_id=batch.first_sequence,
+            publish_time=int(time.time() * 1000),
+        )
+        n = len(batch.values)
+
+        def before_publish(first: int) -> None:
+            partition.buffer.appended(txn.id, first)
+
+        op = partition.append_op(
+            [entry],
+            [n],
+            batch.nbytes,
+            self.name,
+            batch.first_sequence,
+            on_published=batch.landed,
+            before_publish=before_publish,
+        )
+        fut = partition.storage.submit(op)
+        batch.inflight = fut
+
+        def failed(f):
+            exc = f.exception()
+            if exc is not None:
+                partition.buffer.append_failed(txn.id)
+                batch.fail(exc)
+                txn._failed(exc)
+
+        fut.add_done_callback(failed)
+
+    def _txn_flush(self, txn) -> None:
+        """Send this transaction's waiting batches and wait until they are durable (before a
+        commit: everything sent in a transaction is in the ledger before it ends)."""
+        sent = []
+        for key, batch in list(self._txn_batches.items()):
+            if batch.txn is not txn and batch.txn.id != txn.id:
+                continue
+            with batch.part.lock:
+                if self._txn_batches.get(key) is batch:
+                    self._txn_send_locked(key)
+            sent.append(batch)
+        for batch in sent:
+            if batch.inflight is not None:
+                try:
+                    batch.part.partition.storage.wait(batch.inflight)
+                except Exception:  # noqa: BLE001 - recorded on the transaction
+                    pass
+
+    def _txn_drop(self, txn) -> None:
+        """An abort: this transaction's waiting messages are never sent."""
+        for key, batch in list(self._txn_batches.items()):
+            if batch.txn.id == txn.id:
+                with batch.part.lock:
+                    if self._txn_batches.pop(key, None) is batch:
+                        batch.fail(InvalidTxnStatus(f"transaction {txn.id} was aborted"))
 
     def flush(self) -> None:
         """Send every waiting batch and wait until all are durable."""
         self._check_open()
+        for txn in {b.txn for b in list(self._txn_batches.values())}:
+            self._txn_flush(txn)
         last = []  # the last future of every batch not yet durable (batches land in order)
         for part in self._parts:
             with part.lock:
@@ -305,3 +460,58 @@ def _sizes(values) -> tuple[int, np.ndarray]:
         raise ValueError("values must not contain nulls")
     sizes = value_sizes(values)
     return len(sizes), sizes
+
+
+class _TxnBatch:
+    """Messages of one transaction waiting to become one entry on one partition."""
+
+    __slots__ = (
+        "part",
+        "txn",
+        "first_sequence",
+        "values",
+        "keys",
+        "props",
+        "futures",
+        "nbytes",
+        "inflight",
+    )
+
+    def __init__(self, part, txn, first_sequence: int) -> None:
+        self.part = part
+        self.txn = txn
+        self.first_sequence = first_sequence
+        self.values: list[bytes] = []
+        self.keys: list | None = None
+        self.props: list | None = None
+        self.futures: list[Future] = []
+        self.nbytes = 0
+        self.inflight: Future | None = None
+
+    def add(self, content: bytes, properties, key, fut: Future) -> None:
+        n = len(self.values)
+        if key is not None and self.keys is None:
+            self.keys = [None] * n
+        if properties and self.props is None:
+            self.props = [None] * n
+        self.values.append(content)
+        if self.keys is not None:
+            self.keys.append(key)
+        if self.props is not None:
+            self.props.append(properties)
+        self.futures.append(fut)
+        self.nbytes += len(content)
+
+    def landed(self, entry_id: int) -> None:
+        p = self.part.partition
+        n = len(self.values)
+        for i, fut in enumerate(self.futures):
+            if n > 1:
+                fut.set_result(MessageId(p.ledger_id, entry_id, p.index, i, n))
+            else:
+                fut.set_result(MessageId(p.ledger_id, entry_id, p.index))
+
+    def fail(self, exc: BaseException) -> None:
+        for fut in self.futures:
+            if not fut.done():
+                fut.set_exception(exc)

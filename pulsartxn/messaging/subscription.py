@@ -17,8 +17,10 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
+from .._native import TxnID
 from ..errors import ConsumerBusy, InvalidConfiguration
 from ..storage import WriteOp
+from ..txn.pending_ack import PendingAck
 from .cursor import Cursor
 from .message import Message, MessageId
 from .partition import Partition
@@ -60,10 +62,14 @@ class Subscription:
         self._key = partition.topic.encode() + b"\0" + name.encode()
         self.msg_out = 0
         self.bytes_out = 0
+        self.read_committed = True
+        self.filtered = 0  # messages of aborted transactions acknowledged internally
+        self.pending_ack = PendingAck(self)
+        self.pending_ack.replay()
 
     # -- consumers -------------------------------------------------------------------------
 
-    def attach(self, consumer: Consumer, sub_type: int) -> None:
+    def attach(self, consumer: Consumer, sub_type: int, read_committed: bool = True) -> None:
         with self.lock:
             if self.consumers:
                 if sub_type != self.type:
@@ -78,6 +84,10 @@ class Subscription:
                     )
             self.type = sub_type
             self.consumers.append(consumer)
+            if read_committed != self.read_committed:
+                self.read_committed = read_committed
+                self._buffer.clear()
+                self.read_position = self.cursor.mark_delete + 1
 
     def detach(self, consumer: Consumer) -> None:
         with self.lock:
@@ -113,9 +123,10 @@ class Subscription:
                 return None
             self._due_nacks()
             cursor = self.cursor
+            held = self.pending_ack.holds
             while self._redeliver:
                 key, payload = heapq.heappop(self._redeliver)
-                if key in self._pending or cursor.is_acked(*key):
+                if key in self._pending or cursor.is_acked(*key) or held(*key):
                     continue
                 count = self._redelivery_counts.get(key, 0) + 1
                 self._redelivery_counts[key] = count
@@ -124,13 +135,18 @@ class Subscription:
                 if not self._buffer and not self._fill():
                     return None
                 key, payload = self._buffer.popleft()
-                if key in self._pending or cursor.is_acked(*key):
+                if key in self._pending or cursor.is_acked(*key) or held(*key):
+                    continue
+                txn = payload[5]
+                if txn is not None and self.partition.buffer.is_aborted(txn):
+                    # Read uncommitted, aborted since it was read: never delivered.
+                    self._ack_internally(key[0])
                     continue
                 return self._deliver(consumer, key, payload, self._redelivery_counts.get(key, 0))
 
     def _deliver(self, consumer, key, payload, count) -> Message:
         self._pending[key] = _Pending(payload, consumer, count)
-        data, properties, pkey, publish_time, batch_size = payload
+        data, properties, pkey, publish_time, batch_size, _ = payload
         entry_id, batch_index = key
         p = self.partition
         self.msg_out += 1
@@ -142,7 +158,7 @@ class Subscription:
 
     def _fill(self) -> bool:
         """Read the next entries after read_position into the buffer; False when none."""
-        end = self.partition.next_entry_id
+        end = self.partition.dispatch_end(self.read_committed)
         while self.read_position < end:
             start = max(self.read_position, self.partition.first_entry_id)
             decoded = self.partition.read(start, end, READ_AHEAD_ENTRIES)
@@ -168,9 +184,24 @@ class Subscription:
         key_off = decoded.key_offsets
         key_data = decoded.key_data
         key_valid = decoded.key_valid
+        txn_msb = decoded.txn_msb
+        txn_lsb = decoded.txn_lsb
+        in_txn = (txn_msb != 0) | (txn_lsb != 0)
+        aborted = None
+        if in_txn.any():
+            aborted = self.partition.buffer.aborted_mask(txn_msb, txn_lsb).tolist()
+            txn_of = in_txn.tolist()
         for e, entry_id in enumerate(entry_ids):
-            if markers[e]:
+            txn = None
+            if markers[e] or (aborted is not None and aborted[e]):
+                # Markers and aborted entries are never delivered: acknowledged internally, so
+                # they do not hold back the cursor.
+                if not cursor.is_acked(entry_id):
+                    self.filtered += counts[e]
+                    self._ack_internally(entry_id)
                 continue
+            if aborted is not None and txn_of[e]:
+                txn = TxnID.from_halves(int(txn_msb[e]), int(txn_lsb[e]))
             n = counts[e]
             batched = n > 1
             for b in range(n):
@@ -188,10 +219,43 @@ class Subscription:
                     )
                 props = _properties(decoded, m)
                 self._buffer.append(
-                    ((entry_id, bi), (data, props, pkey, publish[e], n if batched else 0))
+                    ((entry_id, bi), (data, props, pkey, publish[e], n if batched else 0, txn))
                 )
                 added += 1
         return added
+
+    def _ack_internally(self, entry_id: int) -> None:
+        if self.cursor.ack(entry_id):
+            self._persist()
+
+    def _forget_acked(self) -> None:
+        """Drop bookkeeping of messages the cursor now covers (lock held)."""
+        cursor = self.cursor
+        for key in [k for k in self._pending if cursor.is_acked(*k)]:
+            del self._pending[key]
+        for key in [k for k in self._redelivery_counts if cursor.is_acked(*k)]:
+            del self._redelivery_counts[key]
+
+    def _release_held(self, released) -> None:
+        """An aborted transaction's held messages are delivered again, their redelivery count
+        increased: reading restarts at the lowest of them (lock held)."""
+        lowest = None
+        for _, entry_id, ack_set in released:
+            if entry_id < 0:  # a cumulative hold: from the mark-delete position on
+                entry_id = self.cursor.mark_delete + 1
+                lowest = entry_id if lowest is None else min(lowest, entry_id)
+                continue
+            lowest = entry_id if lowest is None else min(lowest, entry_id)
+            n = self.partition.message_count(entry_id)
+            indexes = (
+                [-1] if n <= 1 else [i for i in range(n) if ack_set is None or ack_set.test(i)]
+            )
+            for bi in indexes:
+                key = (entry_id, bi)
+                self._redelivery_counts[key] = self._redelivery_counts.get(key, 0) + 1
+        if lowest is not None and lowest < self.read_position:
+            self.read_position = lowest
+            self._buffer.clear()
 
     def _due_nacks(self) -> None:
         now = time.monotonic()
@@ -207,12 +271,19 @@ class Subscription:
         with self.lock:
             self._due_nacks()
             if any(
-                not self.cursor.is_acked(*k) and k not in self._pending for k, _ in self._redeliver
+                not self.cursor.is_acked(*k)
+                and k not in self._pending
+                and not self.pending_ack.holds(*k)
+                for k, _ in self._redeliver
             ):
                 return True
             while True:
                 for key, _ in self._buffer:
-                    if key not in self._pending and not self.cursor.is_acked(*key):
+                    if (
+                        key not in self._pending
+                        and not self.cursor.is_acked(*key)
+                        and not self.pending_ack.holds(*key)
+                    ):
                         return True
                 self._buffer.clear()
                 if not self._fill():
@@ -225,6 +296,7 @@ class Subscription:
         p.check_position(mid.entry_id(), mid.ledger_id())
         with self.lock:
             entry_id, bi, size = mid.entry_id(), mid.batch_index(), mid.batch_size()
+            self.pending_ack.check_plain_ack(entry_id, bi, cumulative)
             if cumulative:
                 if self.type == SHARED:
                     raise InvalidConfiguration(
@@ -316,6 +388,7 @@ class Subscription:
                 "backlog": self.backlog(),
                 "unacked": len(self._pending),
                 "mark_delete_position": self.cursor.mark_delete,
+                "filtered_aborted": self.filtered,
                 "msg_out": self.msg_out,
                 "bytes_out": self.bytes_out,
             }

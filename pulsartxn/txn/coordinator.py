@@ -337,6 +337,8 @@ class Coordinator:
             if not empty:
                 meta.records += 1
         try:
+            if commit and not empty:
+                self.prepare(meta)
             if empty:
                 # Nothing to finalize: deleting the records is the whole end.
                 self._write(self._delete_records(meta, index), 16 * index)
@@ -352,6 +354,14 @@ class Coordinator:
         else:
             self.finalize(meta)
         return meta
+
+    def prepare(self, meta: TxnMeta) -> None:
+        """Before a commit is decided: participants that batch their own logs (pending acks)
+        make this transaction's part durable, so the decision never outruns them."""
+        for name in sorted(meta.subscriptions):
+            prepare = getattr(self.service.participant("subscription", name), "prepare", None)
+            if prepare is not None:
+                prepare(meta.txn_id)
 
     def reopen(self, meta: TxnMeta) -> None:
         """Undo a decision whose record could not be written (nothing was decided)."""

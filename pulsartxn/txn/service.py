@@ -136,11 +136,23 @@ class Coordinators:
         return self.coordinator(txn_id.coordinator_id)
 
     def participant(self, kind: str, name):
+        """The resource manager that finalizes `name`: a partition's transaction buffer, or a
+        subscription's pending acks (``name`` = (partition, subscription))."""
         if self._participants is not None:
             found = self._participants(kind, name)
             if found is not None:
                 return found
-        return STATELESS
+        broker = self.broker
+        if kind == "partition":
+            with broker._lock:
+                return broker._partition(name).buffer
+        if kind == "subscription":
+            partition, sub_name = name
+            with broker._lock:
+                sub = broker._partition(partition).subscriptions.get(sub_name)
+            # An unsubscribed subscription has nothing left to finalize.
+            return sub.pending_ack if sub is not None else STATELESS
+        raise ValueError(f"unknown participant kind {kind!r}")
 
     # -- single transactions ---------------------------------------------------------------
 
@@ -274,11 +286,18 @@ class Coordinators:
             for c in reversed(locked):
                 c.lock.release()
         everyone = metas_c + metas_a
-        for meta in everyone:
-            c = self.of(meta.txn_id)
-            with c.lock:
-                while meta.inflight:
-                    c.cond.wait()
+        try:
+            for meta in everyone:
+                c = self.of(meta.txn_id)
+                with c.lock:
+                    while meta.inflight:
+                        c.cond.wait()
+            for meta in metas_c:
+                self.of(meta.txn_id).prepare(meta)
+        except BaseException:
+            for meta in everyone:
+                self.of(meta.txn_id).reopen(meta)
+            raise
         if not everyone and key is None:
             return {"committed": [], "aborted": [], "duplicate": False}
         record = log.encode_decision(

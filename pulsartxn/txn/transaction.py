@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import weakref
+
 from .._native import TxnID
-from ..errors import InvalidTxnStatus, PulsarTxnError, Timeout
+from ..errors import InvalidTxnStatus, PulsarTxnError, Timeout, TransactionConflict
 from .state import FINAL, TxnState
 
 
@@ -11,7 +13,17 @@ class Transaction:
     """``client.new_transaction()``: commit or abort it, or use it as a context manager
     (commits on normal exit, aborts on an exception)."""
 
-    __slots__ = ("_client", "_service", "id", "_final", "partitions", "subscriptions")
+    __slots__ = (
+        "_client",
+        "_service",
+        "id",
+        "_final",
+        "partitions",
+        "subscriptions",
+        "_producers",
+        "_error",
+        "__weakref__",
+    )
 
     def __init__(self, client, service, txn_id: TxnID) -> None:
         self._client = client
@@ -21,6 +33,8 @@ class Transaction:
         # Participants this client has already registered with the coordinator (once each).
         self.partitions: set = set()
         self.subscriptions: set = set()
+        self._producers: weakref.WeakSet = weakref.WeakSet()  # with batches of this txn
+        self._error: BaseException | None = None  # a failed send or a conflict: abort only
 
     @property
     def state(self) -> TxnState:
@@ -46,8 +60,36 @@ class Transaction:
     def abort(self, timeout_ms: float | None = None) -> None:
         self._end(False, timeout_ms)
 
+    def _failed(self, exc: BaseException) -> None:
+        """A send or an acknowledgement of this transaction failed: it can only abort now."""
+        if self._error is None:
+            self._error = exc
+
+    def check_open(self, op: str) -> None:
+        """Raise InvalidTxnStatus (or TransactionTimeout) unless the transaction may still
+        produce or acknowledge."""
+        if self._final is not None:
+            raise InvalidTxnStatus(
+                f"cannot {op} in transaction {self.id}: it is {self._final.value}"
+            )
+
     def _end(self, commit: bool, timeout_ms) -> None:
         self._client._check_open()
+        if commit:
+            for producer in list(self._producers):
+                producer._txn_flush(self)
+            if self._error is not None:
+                cls = (
+                    TransactionConflict
+                    if isinstance(self._error, TransactionConflict)
+                    else InvalidTxnStatus
+                )
+                raise cls(
+                    f"transaction {self.id} cannot commit, only abort: {self._error}"
+                ) from self._error
+        else:
+            for producer in list(self._producers):
+                producer._txn_drop(self)
         timeout_s = None if timeout_ms is None else max(float(timeout_ms), 0.0) / 1000.0
         state = self._service.end(self.id, commit, timeout_s)
         if state in FINAL:

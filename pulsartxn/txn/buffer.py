@@ -1,0 +1,189 @@
+"""The transaction buffer of a partition (Pulsar's TopicTransactionBuffer).
+
+Transactional entries go into the partition's ledger like any other, with the TxnID in their
+header. The buffer remembers which transactions are ongoing here (from the position of their
+first entry), which are aborted (an ``AbortSet``, probed in bulk by dispatch and scans) and the
+max read position: the first entry of the oldest ongoing transaction, or the end of the ledger
+when none is ongoing. Nothing at or past it is dispatched to read-committed readers, plain
+messages included, so order is kept (the seeds call this expected).
+
+The end of a transaction here is a marker entry (commit or abort) written through the group
+commit; then the transaction leaves the ongoing set (and an aborted one enters the abort set),
+and the max read position moves on. A repeated end is a no-op; so is the end of a transaction
+that never wrote here. An end that carries a low watermark also aborts transactions of that
+coordinator below it that are still ongoing here, and appends of a transaction that has ended
+here or lies below its coordinator's low watermark are refused.
+
+All state is guarded by the partition's lock; appends and markers publish under it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+
+from .._native import AbortSet, TxnID, encode_entry
+from .._native.types import MarkerType
+from ..errors import InvalidTxnStatus
+
+
+class TransactionBuffer:
+    def __init__(self, partition) -> None:
+        self.partition = partition
+        self.lock = partition.lock
+        self.cond = threading.Condition(partition.lock)
+        self.ongoing: OrderedDict[TxnID, int] = OrderedDict()  # txn -> its first entry id
+        self.inflight: dict[TxnID, int] = {}  # appends submitted, not yet published or failed
+        self.ended: dict[TxnID, bool] = {}  # ended here (late appends refused), until below lwm
+        self.low_watermarks: dict[int, int] = {}  # coordinator id -> last low watermark seen
+        self.aborts = AbortSet()
+        self.abort_positions: dict[TxnID, int] = {}  # aborted txn -> its abort marker's entry
+        self.committed = 0
+        self.aborted = 0
+        self.lwm_aborted = 0
+        self.snapshot = None  # set by the snapshotter (txn/snapshot.py)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def max_read_position(self) -> int:
+        """Entry id (exclusive) below which everything is decided: readable when committed."""
+        with self.lock:
+            if self.ongoing:
+                return next(iter(self.ongoing.values()))
+            return self.partition.next_entry_id
+
+    def aborted_mask(self, msb, lsb):
+        """contains_many under the lock (the set may be growing on the writer thread)."""
+        with self.lock:
+            return self.aborts.contains_many(msb, lsb)
+
+    def is_aborted(self, txn_id: TxnID) -> bool:
+        with self.lock:
+            return txn_id in self.aborts
+
+    # -- recovery --------------------------------------------------------------------------
+
+    def replay(self, entry_id: int, marker_type: int, msb: int, lsb: int) -> None:
+        """Apply one ledger entry's header (recovery scans the ledger through this)."""
+        if msb == 0 and lsb == 0:
+            return
+        txn = TxnID.from_halves(msb, lsb)
+        if marker_type == MarkerType.NONE:
+            self.ongoing.setdefault(txn, entry_id)
+            return
+        self.ongoing.pop(txn, None)
+        if marker_type == MarkerType.TXN_ABORT:
+            self.aborts.add(txn)
+            self.abort_positions[txn] = entry_id
+
+    # -- appends ---------------------------------------------------------------------------
+
+    def begin_append(self, txn_id: TxnID) -> None:
+        """Before an append of txn_id is submitted: refuse it if the transaction has ended
+        here or lies below its coordinator's low watermark; else count it in flight."""
+        with self.lock:
+            if txn_id in self.ended or txn_id.sequence < self.low_watermarks.get(
+                txn_id.coordinator_id, 0
+            ):
+                raise InvalidTxnStatus(
+                    f"transaction {txn_id} has ended on {self.partition.topic}: "
+                    "nothing more can be produced in it"
+                )
+            self.inflight[txn_id] = self.inflight.get(txn_id, 0) + 1
+
+    def appended(self, txn_id: TxnID, first_entry_id: int) -> None:
+        """An append is durable (writer thread, partition lock held, before publishing)."""
+        if txn_id not in self.ongoing:
+            self.ongoing[txn_id] = first_entry_id
+        self._settled(txn_id)
+
+    def append_failed(self, txn_id: TxnID) -> None:
+        with self.lock:
+            self._settled(txn_id)
+
+    def _settled(self, txn_id: TxnID) -> None:
+        n = self.inflight.get(txn_id, 0) - 1
+        if n > 0:
+            self.inflight[txn_id] = n
+        else:
+            self.inflight.pop(txn_id, None)
+            self.cond.notify_all()
+
+    # -- the participant interface ---------------------------------------------------------
+
+    def end_txn(self, txn_id: TxnID, commit: bool, low_watermark: int) -> None:
+        """Commit or abort txn_id here (idempotent), and abort what the low watermark says is
+        finished but still ongoing here."""
+        cid = txn_id.coordinator_id
+        with self.lock:
+            if low_watermark > self.low_watermarks.get(cid, 0):
+                self.low_watermarks[cid] = low_watermark
+            self.ended[txn_id] = commit
+            while self.inflight.get(txn_id):
+                self.cond.wait()
+            todo = [(txn_id, commit)] if txn_id in self.ongoing else []
+            for t in list(self.ongoing):
+                if t.coordinator_id == cid and t.sequence < low_watermark and t != txn_id:
+                    self.ended[t] = False
+                    todo.append((t, False))
+                    self.lwm_aborted += 1
+            # Below the watermark, appends are refused by the watermark itself.
+            lwm = self.low_watermarks
+            for t in [t for t in self.ended if t.sequence < lwm.get(t.coordinator_id, 0)]:
+                if t not in self.ongoing:
+                    del self.ended[t]
+        for t, c in todo:
+            self._write_marker(t, c)
+
+    def _write_marker(self, txn_id: TxnID, commit: bool) -> None:
+        part = self.partition
+        entry = encode_entry(
+            [],
+            marker_type=MarkerType.TXN_COMMIT if commit else MarkerType.TXN_ABORT,
+            txn_msb=txn_id.most_sig_bits,
+            txn_lsb=txn_id.least_sig_bits,
+            publish_time=int(time.time() * 1000),
+        )
+
+        def before_publish(first: int) -> None:
+            if self.ongoing.pop(txn_id, None) is None:
+                return  # a repeated end raced with this one: already marked
+            if commit:
+                self.committed += 1
+            else:
+                self.aborted += 1
+                self.aborts.add(txn_id)
+                self.abort_positions[txn_id] = first
+
+        op = part.append_op([entry], [0], 0, before_publish=before_publish)
+        part.storage.wait(part.storage.submit(op))
+        if self.snapshot is not None:
+            self.snapshot.txn_ended()
+
+    # -- trimming and views ----------------------------------------------------------------
+
+    def drop_trimmed(self, first_entry_id: int) -> int:
+        """Forget aborted TxnIDs whose entries (all before their marker) are trimmed."""
+        with self.lock:
+            gone = [t for t, pos in self.abort_positions.items() if pos < first_entry_id]
+            for t in gone:
+                del self.abort_positions[t]
+                self.aborts.discard(t)
+            return len(gone)
+
+    def stats(self) -> dict:
+        with self.lock:
+            out = {
+                "max_read_position": self.max_read_position(),
+                "last_entry_id": self.partition.last_entry_id,
+                "ongoing_txn_size": len(self.ongoing),
+                "ongoing_txns": [str(t) for t in list(self.ongoing)[:100]],
+                "aborted_txn_count": len(self.aborts),
+                "committed": self.committed,
+                "aborted": self.aborted,
+                "aborted_by_low_watermark": self.lwm_aborted,
+            }
+        if self.snapshot is not None:
+            out.update(self.snapshot.stats())
+        return out

@@ -1,0 +1,312 @@
+"""Pending acknowledgements of a subscription (Pulsar's PendingAckHandle).
+
+An acknowledgement inside a transaction does not move the cursor: it holds the message (down
+to its batch index) for that transaction until the transaction ends. Another transaction's
+ack of a held message, an ack of a message already acknowledged, and a plain ack of a held
+message are refused with TransactionConflict and change nothing. Held messages are not
+redelivered. Commit applies the held acks to the cursor; abort releases them and they are
+delivered again with their redelivery count increased.
+
+The pending acks are logged (database ``pendingack``, key ``<partition>\\0<subscription>\\0
+<TxnID><u32 record>``) in batches: acks wait in memory and are written together by the
+broker's flusher (Pulsar #19084: a write per ack costs the broker its CPU), and before a commit
+is decided the transaction's acks are made durable (``prepare``). Ending a transaction writes
+the cursor and deletes its records in one LMDB transaction, so the log holds only the acks of
+live transactions and replaying it after a crash is exact.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+
+from .._native import AckSet, PendingAckIndex, TxnID, crc32c
+from ..errors import CorruptEntry, InvalidConfiguration, TransactionConflict
+from ..storage import WriteOp
+
+_ACK = struct.Struct("<BqiI")  # kind (0 individual, 1 cumulative), entry, batch index, size
+_U32 = struct.Struct("<I")
+DB = b"pendingack"
+
+
+class PendingAck:
+    def __init__(self, sub) -> None:
+        self.sub = sub
+        self.lock = sub.lock
+        self.index = PendingAckIndex()
+        self.cumulative: dict[TxnID, tuple[int, int, int]] = {}  # txn -> (entry, bi, size)
+        self.unlogged: dict[TxnID, list[bytes]] = {}  # acks not yet in the log
+        self.records: dict[TxnID, int] = {}  # records in the log per transaction
+        self.acks = 0
+        self.committed = 0
+        self.aborted = 0
+        self.log_writes = 0
+        self._flush_queued = False
+        self._queued_at = 0.0
+        self._prefix = sub._key + b"\0"
+
+    @property
+    def storage(self):
+        return self.sub.partition.storage
+
+    # -- holding ---------------------------------------------------------------------------
+
+    def holds(self, entry_id: int, batch_index: int) -> bool:
+        """Is this message held by a transaction (lock held)?"""
+        if self.cumulative:
+            for e, bi, size in self.cumulative.values():
+                if entry_id < e or (entry_id == e and (bi < 0 or size <= 1 or batch_index <= bi)):
+                    return True
+        if not len(self.index):
+            return False
+        return self.index.is_pending(self.sub.partition.ledger_id, entry_id, batch_index)
+
+    def check_plain_ack(self, entry_id: int, batch_index: int, cumulative: bool) -> None:
+        """A plain ack of a held message is refused (lock held)."""
+        if self.holds(entry_id, batch_index):
+            raise TransactionConflict(
+                f"entry {entry_id} batch index {batch_index} on {self.sub.partition.topic} is "
+                "held by a transaction's pending acknowledgement"
+            )
+        if cumulative and (len(self.index) or self.cumulative):
+            lowest = self._lowest_held()
+            if lowest is not None and lowest <= entry_id:
+                raise TransactionConflict(
+                    f"cumulative acknowledgement up to entry {entry_id} covers entry {lowest}, "
+                    "held by a transaction"
+                )
+
+    def _lowest_held(self) -> int | None:
+        entries = [e for t in self.index.transactions() for _, e, _ in self.index.entries_of(t)]
+        entries += [e for e, _, _ in self.cumulative.values()]
+        return min(entries) if entries else None
+
+    def ack(
+        self, txn: TxnID, entry_id: int, batch_index: int, batch_size: int, cumulative: bool
+    ) -> None:
+        sub = self.sub
+        ledger = sub.partition.ledger_id
+        with self.lock:
+            cursor = sub.cursor
+            if cursor.is_acked(entry_id, batch_index):
+                raise TransactionConflict(
+                    f"entry {entry_id} batch index {batch_index} on {sub.partition.topic} is "
+                    f"already acknowledged on subscription {sub.name}"
+                )
+            batched = batch_index >= 0 and batch_size > 1
+            if cumulative:
+                if sub.type not in (0, 2, None):
+                    raise InvalidConfiguration(
+                        "cumulative acknowledgement in a transaction needs an Exclusive or "
+                        f"Failover subscription, not {sub.name}'s"
+                    )
+                for other, (e, _, _) in self.cumulative.items():
+                    if other != txn:
+                        raise TransactionConflict(
+                            f"transaction {other} holds a cumulative acknowledgement up to entry "
+                            f"{e} on {sub.name}"
+                        )
+                for other in self.index.transactions():
+                    if other == txn:
+                        continue
+                    for _, e, _ in self.index.entries_of(other):
+                        if e <= entry_id:
+                            raise TransactionConflict(
+                                f"transaction {other} holds entry {e}, at or below the "
+                                f"cumulative acknowledgement of entry {entry_id}"
+                            )
+                prev = self.cumulative.get(txn)
+                if prev is None or (entry_id, batch_index) > prev[:2]:
+                    self.cumulative[txn] = (entry_id, batch_index, batch_size)
+                kind = 1
+            else:
+                for other, (e, bi, _size) in self.cumulative.items():
+                    if other != txn and (
+                        entry_id < e or (entry_id == e and (bi < 0 or batch_index <= bi))
+                    ):
+                        raise TransactionConflict(
+                            f"entry {entry_id} is held by transaction {other}'s cumulative "
+                            "acknowledgement"
+                        )
+                ack_set = None
+                if batched:
+                    ack_set = AckSet(batch_size)
+                    ack_set.set(batch_index)
+                self.index.add(ledger, entry_id, txn, ack_set)  # raises TransactionConflict
+                kind = 0
+            # The message leaves its consumer's unacknowledged set: it is held, not redelivered.
+            sub._pending.pop((entry_id, batch_index), None)
+            self.unlogged.setdefault(txn, []).append(
+                _ACK.pack(kind, entry_id, batch_index, batch_size)
+            )
+            self.acks += 1
+            queue = not self._flush_queued
+            if queue:
+                self._flush_queued = True
+                self._queued_at = time.monotonic()
+        if queue:
+            sub.partition.broker_flusher.watch(self)
+
+    # -- the log ---------------------------------------------------------------------------
+
+    def _take_unlogged(self, only: TxnID | None = None) -> list[tuple[bytes, bytes]]:
+        rows = []
+        for txn in [only] if only is not None else list(self.unlogged):
+            acks = self.unlogged.pop(txn, None)
+            if not acks:
+                continue
+            n = self.records.get(txn, 0)
+            self.records[txn] = n + 1
+            body = txn.pack() + b"".join(acks)
+            rows.append((self._prefix + txn.pack() + _U32.pack(n), _U32.pack(crc32c(body)) + body))
+        if not self.unlogged:
+            self._flush_queued = False
+        return rows
+
+    def _write_rows(self, rows, wait: bool) -> None:
+        if not rows:
+            return
+        storage = self.storage
+        db = storage.open_db(DB)
+
+        def apply(txn):
+            txn.cursor(db=db).putmulti(rows)
+
+        self.log_writes += 1
+        fut = storage.submit(WriteOp(apply, nbytes=sum(len(v) for _, v in rows), records=len(rows)))
+        if wait:
+            storage.wait(fut)
+
+    def flush_if_older(self, seconds: float) -> bool:
+        """The broker's flusher: write the waiting acks once they are `seconds` old."""
+        with self.lock:
+            if not self._flush_queued:
+                return True
+            if time.monotonic() - self._queued_at < seconds:
+                return False
+            rows = self._take_unlogged()
+        self._write_rows(rows, wait=False)
+        return True
+
+    def prepare(self, txn: TxnID) -> None:
+        """Before a commit is decided: this transaction's acks are durable in the log."""
+        with self.lock:
+            rows = self._take_unlogged(txn)
+        self._write_rows(rows, wait=True)
+
+    def flush(self) -> None:
+        with self.lock:
+            rows = self._take_unlogged()
+        self._write_rows(rows, wait=True)
+
+    # -- ending ----------------------------------------------------------------------------
+
+    def end_txn(self, txn: TxnID, commit: bool, low_watermark: int) -> None:
+        """Commit (acks to the cursor) or abort (release, redeliver) txn_id here; abort what
+        the low watermark says has finished. Idempotent."""
+        sub = self.sub
+        with self.lock:
+            todo = [(txn, commit)]
+            cid = txn.coordinator_id
+            for t in set(self.index.transactions()) | set(self.cumulative):
+                if t.coordinator_id == cid and t.sequence < low_watermark and t != txn:
+                    todo.append((t, False))
+            changed = False
+            released = []
+            keys = []
+            for t, c in todo:
+                entries = self.index.release(t) if t in set(self.index.transactions()) else []
+                cum = self.cumulative.pop(t, None)
+                self.unlogged.pop(t, None)
+                n_records = self.records.pop(t, 0)
+                keys.extend(self._prefix + t.pack() + _U32.pack(i) for i in range(n_records))
+                if not entries and cum is None:
+                    continue
+                if c:
+                    self.committed += 1
+                    cursor = sub.cursor
+                    for _, entry_id, ack_set in entries:
+                        if ack_set is None:
+                            changed |= cursor.ack(entry_id)
+                        else:
+                            changed |= cursor.ack_set(entry_id, ack_set)
+                    if cum is not None:
+                        changed |= cursor.ack_cumulative(*cum)
+                    sub._forget_acked()
+                else:
+                    self.aborted += 1
+                    released.extend(entries)
+                    if cum is not None:
+                        released.append((None, -1, None))
+            data = sub.cursor.serialize() if changed else None
+            if released:
+                sub._release_held(released)
+            if not self.unlogged:
+                self._flush_queued = False
+        if data is None and not keys:
+            return
+        storage = self.storage
+        db, cursors = storage.open_db(DB), storage.open_db(b"cursors")
+        sub_key = sub._key
+
+        def apply(t):
+            if data is not None:
+                t.put(sub_key, data, db=cursors)
+            for k in keys:
+                t.delete(k, db=db)
+
+        storage.write(apply, nbytes=64 + 32 * len(keys))
+        if released:
+            sub.notify()
+
+    # -- recovery and views ----------------------------------------------------------------
+
+    def replay(self) -> None:
+        """Rebuild the pending acks of live transactions from the log (on open)."""
+        storage = self.storage
+        db = storage.open_db(DB)
+        ledger = self.sub.partition.ledger_id
+        with storage.read() as txn:
+            cursor = txn.cursor(db=db)
+            if not cursor.set_range(self._prefix):
+                return
+            for key, value in cursor:
+                key = bytes(key)
+                if not key.startswith(self._prefix):
+                    break
+                raw = bytes(value)
+                if len(raw) < 20 or _U32.unpack_from(raw)[0] != crc32c(raw[4:]):
+                    raise CorruptEntry(f"pending-ack record {key!r} fails its checksum")
+                t = TxnID.unpack(raw[4:20])
+                self.records[t] = self.records.get(t, 0) + 1
+                for off in range(20, len(raw), _ACK.size):
+                    kind, entry_id, bi, size = _ACK.unpack_from(raw, off)
+                    if kind == 1:
+                        prev = self.cumulative.get(t)
+                        if prev is None or (entry_id, bi) > prev[:2]:
+                            self.cumulative[t] = (entry_id, bi, size)
+                    else:
+                        ack_set = None
+                        if bi >= 0 and size > 1:
+                            ack_set = AckSet(size)
+                            ack_set.set(bi)
+                        self.index.add(ledger, entry_id, t, ack_set)
+
+    def transactions(self) -> set:
+        with self.lock:
+            return set(self.index.transactions()) | set(self.cumulative)
+
+    def stats(self) -> dict:
+        with self.lock:
+            txns = set(self.index.transactions()) | set(self.cumulative)
+            return {
+                "ongoing_txn_size": len(txns),
+                "pending_ack_entries": len(self.index),
+                "cumulative_holds": len(self.cumulative),
+                "acks": self.acks,
+                "committed": self.committed,
+                "aborted": self.aborted,
+                "log_records": sum(self.records.values()),
+                "log_writes": self.log_writes,
+                "unlogged_acks": sum(len(v) for v in self.unlogged.values()),
+            }
