@@ -106,3 +106,34 @@ class Admin:
         """Grow the number of coordinators on a live broker (shrinking is refused)."""
         self._broker._check_open()
         self._broker.txn.scale(n)
+
+    # -- transaction buffers and pending acks ----------------------------------------------
+
+    def transaction_buffer_stats(self, topic: str) -> dict:
+        """Max read position, ongoing and aborted transactions, last snapshot; per partition
+        for a partitioned topic (``{"partitions": {name: stats}}``)."""
+        self._broker._check_open()
+        full, partitions = self._broker._resolve(topic, create=False)
+        if len(partitions) == 1:
+            return {"topic": full, **partitions[0].buffer.stats()}
+        return {"topic": full, "partitions": {p.topic: p.buffer.stats() for p in partitions}}
+
+    def pending_ack_stats(self, topic: str, subscription: str) -> dict:
+        """Transactions holding acks, held entries, acks, log records and writes."""
+        from .errors import PulsarTxnError
+
+        self._broker._check_open()
+        full, partitions = self._broker._resolve(topic, create=False)
+        out = {"topic": full, "subscription": subscription}
+        per = {}
+        for p in partitions:
+            sub = p.subscriptions.get(subscription)
+            if sub is not None:
+                per[p.topic] = sub.pending_ack.stats()
+        if not per:
+            raise PulsarTxnError(f"subscription {subscription!r} does not exist on {full}")
+        if len(partitions) == 1:
+            out.update(next(iter(per.values())))
+        else:
+            out["partitions"] = per
+        return out

@@ -30,6 +30,7 @@ NAMES = (
     "encode_entries",
     "decode_header",
     "decode_entries",
+    "header_columns",
     "crc32c",
     "value_sizes",
     "PartitionProducer",

@@ -538,6 +538,43 @@ def decode_header(buf, verify=True):
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
+def header_columns(buffers):
+    """(message_count int64, marker_type uint8, txn_msb uint64, txn_lsb uint64) from each
+    entry's header, without decoding its messages or checking its checksum (recovery scans
+    read only these). A buffer too short for a header, or without the magic, raises
+    CorruptEntry naming its index in `buffers`."""
+    if not isinstance(buffers, (list, tuple)):
+        buffers = list(buffers)
+    cdef Py_ssize_t n = len(buffers), i, length
+    counts = np.empty(n, np.int64)
+    markers = np.empty(n, np.uint8)
+    msb = np.empty(n, np.uint64)
+    lsb = np.empty(n, np.uint64)
+    cdef int64_t[::1] c = counts
+    cdef uint8_t[::1] m = markers
+    cdef uint64_t[::1] hi = msb
+    cdef uint64_t[::1] lo = lsb
+    cdef Py_buffer view
+    cdef const uint8_t *p
+    cdef int bad
+    for i in range(n):
+        PyObject_GetBuffer(buffers[i], &view, PyBUF_SIMPLE)
+        p = <const uint8_t *>view.buf
+        length = view.len
+        bad = 1 if length < 56 else (2 if memcmp(p, MAGIC, 4) != 0 else 0)
+        if not bad:
+            c[i] = get_u32(p + 48)
+            m[i] = p[5]
+            hi[i] = get_u64(p + 8)
+            lo[i] = get_u64(p + 16)
+        PyBuffer_Release(&view)
+        if bad:
+            raise CorruptEntry(f"entry {i} of the scan: {REASONS[bad]}")
+    return counts, markers, msb, lsb
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
 def decode_entries(entry_ids, buffers, verify=True) -> DecodedEntries:
     """Decode entries into columns. Any malformed entry raises CorruptEntry naming its id."""
     ids_arr = as_entry_ids(entry_ids)

@@ -165,8 +165,12 @@ class Consumer:
             raise InvalidConfiguration(
                 "get_last_message_id is not supported on a partitioned topic"
             )
-        p = self._subs[0].partition
-        last = p.last_entry_id
+        sub = self._subs[0]
+        p = sub.partition
+        # Answered from what a reader of this subscription may read (the max read position
+        # when read committed), skipping markers and aborted entries, so that a reader never
+        # waits for a message that will not come (Pulsar #11877, #22610).
+        last = p.last_readable_entry(sub.read_committed)
         if last < 0:
             return MessageId(p.ledger_id, -1, p.index)
         n = p.message_count(last)

@@ -426,3 +426,26 @@ def test_decoder_never_reads_past_the_entry(kind, tmp_path):
     run = subprocess.run([sys.executable, str(script), kind], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("corrupt: entry 3"), run.stdout
+
+
+@given(st.lists(st.tuples(messages, header_ints, st.sampled_from([0, 21, 22])), max_size=8))
+def test_header_columns_native_equals_twin_and_the_headers(entries):
+    bufs = []
+    for msgs, ints, marker in entries:
+        values, ks, ps = split(msgs)
+        bufs.append(NATIVE.encode_entry(values, ks, ps, marker_type=marker, **ints))
+    native = NATIVE.header_columns(bufs)
+    twin = REFERENCE.header_columns([memoryview(b) for b in bufs])
+    for a, b in zip(native, twin):
+        assert a.dtype == b.dtype and a.tolist() == b.tolist()
+    heads = [NATIVE.decode_header(b) for b in bufs]
+    assert native[0].tolist() == [h.message_count for h in heads]
+    assert native[1].tolist() == [h.marker_type for h in heads]
+    assert native[2].tolist() == [h.txn_msb for h in heads]
+    assert native[3].tolist() == [h.txn_lsb for h in heads]
+
+
+@pytest.mark.parametrize("bad", [b"", b"PTXE" + bytes(10), b"XXXX" + bytes(60)])
+def test_header_columns_names_the_bad_entry(impl, bad):
+    with pytest.raises(CorruptEntry, match="entry 1 of the scan"):
+        impl.header_columns([VALID, bad])

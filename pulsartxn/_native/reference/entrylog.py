@@ -250,6 +250,25 @@ def decode_header(buf, verify=True) -> EntryHeader:
     return EntryHeader(marker, msb, lsb, producer, seq, publish, count)
 
 
+def header_columns(buffers):
+    """Twin of the native header_columns: header fields of each entry, messages untouched."""
+    buffers = list(buffers)
+    n = len(buffers)
+    counts = np.empty(n, np.int64)
+    markers = np.empty(n, np.uint8)
+    msb = np.empty(n, np.uint64)
+    lsb = np.empty(n, np.uint64)
+    for i, buf in enumerate(buffers):
+        raw = bytes(memoryview(buf).cast("B")[:HEADER_SIZE])
+        if len(raw) < HEADER_SIZE:
+            raise CorruptEntry(f"entry {i} of the scan: {REASONS[1]}")
+        magic, _, marker, _, hi, lo, _, _, _, count, _ = HEADER.unpack_from(raw)
+        if magic != MAGIC:
+            raise CorruptEntry(f"entry {i} of the scan: {REASONS[2]}")
+        counts[i], markers[i], msb[i], lsb[i] = count, marker, hi, lo
+    return counts, markers, msb, lsb
+
+
 def decode_entries(entry_ids, buffers, verify=True) -> DecodedEntries:
     ids = as_entry_ids(entry_ids)
     buffers = list(buffers)
