@@ -4,25 +4,41 @@
 Same behaviour as the twin (reference/producer.py): a message waits in the container until it
 is full (count or bytes), the producer's publish delay passes, ``flush()`` is called or a
 synchronous ``send`` needs it; the container then becomes one entry, appended through the
-group commit. Here the container's state is in C fields and each message's Future is built
-without running Future.__init__ (no Condition per message: the batch shares one).
+group commit. Here the container's state is in C fields, its lock is taken in C, and each
+message's future is a two-field C object over its batch's shared ``Outcome``: a message costs a
+list append and one small allocation, and a batch is completed in O(1) (plus the few futures
+somebody waits on or gave a callback).
 """
 
 cimport cython
+from cpython.bytes cimport PyBytes_GET_SIZE
+from cpython.pythread cimport (
+    NOWAIT_LOCK,
+    WAIT_LOCK,
+    PyThread_acquire_lock,
+    PyThread_allocate_lock,
+    PyThread_free_lock,
+    PyThread_release_lock,
+    PyThread_type_lock,
+)
 from libc.stdint cimport int64_t
 
+import logging
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 
 from pulsartxn.messaging.message import MessageId
 
 from .entrylog import encode_entry
 
-_PENDING = "PENDING"
-_FINISHED = "FINISHED"
+__all__ = ["PartitionProducer", "MessageFuture", "Outcome", "Batch", "Lock"]
 
-__all__ = ["PartitionProducer", "MessageFuture", "Batch"]
+# The states concurrent.futures.wait() and as_completed() read from a future's _state.
+_RUNNING = "RUNNING"
+_FINISHED = "FINISHED"
+LOGGER = logging.getLogger("concurrent.futures")  # where Future reports a failing callback
 
 
 def _done(value=None, error=None):
@@ -34,104 +50,252 @@ def _done(value=None, error=None):
     return fut
 
 
-class MessageFuture(Future):
-    """The Future of one message of a batch; its MessageId is made on the first result().
+@cython.final
+cdef class Lock:
+    """A plain lock that the send path takes from C; ``with lock:`` works from Python.
 
-    Its waiter and callback lists are made when first used: most futures never get either,
-    and two fewer objects per message is less work for the cyclic garbage collector."""
+    Not reentrant, like threading.Lock. A blocked acquire releases the GIL."""
+
+    cdef PyThread_type_lock _lock
+
+    def __cinit__(self):
+        self._lock = PyThread_allocate_lock()
+        if self._lock is NULL:
+            raise MemoryError("cannot allocate a lock")
+
+    def __dealloc__(self):
+        if self._lock is not NULL:
+            PyThread_free_lock(self._lock)
+
+    cdef inline void take(self) noexcept:
+        if not PyThread_acquire_lock(self._lock, NOWAIT_LOCK):
+            with nogil:
+                PyThread_acquire_lock(self._lock, WAIT_LOCK)
+
+    cdef inline void give(self) noexcept:
+        PyThread_release_lock(self._lock)
+
+    def acquire(self):
+        self.take()
+        return True
+
+    def release(self):
+        self.give()
+
+    def __enter__(self):
+        self.take()
+        return True
+
+    def __exit__(self, *exc):
+        self.give()
+        return False
+
+
+@cython.final
+cdef class Outcome:
+    """What happened to one batch, shared by the futures of its messages: durable (with its
+    entry id) or failed (with the error). The futures wait on its one Condition."""
+
+    cdef readonly object condition
+    cdef readonly bint done
+    cdef readonly object error
+    cdef object partition
+    cdef int64_t entry_id
+    cdef Py_ssize_t count
+    cdef list watched  # futures with waiters or callbacks, answered when the batch ends
+
+    def __init__(self):
+        # Reentrant, as a Future's own: wait() and as_completed() lock every future they watch.
+        self.condition = threading.Condition()
+        self.done = False
+        self.error = None
+        self.partition = None
+        self.entry_id = -1
+        self.count = 0
+        self.watched = None
+
+    cdef object message_id(self, Py_ssize_t index):
+        p = self.partition
+        if self.count > 1:
+            return MessageId(p.ledger_id, self.entry_id, p.index, index, self.count)
+        return MessageId(p.ledger_id, self.entry_id, p.index)
+
+    cdef int wait_done(self, object timeout) except -1:
+        with self.condition:
+            if not self.done:
+                self.condition.wait(timeout)
+            if not self.done:
+                raise FutureTimeout()
+        return 0
+
+    def wait(self, timeout=None):
+        """Wait until the batch is durable or has failed; TimeoutError after `timeout` s."""
+        self.wait_done(timeout)
+
+    cdef int settle(self, object error) except -1:
+        """End the batch: one flag for every future, then the waiters and callbacks of the
+        futures that have any."""
+        cdef MessageFuture f
+        with self.condition:
+            if self.done:
+                return 0
+            self.error = error
+            self.done = True
+            watched = self.watched
+            self.watched = None
+            if watched is not None:
+                for f in watched:
+                    if f._waiter_list:
+                        for waiter in f._waiter_list:
+                            if error is None:
+                                waiter.add_result(f)
+                            else:
+                                waiter.add_exception(f)
+            self.condition.notify_all()
+        if watched is not None:
+            for f in watched:
+                f.run_callbacks()
+        return 0
+
+
+@cython.freelist(64)
+@cython.final
+cdef class MessageFuture:
+    """The future of one message: ``result()`` gives its MessageId once it is durable.
+
+    Implements what callers use of concurrent.futures.Future (result, exception, done,
+    add_done_callback, cancel, cancelled, running) and the fields concurrent.futures.wait()
+    and as_completed() read, and reports ``concurrent.futures.Future`` as its ``__class__``,
+    so ``isinstance(fut, Future)`` holds (as for a unittest.mock spec); ``type(fut)`` is this
+    class. A queued message cannot be taken back: cancel() is False and running() is True
+    until the batch ends."""
+
+    cdef Outcome _outcome
+    cdef Py_ssize_t _index
+    cdef object _message_id
+    cdef list _waiter_list
+    cdef list _callbacks
+    cdef bint _watched
+
+    def __init__(self, Outcome outcome, Py_ssize_t index):
+        self._outcome = outcome
+        self._index = index
+
+    @property
+    def __class__(self):
+        return Future
+
+    cdef int watch(self) except -1:
+        # Called under the outcome's condition.
+        if self._watched or self._outcome.done:
+            return 0
+        if self._outcome.watched is None:
+            self._outcome.watched = []
+        self._outcome.watched.append(self)
+        self._watched = True
+        return 0
+
+    cdef int run_callbacks(self) except -1:
+        callbacks = self._callbacks
+        self._callbacks = None  # each runs once, and a callback holding its future is let go
+        if callbacks:
+            for fn in callbacks:
+                try:
+                    fn(self)
+                except Exception:
+                    LOGGER.exception("exception calling callback for %r", self)
+        return 0
+
+    def result(self, timeout=None):
+        cdef Outcome outcome = self._outcome
+        if not outcome.done:
+            outcome.wait_done(timeout)
+        if outcome.error is not None:
+            raise outcome.error
+        if self._message_id is None:
+            self._message_id = outcome.message_id(self._index)
+        return self._message_id
+
+    def exception(self, timeout=None):
+        cdef Outcome outcome = self._outcome
+        if not outcome.done:
+            outcome.wait_done(timeout)
+        return outcome.error
+
+    def done(self):
+        return self._outcome.done
+
+    def running(self):
+        return not self._outcome.done
+
+    def cancel(self):
+        return False
+
+    def cancelled(self):
+        return False
+
+    def add_done_callback(self, fn):
+        """Call fn(future) when the message is durable or has failed (now, if it has)."""
+        cdef Outcome outcome = self._outcome
+        with outcome.condition:
+            if not outcome.done:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(fn)
+                self.watch()
+                return
+        try:
+            fn(self)
+        except Exception:
+            LOGGER.exception("exception calling callback for %r", self)
+
+    # What concurrent.futures.wait() and as_completed() use, under _condition.
+    @property
+    def _condition(self):
+        return self._outcome.condition
+
+    @property
+    def _state(self):
+        return _FINISHED if self._outcome.done else _RUNNING
 
     @property
     def _waiters(self):
-        w = getattr(self, "_waiter_list", None)
-        if w is None:
-            w = self._waiter_list = []
-        return w
+        with self._outcome.condition:
+            if self._waiter_list is None:
+                self._waiter_list = []
+            self.watch()
+        return self._waiter_list
 
-    @property
-    def _done_callbacks(self):
-        c = getattr(self, "_callback_list", None)
-        if c is None:
-            c = self._callback_list = []
-        return c
-
-    def result(self, timeout=None):
-        result = Future.result(self, timeout)
-        if result is None:
-            result = self._result = (<Batch>self._batch).message_id(self._index)
-        return result
+    def __repr__(self):
+        outcome = self._outcome
+        if not outcome.done:
+            return f"<MessageFuture at {id(self):#x} state=running>"
+        if outcome.error is not None:
+            return (f"<MessageFuture at {id(self):#x} state=finished raised "
+                    f"{type(outcome.error).__name__}>")
+        return f"<MessageFuture at {id(self):#x} state=finished returned MessageId>"
 
 
-cdef object _new_future(Batch batch, Py_ssize_t index):
-    # Plain attribute stores keep CPython's inline instance values: touching __dict__ here would
-    # make a dict object per message for the garbage collector to walk.
-    cdef object fut = MessageFuture.__new__(MessageFuture)
-    fut._condition = batch.condition
-    fut._state = _PENDING
-    fut._result = None
-    fut._exception = None
-    fut._batch = batch
-    fut._index = index
-    return fut
-
-
-cdef void _complete(list futures, object error) except *:
-    """Finish a batch's futures in one pass under their shared condition."""
-    if not futures:
-        return
-    cond = futures[0]._condition
-    with cond:
-        for f in futures:
-            if f._state != _PENDING:
-                continue  # cancelled by its caller
-            if error is not None:
-                f._exception = error
-            f._state = _FINISHED
-            waiters = getattr(f, "_waiter_list", None)
-            if waiters:
-                for waiter in waiters:
-                    if error is None:
-                        waiter.add_result(f)
-                    else:
-                        waiter.add_exception(f)
-        cond.notify_all()
-    for f in futures:
-        if getattr(f, "_callback_list", None):
-            f._invoke_callbacks()
-
-
+@cython.final
 cdef class Batch:
     cdef public list values
     cdef public object keys        # list, created at the first keyed message
     cdef public object props       # list, created at the first message with properties
-    cdef public list futures
     cdef public int64_t first_sequence
     cdef public Py_ssize_t nbytes
     cdef public double started
-    cdef public object condition
-    cdef public int64_t entry_id
-    cdef public object partition
+    cdef public Outcome outcome
 
     def __init__(self, int64_t first_sequence):
         self.values = []
         self.keys = None
         self.props = None
-        self.futures = []
         self.first_sequence = first_sequence
         self.nbytes = 0
         self.started = time.monotonic()
-        # Reentrant, as a Future's own: wait() and as_completed() lock every future they watch.
-        self.condition = threading.Condition()
-        self.entry_id = -1
-        self.partition = None
+        self.outcome = Outcome()
 
-    def message_id(self, Py_ssize_t index):
-        p = self.partition
-        cdef Py_ssize_t n = len(self.values)
-        if n > 1:
-            return MessageId(p.ledger_id, self.entry_id, p.index, index, n)
-        return MessageId(p.ledger_id, self.entry_id, p.index)
-
-    def contains(self, sequence_id) -> bool:
+    def contains(self, int64_t sequence_id) -> bool:
         return self.first_sequence <= sequence_id < self.first_sequence + len(self.values)
 
 
@@ -140,10 +304,12 @@ cdef class PartitionProducer:
 
     cdef public object producer
     cdef public object partition
-    cdef public object lock
+    cdef public Lock lock
     cdef public int64_t last_sequence
-    cdef public object batch
+    cdef public Batch batch
     cdef public list inflight
+    cdef public bint closed
+    cdef bint watched  # the broker's flusher will look at this container again
     cdef Py_ssize_t max_messages, max_bytes, max_message_size
     cdef bint batching
     cdef double publish_delay
@@ -152,10 +318,12 @@ cdef class PartitionProducer:
     def __init__(self, producer, partition):
         self.producer = producer
         self.partition = partition
-        self.lock = threading.Lock()
+        self.lock = Lock()
         self.last_sequence = partition.dedup_highest.get(producer.name, -1)
         self.batch = None
-        self.inflight = []
+        self.inflight = []  # sent, not yet durable
+        self.closed = False  # set by the producer's close()
+        self.watched = False
         self.max_messages = producer.batching_max_messages
         self.max_bytes = producer.batching_max_bytes
         self.max_message_size = producer.max_message_size
@@ -174,14 +342,14 @@ cdef class PartitionProducer:
             and sequence_id is None
             and txn is None
             and callback is None
-            and len(<bytes>content) <= self.max_message_size
-            and not self.producer._closed
+            and PyBytes_GET_SIZE(content) <= self.max_message_size
+            and not self.closed
         ):
             return self._add(<bytes>content, None, None, -1, False)
         return self.producer._send_async(content, properties, partition_key, sequence_id, txn,
                                          callback)
 
-    def add(self, bytes content, properties, key, sequence_id):
+    def add(self, bytes content not None, properties, key, sequence_id):
         if sequence_id is None:
             return self._add(content, properties, key, -1, False)
         return self._add(content, properties, key, sequence_id, True)
@@ -189,24 +357,30 @@ cdef class PartitionProducer:
     cdef object _add(self, bytes content, object properties, object key, int64_t sequence_id,
                      bint explicit):
         cdef Batch batch
-        cdef Py_ssize_t n, size = len(content)
-        with self.lock:
+        cdef MessageFuture fut
+        cdef Py_ssize_t n, size = PyBytes_GET_SIZE(content)
+        self.lock.take()
+        try:
             if not explicit:
                 sequence_id = self.last_sequence + 1
             elif sequence_id <= self.last_sequence:
                 return self._duplicate(sequence_id)
             batch = self.batch
-            if batch is not None and (
-                len(batch.values) >= self.max_messages
-                or batch.nbytes + size > self.max_bytes
-                or sequence_id != batch.first_sequence + len(batch.values)
-            ):
-                self._flush_locked()
-                batch = None
+            if batch is not None:
+                n = len(batch.values)
+                if (
+                    n >= self.max_messages
+                    or batch.nbytes + size > self.max_bytes
+                    or sequence_id != batch.first_sequence + n
+                ):
+                    self._flush()
+                    batch = None
             if batch is None:
                 batch = Batch(sequence_id)
                 self.batch = batch
-                self.flusher.watch(self)
+                if not self.watched:
+                    self.watched = True
+                    self.flusher.watch(self)
             n = len(batch.values)
             if key is not None and batch.keys is None:
                 batch.keys = [None] * n
@@ -217,20 +391,23 @@ cdef class PartitionProducer:
                 batch.keys.append(key)
             if batch.props is not None:
                 batch.props.append(properties)
-            fut = _new_future(batch, n)
-            batch.futures.append(fut)
+            fut = MessageFuture.__new__(MessageFuture)
+            fut._outcome = batch.outcome
+            fut._index = n
             batch.nbytes += size
             self.last_sequence = sequence_id
             if not self.batching or n + 1 >= self.max_messages:
-                self._flush_locked()
+                self._flush()
             return fut
+        finally:
+            self.lock.give()
 
-    def _duplicate(self, sequence_id):
+    cdef object _duplicate(self, int64_t sequence_id):
         cdef Batch b
         for batch in [*self.inflight, self.batch]:
             if batch is not None and (<Batch>batch).contains(sequence_id):
                 b = <Batch>batch
-                return b.futures[sequence_id - b.first_sequence]
+                return MessageFuture(b.outcome, sequence_id - b.first_sequence)
         found = self.partition.lookup_sequence(self.producer.name, sequence_id)
         if found is None:
             # Below the highest persisted but never stored (a gap): Pulsar answers -1:-1.
@@ -241,24 +418,43 @@ cdef class PartitionProducer:
                                n if n > 1 else 0))
 
     def flush(self):
-        with self.lock:
-            self._flush_locked()
+        """Send the waiting batch now; return the Outcome of every batch not yet ended
+        (``wait()`` on them to wait until they are durable)."""
+        self.lock.take()
+        try:
+            pending = [(<Batch>b).outcome for b in self.inflight]
+            if self.batch is not None:
+                pending.append(self.batch.outcome)
+            self._flush()
+            return pending
+        finally:
+            self.lock.give()
 
     def flush_if_older(self, seconds):
         """Flush a batch older than the producer's publish delay (the broker's flusher asks
         every `seconds`); True when nothing is left waiting."""
-        with self.lock:
+        self.lock.take()
+        try:
+            # The flusher forgets this container when the answer is True: the next batch
+            # asks it again (one watch() per idle period, not per batch).
             if self.batch is None:
+                self.watched = False
                 return True
-            if time.monotonic() - (<Batch>self.batch).started >= self.publish_delay:
-                self._flush_locked()
+            if time.monotonic() - self.batch.started >= self.publish_delay:
+                self.watched = False
+                self._flush()
                 return True
             return False
+        finally:
+            self.lock.give()
 
     def _flush_locked(self):
+        self._flush()
+
+    cdef int _flush(self) except -1:
         if self.batch is None:
-            return
-        cdef Batch batch = <Batch>self.batch
+            return 0
+        cdef Batch batch = self.batch
         self.batch = None
         producer = self.producer
         entry = encode_entry(
@@ -272,30 +468,35 @@ cdef class PartitionProducer:
         n = len(batch.values)
         p = self.partition
         self.inflight.append(batch)
-        batch.partition = p
+        cdef Outcome outcome = batch.outcome
+        outcome.partition = p
+        outcome.count = n
 
         def published(entry_id):
-            batch.entry_id = entry_id
+            outcome.entry_id = entry_id
+            # Settled before it leaves `inflight`: once flush() has returned, every future of
+            # the batches it waited for is done.
+            outcome.settle(None)
             self._landed(batch)
-            _complete(batch.futures, None)
-            batch.futures = []  # the futures keep the batch, not the other way: no cycle
 
         op = p.append_op([entry], [n], batch.nbytes, producer.name, batch.first_sequence,
                          on_published=published)
         fut = p.storage.submit(op)
         fut.add_done_callback(lambda f: self._failed(f, batch))
+        return 0
 
     def _landed(self, batch):
-        with self.lock:
-            try:
-                self.inflight.remove(batch)
-            except ValueError:
-                pass
+        self.lock.take()
+        try:
+            self.inflight.remove(batch)
+        except ValueError:
+            pass
+        finally:
+            self.lock.give()
 
     def _failed(self, fut, batch):
         error = fut.exception()
         if error is None:
             return
+        (<Batch>batch).outcome.settle(error)
         self._landed(batch)
-        _complete((<Batch>batch).futures, error)
-        (<Batch>batch).futures = []

@@ -134,7 +134,13 @@ class Producer:
         txn=None,
         callback=None,
     ) -> Future:
-        """Queue one message; the Future gives its MessageId once it is durable.
+        """Queue one message; the future gives its MessageId once it is durable.
+
+        The future is a MessageFuture, a light handle on its batch's shared outcome rather than
+        a Future subclass: ``isinstance(fut, concurrent.futures.Future)`` is True (through its
+        ``__class__``); it has result, exception, done, add_done_callback, running, cancel
+        (always False: a queued message is not taken back) and cancelled, and works with
+        concurrent.futures.wait, as_completed and asyncio.wrap_future.
 
         A one-partition producer's instances answer this with their partition's native
         ``send_async`` (bound in __init__), which handles the plain case and calls
@@ -423,23 +429,19 @@ class Producer:
         self._check_open()
         for txn in {b.txn for b in list(self._txn_batches.values())}:
             self._txn_flush(txn)
-        last = []  # the last future of every batch not yet durable (batches land in order)
+        pending = []  # the outcome of every batch not yet durable
         for part in self._parts:
-            with part.lock:
-                batches = [*part.inflight, part.batch]
-                last.extend(b.futures[-1] for b in batches if b is not None and b.futures)
-                part._flush_locked()
-        for fut in last:
-            try:
-                fut.result()
-            except Exception:  # noqa: BLE001 - the sender's own future reports it
-                pass
+            pending.extend(part.flush())
+        for outcome in pending:
+            outcome.wait()  # a failed batch is reported by its messages' futures
 
     def close(self) -> None:
         if self._closed:
             return
         self.flush()
         self._closed = True
+        for part in self._parts:
+            part.closed = True
         self.client._producer_closed(self)
 
     def is_connected(self) -> bool:

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, as_completed, wait
+from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -70,3 +78,183 @@ def test_duplicate_of_a_message_still_in_its_batch(impl, tmp_path):
         impl, tmp_path, [(b"a", None, None, 5, False), (b"a2", None, None, 5, False)], "d"
     )
     assert last == 5
+
+
+# -- the per-message future -------------------------------------------------------------------
+
+
+@contextmanager
+def producer_on(impl, tmp_path, **options):
+    """A one-partition producer whose partition container is `impl`'s, on its own broker."""
+    old = producer_module.PartitionProducer
+    producer_module.PartitionProducer = impl.PartitionProducer
+    try:
+        with pulsartxn.Broker(tmp_path / "b", sync=False) as broker:
+            client = broker.client()
+            options.setdefault("batching_max_messages", 10)
+            options.setdefault("batching_max_publish_delay_ms", 60_000)
+            p = client.create_producer("t", producer_name="p", **options)
+            assert type(p._parts[0]) is impl.PartitionProducer
+            yield p
+    finally:
+        producer_module.PartitionProducer = old
+
+
+def eventually(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+def stored_values(p):
+    return [v for b in p.client.scan("t") for v in b.column("value").to_pylist()]
+
+
+def test_future_protocol_while_queued_and_when_durable(impl, tmp_path):
+    with producer_on(impl, tmp_path) as p:
+        fut = p.send_async(b"a")
+        assert isinstance(fut, Future)
+        assert not fut.done() and fut.running()
+        assert fut.cancel() is False  # a queued message cannot be taken back
+        assert not fut.cancelled()
+        with pytest.raises(FutureTimeout):
+            fut.result(timeout=0.01)
+        with pytest.raises(FutureTimeout):
+            fut.exception(timeout=0.01)
+        assert "running" in repr(fut)
+        p.flush()
+        assert fut.done() and not fut.running() and not fut.cancelled()
+        assert fut.exception() is None
+        mid = fut.result(timeout=0)
+        assert (mid.entry_id(), mid.batch_index()) == (0, -1)
+        assert fut.result() is mid  # made once
+        assert "finished" in repr(fut)
+        assert stored_values(p) == [b"a"]
+
+
+def test_callbacks_run_once_in_order_and_after_done_at_once(impl, tmp_path, caplog):
+    with producer_on(impl, tmp_path) as p:
+        seen = []
+        futures = [p.send_async(b"%d" % i) for i in range(3)]
+        futures[1].add_done_callback(lambda f: seen.append(("first", f.result().batch_index())))
+        futures[1].add_done_callback(lambda f: 1 / 0)  # logged, the others still run
+        futures[1].add_done_callback(lambda f: seen.append(("second", f.result().batch_index())))
+        futures[2].add_done_callback(lambda f: seen.append(("other", f.result().batch_index())))
+        assert seen == []
+        with caplog.at_level(logging.ERROR, logger="concurrent.futures"):
+            p.flush()
+            # As with any Future, callbacks run just after the futures are marked done.
+            eventually(lambda: len(seen) == 3)
+        assert seen == [("first", 1), ("second", 1), ("other", 2)]
+        assert "exception calling callback" in caplog.text
+        p.flush()
+        assert seen == [("first", 1), ("second", 1), ("other", 2)]  # once only
+        futures[0].add_done_callback(lambda f: seen.append(("late", f.result().batch_index())))
+        assert seen[-1] == ("late", 0)  # already durable: called at once
+
+
+def test_producer_callback_and_futures_of_a_duplicate(impl, tmp_path):
+    with producer_on(impl, tmp_path) as p:
+        got = []
+        first = p.send_async(b"x", sequence_id=3, callback=lambda e, m: got.append((e, m)))
+        again = p.send_async(b"x", sequence_id=3)  # still in its batch: same answer
+        p.flush()
+        eventually(lambda: got)
+        assert got == [(None, first.result())]
+        assert again.result() == first.result()
+        assert p.send_async(b"x", sequence_id=3).result(timeout=0) == first.result()
+        assert stored_values(p) == [b"x"]
+
+
+def test_wait_as_completed_and_asyncio_take_the_futures(impl, tmp_path):
+    with producer_on(impl, tmp_path, batching_max_messages=4) as p:
+        futures = [p.send_async(b"%d" % i) for i in range(6)]  # one full batch, two waiting
+        done, not_done = wait(futures, timeout=10, return_when=FIRST_COMPLETED)
+        assert done == set(futures[:4]) and not_done == set(futures[4:])
+        threading.Timer(0.05, p.flush).start()
+        assert sorted(f.result() for f in as_completed(futures, timeout=10)) == [
+            f.result() for f in futures
+        ]
+
+        fut = p.send_async(b"async")
+
+        async def through_asyncio():
+            return await asyncio.wrap_future(fut)
+
+        threading.Timer(0.05, p.flush).start()
+        assert asyncio.run(through_asyncio()).entry_id() == 2
+
+
+def test_a_failed_write_fails_every_future_of_the_batch(impl, tmp_path, monkeypatch):
+    with producer_on(impl, tmp_path) as p:
+        ok = p.send_async(b"kept")
+        p.flush()
+        partition = p._parts[0].partition
+        real = partition.append_op
+
+        def failing(*args, **kwargs):
+            op = real(*args, **kwargs)
+
+            def apply(txn):
+                raise RuntimeError("disk on fire")
+
+            op.apply = apply
+            return op
+
+        monkeypatch.setattr(partition, "append_op", failing)
+        got = []
+        futures = [p.send_async(b"lost%d" % i) for i in range(3)]
+        cb = p.send_async(b"lost-cb", callback=lambda e, m: got.append((e, m)))
+        futures[0].add_done_callback(lambda f: got.append((f.exception(), "fut")))
+        waiter = threading.Thread(
+            target=lambda: got.append(("waited", futures[1].exception(timeout=10)))
+        )
+        waiter.start()
+        p.flush()  # does not raise: the futures report it
+        waiter.join(10)
+        eventually(lambda: len(got) == 3)
+        for f in [*futures, cb]:
+            assert f.done()
+            assert isinstance(f.exception(), RuntimeError)
+            with pytest.raises(RuntimeError, match="disk on fire"):
+                f.result()
+        error = futures[0].exception()
+        assert sorted(got, key=repr) == sorted(
+            [(error, "fut"), (error, None), ("waited", error)], key=repr
+        )
+        monkeypatch.undo()
+        assert stored_values(p) == [b"kept"]
+        assert ok.result().entry_id() == 0
+        assert p.send(b"after").entry_id() == 1
+
+
+def test_send_async_checks_before_queueing(impl, tmp_path):
+    with producer_on(impl, tmp_path) as p:
+        with pytest.raises(pulsartxn.MessageTooBig):
+            p.send_async(b"x" * (p.max_message_size + 1))
+        with pytest.raises(TypeError):
+            p.send_async("str")
+        fut = p.send_async(bytearray(b"ba"))
+        p.close()
+        assert fut.result(timeout=0).entry_id() == 0
+        with pytest.raises(pulsartxn.AlreadyClosed):
+            p.send_async(b"late")
+        assert stored_values(p) == [b"ba"]
+
+
+def test_publish_delay_flushes_each_lone_batch_after_full_and_idle_ones(impl, tmp_path):
+    # The container asks the broker's flusher to watch it once per idle period, not per batch:
+    # a lone message right after a full batch, after an idle full batch, and after a lone one
+    # that the delay sent, all still go out on time.
+    with producer_on(impl, tmp_path, batching_max_messages=3, batching_max_publish_delay_ms=5) as p:
+        for _ in range(2):
+            futures = [p.send_async(b"%d" % i) for i in range(4)]  # a full batch + a lone one
+            assert [f.result(timeout=10).batch_index() for f in futures] == [0, 1, 2, -1]
+            time.sleep(0.05)
+            full = [p.send_async(b"%d" % i) for i in range(3)]  # sent when full
+            assert full[-1].result(timeout=10).batch_index() == 2
+            time.sleep(0.05)  # the flusher finds nothing waiting and lets the container go
+            assert p.send_async(b"lone").result(timeout=10).batch_index() == -1
+            time.sleep(0.05)
+        assert len(stored_values(p)) == 16

@@ -2,24 +2,30 @@
 
 A message waits in the container until it is full (count or bytes), the producer's publish
 delay passes, ``flush()`` is called or a synchronous ``send`` needs it; the container then
-becomes one entry, appended through the group commit. The messages of a batch share one
-reentrant Condition and are completed in one pass; each message's Future makes its MessageId
-when result() first asks for it.
+becomes one entry, appended through the group commit. Each message's future is a small object
+over its batch's shared ``Outcome``: the batch is completed in one step, and the MessageId is
+made when result() first asks for it.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 
 from ...messaging.message import MessageId
 from . import entrylog
 
-__all__ = ["PartitionProducer", "MessageFuture", "Batch"]
+__all__ = ["PartitionProducer", "MessageFuture", "Outcome", "Batch", "Lock"]
 
-_PENDING = "PENDING"
+# The states concurrent.futures.wait() and as_completed() read from a future's _state.
+_RUNNING = "RUNNING"
 _FINISHED = "FINISHED"
+LOGGER = logging.getLogger("concurrent.futures")  # where Future reports a failing callback
+
+Lock = threading.Lock
 
 
 def _done(value=None, error: BaseException | None = None) -> Future:
@@ -31,98 +37,181 @@ def _done(value=None, error: BaseException | None = None) -> Future:
     return fut
 
 
-class MessageFuture(Future):
-    """The Future of one message of a batch. The batch's messages share one Condition, and the
-    whole batch is completed under it at once (creating a Condition per message would cost
-    more than the rest of a send); the MessageId is made when result() first asks for it.
-    Uses concurrent.futures.Future's state fields, as its own subclasses in the standard
-    library do."""
+class Outcome:
+    """What happened to one batch, shared by the futures of its messages: durable (with its
+    entry id) or failed (with the error). The futures wait on its one Condition."""
 
-    def __init__(self, batch: Batch, index: int) -> None:
-        self._condition = batch.condition
-        self._state = _PENDING
-        self._result = None
-        self._exception = None
-        self._batch = batch
+    __slots__ = ("condition", "done", "error", "partition", "entry_id", "count", "watched")
+
+    def __init__(self) -> None:
+        # Reentrant, as a Future's own: wait() and as_completed() lock every future they watch.
+        self.condition = threading.Condition()
+        self.done = False
+        self.error: BaseException | None = None
+        self.partition = None
+        self.entry_id = -1
+        self.count = 0
+        self.watched: list[MessageFuture] | None = None  # futures with waiters or callbacks
+
+    def message_id(self, index: int) -> MessageId:
+        p = self.partition
+        if self.count > 1:
+            return MessageId(p.ledger_id, self.entry_id, p.index, index, self.count)
+        return MessageId(p.ledger_id, self.entry_id, p.index)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait until the batch is durable or has failed; TimeoutError after `timeout` s."""
+        with self.condition:
+            if not self.done:
+                self.condition.wait(timeout)
+            if not self.done:
+                raise FutureTimeout()
+
+    def settle(self, error: BaseException | None) -> None:
+        """End the batch: one flag for every future, then the waiters and callbacks of the
+        futures that have any."""
+        with self.condition:
+            if self.done:
+                return
+            self.error = error
+            self.done = True
+            watched, self.watched = self.watched, None
+            for f in watched or ():
+                for waiter in f._waiter_list or ():
+                    if error is None:
+                        waiter.add_result(f)
+                    else:
+                        waiter.add_exception(f)
+            self.condition.notify_all()
+        for f in watched or ():
+            f._run_callbacks()
+
+
+class MessageFuture:
+    """The future of one message: ``result()`` gives its MessageId once it is durable.
+
+    Implements what callers use of concurrent.futures.Future (result, exception, done,
+    add_done_callback, cancel, cancelled, running) and the fields concurrent.futures.wait()
+    and as_completed() read, and reports ``concurrent.futures.Future`` as its ``__class__``,
+    so ``isinstance(fut, Future)`` holds (as for a unittest.mock spec); ``type(fut)`` is this
+    class. A queued message cannot be taken back: cancel() is False and running() is True
+    until the batch ends."""
+
+    __slots__ = ("_outcome", "_index", "_message_id", "_waiter_list", "_callbacks", "_watched")
+
+    def __init__(self, outcome: Outcome, index: int) -> None:
+        self._outcome = outcome
         self._index = index
-
-    # Made when first used: most futures never get a waiter or a callback.
-    @property
-    def _waiters(self):
-        w = getattr(self, "_waiter_list", None)
-        if w is None:
-            w = self._waiter_list = []
-        return w
+        self._message_id = None
+        self._waiter_list: list | None = None
+        self._callbacks: list | None = None
+        self._watched = False
 
     @property
-    def _done_callbacks(self):
-        c = getattr(self, "_callback_list", None)
-        if c is None:
-            c = self._callback_list = []
-        return c
+    def __class__(self):  # noqa: PLE0101 - isinstance(fut, Future), as the native one
+        return Future
 
-    def result(self, timeout=None):
-        result = super().result(timeout)
-        if result is None:
-            result = self._result = self._batch.message_id(self._index)
-        return result
+    def _watch(self) -> None:
+        # Called under the outcome's condition.
+        outcome = self._outcome
+        if self._watched or outcome.done:
+            return
+        if outcome.watched is None:
+            outcome.watched = []
+        outcome.watched.append(self)
+        self._watched = True
 
+    def _run_callbacks(self) -> None:
+        callbacks, self._callbacks = self._callbacks, None  # each runs once
+        for fn in callbacks or ():
+            try:
+                fn(self)
+            except Exception:
+                LOGGER.exception("exception calling callback for %r", self)
 
-def _complete(futures: list[Future], error: BaseException | None) -> None:
-    """Finish a batch's futures in one pass under their shared condition."""
-    if not futures:
-        return
-    cond = futures[0]._condition
-    with cond:
-        for f in futures:
-            if f._state != _PENDING:
-                continue  # cancelled by its caller
-            if error is not None:
-                f._exception = error
-            f._state = _FINISHED
-            for waiter in getattr(f, "_waiter_list", ()):
-                if error is None:
-                    waiter.add_result(f)
-                else:
-                    waiter.add_exception(f)
-        cond.notify_all()
-    for f in futures:
-        if getattr(f, "_callback_list", None):
-            f._invoke_callbacks()
+    def result(self, timeout: float | None = None) -> MessageId:
+        outcome = self._outcome
+        if not outcome.done:
+            outcome.wait(timeout)
+        if outcome.error is not None:
+            raise outcome.error
+        if self._message_id is None:
+            self._message_id = outcome.message_id(self._index)
+        return self._message_id
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        outcome = self._outcome
+        if not outcome.done:
+            outcome.wait(timeout)
+        return outcome.error
+
+    def done(self) -> bool:
+        return self._outcome.done
+
+    def running(self) -> bool:
+        return not self._outcome.done
+
+    def cancel(self) -> bool:
+        return False
+
+    def cancelled(self) -> bool:
+        return False
+
+    def add_done_callback(self, fn) -> None:
+        """Call fn(future) when the message is durable or has failed (now, if it has)."""
+        outcome = self._outcome
+        with outcome.condition:
+            if not outcome.done:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(fn)
+                self._watch()
+                return
+        try:
+            fn(self)
+        except Exception:
+            LOGGER.exception("exception calling callback for %r", self)
+
+    # What concurrent.futures.wait() and as_completed() use, under _condition.
+    @property
+    def _condition(self):
+        return self._outcome.condition
+
+    @property
+    def _state(self) -> str:
+        return _FINISHED if self._outcome.done else _RUNNING
+
+    @property
+    def _waiters(self) -> list:
+        with self._outcome.condition:
+            if self._waiter_list is None:
+                self._waiter_list = []
+            self._watch()
+        return self._waiter_list
+
+    def __repr__(self) -> str:
+        outcome = self._outcome
+        if not outcome.done:
+            return f"<MessageFuture at {id(self):#x} state=running>"
+        if outcome.error is not None:
+            return (
+                f"<MessageFuture at {id(self):#x} state=finished raised "
+                f"{type(outcome.error).__name__}>"
+            )
+        return f"<MessageFuture at {id(self):#x} state=finished returned MessageId>"
 
 
 class Batch:
-    __slots__ = (
-        "values",
-        "keys",
-        "props",
-        "futures",
-        "first_sequence",
-        "nbytes",
-        "started",
-        "condition",
-        "entry_id",
-        "partition",
-    )
+    __slots__ = ("values", "keys", "props", "first_sequence", "nbytes", "started", "outcome")
 
     def __init__(self, first_sequence: int) -> None:
         self.values: list[bytes] = []
         self.keys: list | None = None  # created at the first keyed message
         self.props: list | None = None  # created at the first message with properties
-        self.futures: list[Future] = []
         self.first_sequence = first_sequence
         self.nbytes = 0
         self.started = time.monotonic()
-        # Reentrant, as a Future's own: wait() and as_completed() lock every future they watch.
-        self.condition = threading.Condition()
-        self.entry_id = -1
-        self.partition = None
-
-    def message_id(self, index: int) -> MessageId:
-        p, n = self.partition, len(self.values)
-        if n > 1:
-            return MessageId(p.ledger_id, self.entry_id, p.index, index, n)
-        return MessageId(p.ledger_id, self.entry_id, p.index)
+        self.outcome = Outcome()
 
     def contains(self, sequence_id: int) -> bool:
         return self.first_sequence <= sequence_id < self.first_sequence + len(self.values)
@@ -138,6 +227,8 @@ class PartitionProducer:
         self.last_sequence = partition.dedup_highest.get(producer.name, -1)
         self.batch: Batch | None = None
         self.inflight: list[Batch] = []  # sent, not yet durable
+        self.closed = False  # set by the producer's close()
+        self.watched = False  # the broker's flusher will look at this container again
 
     def send_async(
         self,
@@ -159,7 +250,7 @@ class PartitionProducer:
             and txn is None
             and callback is None
             and len(content) <= producer.max_message_size
-            and not producer._closed
+            and not self.closed
         ):
             return self.add(content, None, None, None)
         return producer._send_async(content, properties, partition_key, sequence_id, txn, callback)
@@ -181,7 +272,9 @@ class PartitionProducer:
                 batch = None
             if batch is None:
                 batch = self.batch = Batch(sequence_id)
-                producer.client.broker._flusher.watch(self)
+                if not self.watched:
+                    self.watched = True
+                    producer.client.broker._flusher.watch(self)
             n = len(batch.values)
             if key is not None and batch.keys is None:
                 batch.keys = [None] * n
@@ -192,8 +285,7 @@ class PartitionProducer:
                 batch.keys.append(key)
             if batch.props is not None:
                 batch.props.append(properties)
-            fut = MessageFuture(batch, n)
-            batch.futures.append(fut)
+            fut = MessageFuture(batch.outcome, n)
             batch.nbytes += len(content)
             self.last_sequence = sequence_id
             if not producer.batching_enabled or n + 1 >= producer.batching_max_messages:
@@ -203,7 +295,7 @@ class PartitionProducer:
     def _duplicate(self, sequence_id: int) -> Future:
         for batch in [*self.inflight, self.batch]:
             if batch is not None and batch.contains(sequence_id):
-                return batch.futures[sequence_id - batch.first_sequence]
+                return MessageFuture(batch.outcome, sequence_id - batch.first_sequence)
         found = self.partition.lookup_sequence(self.producer.name, sequence_id)
         if found is None:
             # Below the highest persisted but never stored (a gap): Pulsar answers -1:-1.
@@ -217,17 +309,27 @@ class PartitionProducer:
             p.ledger_id, entry_id, p.index, batch_index if n > 1 else -1, n if n > 1 else 0
         )
 
-    def flush(self) -> None:
+    def flush(self) -> list[Outcome]:
+        """Send the waiting batch now; return the Outcome of every batch not yet ended
+        (``wait()`` on them to wait until they are durable)."""
         with self.lock:
+            pending = [b.outcome for b in self.inflight]
+            if self.batch is not None:
+                pending.append(self.batch.outcome)
             self._flush_locked()
+            return pending
 
     def flush_if_older(self, seconds: float) -> bool:
         """Flush a batch older than the producer's publish delay (the broker's flusher asks
         every `seconds`); True when nothing is left waiting."""
         with self.lock:
+            # The flusher forgets this container when the answer is True: the next batch
+            # asks it again (one watch() per idle period, not per batch).
             if self.batch is None:
+                self.watched = False
                 return True
             if time.monotonic() - self.batch.started >= self.producer.publish_delay:
+                self.watched = False
                 self._flush_locked()
                 return True
             return False
@@ -249,14 +351,16 @@ class PartitionProducer:
         n = len(batch.values)
         p = self.partition
         self.inflight.append(batch)
-
-        batch.partition = p
+        outcome = batch.outcome
+        outcome.partition = p
+        outcome.count = n
 
         def published(entry_id: int) -> None:
-            batch.entry_id = entry_id
+            outcome.entry_id = entry_id
+            # Settled before it leaves `inflight`: once flush() has returned, every future of
+            # the batches it waited for is done.
+            outcome.settle(None)
             self._landed(batch)
-            _complete(batch.futures, None)
-            batch.futures = []  # the futures keep the batch, not the other way: no cycle
 
         op = p.append_op(
             [entry],
@@ -280,6 +384,5 @@ class PartitionProducer:
         error = fut.exception()
         if error is None:
             return
+        batch.outcome.settle(error)
         self._landed(batch)
-        _complete(batch.futures, error)
-        batch.futures = []
