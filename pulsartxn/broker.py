@@ -162,6 +162,7 @@ class Broker:
         self.txn.close()
         for part in list(self._partitions.values()):
             for sub in list(part.subscriptions.values()):
+                sub.pending_ack.flush()
                 sub.wait_persisted()
         self._flusher.stop()
         self.storage.close()

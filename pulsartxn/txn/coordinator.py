@@ -140,7 +140,9 @@ class Coordinator:
             self.error = f"transaction log of coordinator {self.id} cannot be read: {exc}"
             self.recovery = {"recover_time_ms": (time.monotonic() - start) * 1000.0}
             return []
-        next_seq = max([hwm] + [m.seq + 1 for m in metas])
+        # Sequences start at 1: TxnID 0:0 is all zeros, what an entry header without a
+        # transaction holds.
+        next_seq = max([hwm, 1] + [m.seq + 1 for m in metas])
         self.allocator = TxnIdAllocator(
             self.id, next_seq, block_size=RESERVE_BLOCK, reserve=self._reserve
         )

@@ -43,9 +43,9 @@ def test_round_robin_ids_and_explicit_coordinator(open_broker):
     client = open_broker().client()
     txns = [client.new_transaction() for _ in range(8)]
     assert [t.id.coordinator_id for t in txns] == [0, 1, 2, 3, 0, 1, 2, 3]
-    assert [t.id.sequence for t in txns] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [t.id.sequence for t in txns] == [1, 1, 1, 1, 2, 2, 2, 2]  # 0:0 means "no txn"
     t = client.new_transaction(coordinator_id=2)
-    assert t.id == TxnID(2, 2) and t.state is TxnState.OPEN
+    assert t.id == TxnID(2, 3) and t.state is TxnState.OPEN
     with pytest.raises(CoordinatorNotFound):
         client.new_transaction(coordinator_id=4)
 
@@ -162,22 +162,23 @@ def test_low_watermark_after_out_of_order_ends(open_broker):
     client = broker.client()
     txns = [client.new_transaction() for _ in range(5)]
     coordinator = broker.txn.coordinator(0)
-    assert coordinator.low_watermark() == 0
+    assert [t.id.sequence for t in txns] == [1, 2, 3, 4, 5]
+    assert coordinator.low_watermark() == 1
     txns[1].commit()
     txns[3].abort()
-    assert coordinator.low_watermark() == 0
+    assert coordinator.low_watermark() == 1
     txns[0].commit()
-    assert coordinator.low_watermark() == 2
+    assert coordinator.low_watermark() == 3
     txns[2].abort()
-    assert coordinator.low_watermark() == 4
+    assert coordinator.low_watermark() == 5
     txns[4].commit()
-    assert coordinator.low_watermark() == 5  # nothing live: the next sequence
+    assert coordinator.low_watermark() == 6  # nothing live: the next sequence
     # The watermark reaches participants at finalize: below it, everything is finished.
     t = client.new_transaction()
     broker.txn.add_partitions(t.id, [P1])
     t.commit()
     ((_, _, lwm),) = broker.txn.participant("partition", P1).calls
-    assert lwm == t.id.sequence == 5
+    assert lwm == t.id.sequence == 6
 
 
 def test_failing_participant_is_retried_and_does_not_hold_back_others(open_broker, participants):

@@ -1,0 +1,375 @@
+"""The seeds' scenarios end to end: transactional produce and acknowledge through the client."""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+import pytest
+
+import pulsartxn
+from pulsartxn import ConsumerType, InitialPosition, Isolation, TxnID, TxnState
+from pulsartxn.errors import (
+    InvalidConfiguration,
+    InvalidMessageId,
+    InvalidTxnStatus,
+    Timeout,
+    TransactionConflict,
+    TransactionNotFound,
+    TransactionTimeout,
+)
+
+
+@pytest.fixture
+def env(tmp_path):
+    """(open, state): open() -> a broker on tmp_path (reopened after close())."""
+    brokers = []
+
+    def open_(**options):
+        options.setdefault("sync", False)
+        options.setdefault("num_coordinators", 2)
+        options.setdefault("txn_timeout_tick_ms", 10)
+        b = pulsartxn.Broker(tmp_path / "data", **options)
+        brokers.append(b)
+        return b
+
+    yield open_
+    for b in brokers:
+        b.close()
+
+
+def drain(consumer, timeout_ms=100):
+    out = []
+    while True:
+        try:
+            out.append(consumer.receive(timeout_ms))
+        except Timeout:
+            return out
+
+
+def values_of(msgs):
+    return sorted(m.data() for m in msgs)
+
+
+def scanned(client, topic):
+    return sorted(v for b in client.scan(topic) for v in b.column("value").to_pylist())
+
+
+def test_invisible_until_commit_atomic_over_partitions_and_topics(env):
+    broker = env()
+    broker.create_topic("a", partitions=3)
+    client = broker.client()
+    pa_, pb = client.create_producer("a"), client.create_producer("b")
+    ca, cb = client.subscribe("a", "s"), client.subscribe("b", "s")
+    txn = client.new_transaction()
+    for i in range(9):
+        pa_.send(b"a%d" % i, txn=txn)
+    pb.send_async(b"b0", txn=txn)
+    pb.send_batch([b"b1", b"b2"], txn=txn)
+    assert drain(ca, 50) == [] and drain(cb, 50) == []
+    assert scanned(client, "a") == [] and scanned(client, "b") == []
+    assert not cb.has_message_available()
+    assert cb.get_last_message_id().entry_id() == -1
+    assert txn.state is TxnState.OPEN
+    txn.commit()
+    assert txn.state is TxnState.COMMITTED
+    assert values_of(drain(ca)) == [b"a%d" % i for i in range(9)]
+    assert values_of(drain(cb)) == [b"b0", b"b1", b"b2"]
+    assert scanned(client, "b") == [b"b0", b"b1", b"b2"]
+    assert len(broker.admin.transaction_buffer_stats("a")["partitions"]) == 3
+
+
+def test_never_visible_after_abort_and_markers_move_the_cursor(env):
+    broker = env()
+    client = broker.client()
+    producer = client.create_producer("t")
+    consumer = client.subscribe("t", "s")
+    txn = client.new_transaction()
+    producer.send(b"gone", txn=txn)
+    producer.send(b"plain")  # waits behind the open transaction (order is kept)
+    assert drain(consumer, 50) == []
+    txn.abort()
+    msgs = drain(consumer)
+    assert values_of(msgs) == [b"plain"]
+    consumer.acknowledge(msgs[0])
+    assert scanned(client, "t") == [b"plain"]
+    stats = broker.admin.transaction_buffer_stats("t")
+    assert stats["aborted_txn_count"] == 1 and stats["ongoing_txn_size"] == 0
+    assert stats["max_read_position"] == stats["last_entry_id"] + 1
+    # The aborted entry and the marker were acknowledged internally: nothing is left.
+    assert broker.admin.topic_stats("t")["subscriptions"]["s"]["backlog"] == 0
+    assert not consumer.has_message_available()
+    last = consumer.get_last_message_id()
+    assert last.entry_id() == msgs[0].message_id().entry_id()  # not the marker after it
+
+
+def test_ack_commit_moves_the_cursor_and_abort_redelivers(env):
+    broker = env()
+    client = broker.client()
+    producer = client.create_producer("t", batching_enabled=False)
+    for i in range(4):
+        producer.send(b"m%d" % i)
+    consumer = client.subscribe("t", "s")
+    msgs = drain(consumer)
+    assert len(msgs) == 4
+    keep = client.new_transaction()
+    undo = client.new_transaction()
+    consumer.acknowledge(msgs[0], txn=keep)
+    consumer.acknowledge(msgs[1], txn=keep)
+    consumer.acknowledge(msgs[2], txn=undo)
+    consumer.redeliver_unacknowledged_messages()
+    # Held messages are not redelivered while their transaction is open; msgs[3] is.
+    (m3,) = drain(consumer)
+    assert m3.data() == b"m3" and m3.redelivery_count() == 1
+    keep.commit()
+    undo.abort()
+    again = drain(consumer)
+    assert [m.data() for m in again] == [b"m2"] and again[0].redelivery_count() == 1
+    stats = broker.admin.pending_ack_stats("t", "s")
+    assert stats["committed"] == 1 and stats["aborted"] == 1 and stats["ongoing_txn_size"] == 0
+    for m in again + [m3]:
+        consumer.acknowledge(m)
+    broker.close()
+    broker = env()
+    consumer = broker.client().subscribe("t", "s")
+    assert drain(consumer) == []
+
+
+def test_conflicts(env):
+    broker = env()
+    client = broker.client()
+    producer = client.create_producer("t", batching_enabled=False)
+    for i in range(3):
+        producer.send(b"m%d" % i)
+    consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    m0, m1, m2 = drain(consumer)
+    first, second = client.new_transaction(), client.new_transaction()
+    consumer.acknowledge(m0, txn=first)
+    with pytest.raises(TransactionConflict):
+        consumer.acknowledge(m0, txn=second)  # held by another transaction
+    with pytest.raises(TransactionConflict):
+        consumer.acknowledge(m0)  # a plain ack of a held message: refused, nothing changes
+    consumer.acknowledge(m1)
+    third = client.new_transaction()
+    with pytest.raises(TransactionConflict):
+        consumer.acknowledge(m1, txn=third)  # already acknowledged
+    # After a conflict a transaction can only abort.
+    with pytest.raises(TransactionConflict):
+        second.commit()
+    assert second.state is TxnState.OPEN
+    second.abort()
+    third.abort()
+    first.commit()
+    stats = broker.admin.topic_stats("t")["subscriptions"]["s"]
+    assert stats["backlog"] == 1  # m2 only
+    assert broker.admin.pending_ack_stats("t", "s")["pending_ack_entries"] == 0
+    del m2
+
+
+def test_batch_index_acks_in_transactions(env):
+    broker = env()
+    client = broker.client()
+    producer = client.create_producer("t", batching_max_messages=4)
+    for i in range(4):
+        producer.send_async(b"m%d" % i)
+    producer.flush()
+    consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    msgs = drain(consumer)
+    assert [m.message_id().batch_index() for m in msgs] == [0, 1, 2, 3]
+    a, b = client.new_transaction(), client.new_transaction()
+    consumer.acknowledge(msgs[0], txn=a)
+    consumer.acknowledge(msgs[1], txn=b)  # another index of the same entry: no conflict
+    with pytest.raises(TransactionConflict):
+        consumer.acknowledge(msgs[1], txn=a)
+    a.abort()
+    b.commit()
+    redelivered = drain(consumer)
+    assert [m.data() for m in redelivered] == [b"m0"]
+
+
+def test_cumulative_ack_in_a_transaction(env):
+    broker = env()
+    client = broker.client()
+    producer = client.create_producer("t", batching_enabled=False)
+    for i in range(5):
+        producer.send(b"m%d" % i)
+    consumer = client.subscribe("t", "s")
+    msgs = drain(consumer)
+    other = client.new_transaction()
+    consumer.acknowledge(msgs[1], txn=other)
+    txn = client.new_transaction()
+    with pytest.raises(TransactionConflict):
+        consumer.acknowledge_cumulative(msgs[3], txn=txn)  # covers msgs[1], held by `other`
+    other.abort()
+    txn2 = client.new_transaction()
+    consumer.acknowledge_cumulative(msgs[3], txn=txn2)
+    with pytest.raises(TransactionConflict):
+        consumer.acknowledge(msgs[2])
+    txn2.commit()
+    assert broker.admin.topic_stats("t")["subscriptions"]["s"]["backlog"] == 1
+    shared = client.subscribe("u", "s", subscription_type=ConsumerType.Shared)
+    client.create_producer("u").send(b"x")
+    (m,) = drain(shared)
+    with pytest.raises(InvalidConfiguration):
+        shared.acknowledge_cumulative(m, txn=client.new_transaction())
+
+
+def test_timeout_aborts_produced_messages_and_acks(env):
+    broker = env()
+    client = broker.client()
+    producer = client.create_producer("t", batching_enabled=False)
+    producer.send(b"in")
+    consumer = client.subscribe("t", "s")
+    (m,) = drain(consumer)
+    txn = client.new_transaction(timeout_ms=100)
+    producer.send(b"out", txn=txn)
+    consumer.acknowledge(m, txn=txn)
+    deadline = time.monotonic() + 5
+    while txn.state is not TxnState.TIMEOUT and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(TransactionTimeout):
+        txn.commit()
+    with pytest.raises(InvalidTxnStatus):
+        producer.send(b"late", txn=txn)
+    again = drain(consumer)
+    assert [x.data() for x in again] == [b"in"] and again[0].redelivery_count() == 1
+    assert scanned(client, "t") == [b"in"]
+
+
+def test_read_uncommitted_sees_open_transactions_never_aborted_ones(env):
+    broker = env()
+    client = broker.client()
+    producer = client.create_producer("t")
+    committed = client.subscribe("t", "rc")
+    dirty = client.subscribe("t", "ru", isolation=Isolation.READ_UNCOMMITTED)
+    txn = client.new_transaction()
+    producer.send(b"open", txn=txn)
+    assert values_of(drain(dirty)) == [b"open"]
+    assert drain(committed, 50) == []
+    doomed = client.new_transaction()
+    producer.send(b"doomed", txn=doomed)
+    doomed.abort()
+    producer.send(b"plain")
+    assert values_of(drain(dirty)) == [b"plain"]
+    txn.commit()
+    assert values_of(drain(committed)) == [b"open", b"plain"]
+
+
+def test_restart_in_every_state(env):
+    broker = env()
+    client = broker.client()
+    producer = client.create_producer("t", batching_enabled=False)
+    committed, aborted, open_ = (client.new_transaction() for _ in range(3))
+    for txn, value in ((committed, b"c"), (aborted, b"a"), (open_, b"o")):
+        producer.send(value, txn=txn)
+    committed.commit()
+    aborted.abort()
+    open_id = open_.id
+    broker.close()
+    broker = env()
+    client = broker.client()
+    stats = broker.admin.transaction_buffer_stats("t")
+    assert stats["ongoing_txn_size"] == 1 and stats["aborted_txn_count"] == 1
+    consumer = client.subscribe("t", "s")
+    assert values_of(drain(consumer, 50)) == [b"c"]  # `o` still holds what follows it
+    again = client.transaction(open_id)
+    assert again.state is TxnState.OPEN
+    producer = client.create_producer("t")
+    producer.send(b"o2", txn=again)
+    again.commit()
+    assert values_of(drain(consumer)) == [b"o", b"o2"]
+    assert scanned(client, "t") == [b"c", b"o", b"o2"]
+
+
+def test_pending_acks_survive_restart_and_are_logged_in_batches(env):
+    broker = env()
+    client = broker.client()
+    producer = client.create_producer("t")
+    producer.send_batch([b"%d" % i for i in range(500)])
+    consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    msgs = drain(consumer)
+    assert len(msgs) == 500
+    txn = client.new_transaction()
+    for m in msgs[:400]:
+        consumer.acknowledge(m, txn=txn)
+    stats = broker.admin.pending_ack_stats("t", "s")
+    assert stats["acks"] == 400 and stats["log_writes"] < 40  # batched, not one per ack
+    tid = txn.id
+    broker.close()
+    broker = env()
+    client = broker.client()
+    consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    assert len(drain(consumer)) == 100  # the 400 are still held
+    client.transaction(tid).commit()
+    broker.close()
+    broker = env()
+    consumer = broker.client().subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    assert len(drain(consumer)) == 100
+
+
+def test_commit_group_over_produce_and_acks(env):
+    broker = env()
+    client = broker.client()
+    producer = client.create_producer("t")
+    attempts = [client.new_transaction(group="job") for _ in range(3)]
+    for i, txn in enumerate(attempts):
+        producer.send_batch(pa.array([b"attempt%d" % i] * 3), txn=txn)
+    client.commit_group("job", [attempts[1]])
+    assert scanned(client, "t") == [b"attempt1"] * 3
+
+
+def test_bad_input_changes_nothing(env):
+    broker = env()
+    client = broker.client()
+    producer = client.create_producer("t")
+    producer.send(b"x")
+    consumer = client.subscribe("t", "s")
+    (m,) = drain(consumer)
+    done = client.new_transaction()
+    done.commit()
+    with pytest.raises(InvalidTxnStatus):
+        consumer.acknowledge(m, txn=done)
+    with pytest.raises(InvalidTxnStatus):
+        producer.send(b"y", txn=done)
+    with pytest.raises(TransactionNotFound):
+        consumer.acknowledge(m, txn=TxnID(0, 12345))
+    other = client.create_producer("other")
+    other.send(b"z")
+    foreign = drain(client.subscribe("other", "s"))[0]
+    txn = client.new_transaction()
+    with pytest.raises(InvalidMessageId):
+        consumer.acknowledge(foreign, txn=txn)
+    assert broker.admin.pending_ack_stats("t", "s")["acks"] == 0
+    assert broker.admin.topic_stats("t")["subscriptions"]["s"]["backlog"] == 1
+    txn.commit()
+    assert scanned(client, "t") == [b"x"]
+
+
+def test_low_watermark_aborts_leftovers_of_finished_transactions(env):
+    broker = env(num_coordinators=1)
+    client = broker.client()
+    producer = client.create_producer("t", batching_enabled=False)
+    stale = client.new_transaction()
+    producer.send(b"stale", txn=stale)
+    part = broker._partitions[broker.topic_partitions("t")[0]]
+    # The coordinator finished `stale` elsewhere and its end never reached this partition:
+    # the next end on this partition carries a low watermark above it.
+    later = client.new_transaction()
+    part.buffer.end_txn(later.id, True, later.id.sequence)
+    stats = broker.admin.transaction_buffer_stats("t")
+    assert stats["ongoing_txn_size"] == 0 and stats["aborted_by_low_watermark"] == 1
+    with pytest.raises(InvalidTxnStatus):
+        producer.send(b"late", txn=stale)  # below the watermark: refused
+    assert scanned(client, "t") == []
+
+
+def test_initial_position_latest_with_transactions(env):
+    broker = env()
+    client = broker.client()
+    producer = client.create_producer("t")
+    txn = client.new_transaction()
+    producer.send(b"before", txn=txn)
+    consumer = client.subscribe("t", "s", initial_position=InitialPosition.Latest)
+    txn.commit()
+    producer.send(b"after")
+    assert values_of(drain(consumer)) == [b"after"]
