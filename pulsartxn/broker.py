@@ -161,6 +161,9 @@ class Broker:
                 pass
         self.txn.close()
         for part in list(self._partitions.values()):
+            snapshots = part.buffer.snapshot
+            if snapshots.ended_since or snapshots.new_aborts or part.buffer.ongoing:
+                snapshots.take(wait=True)
             for sub in list(part.subscriptions.values()):
                 sub.pending_ack.flush()
                 sub.wait_persisted()
@@ -247,7 +250,15 @@ class Broker:
                 return lid
 
             ledger_id = self.storage.write(apply)
-        part = Partition(self.storage, TopicName.parse(full), ledger_id)
+        part = Partition(
+            self.storage,
+            TopicName.parse(full),
+            ledger_id,
+            {
+                "every_txns": self.config.txn_snapshot_every_txns,
+                "every_ms": self.config.txn_snapshot_every_ms,
+            },
+        )
         part.broker_flusher = self._flusher
         with self.storage.read() as txn:
             cursor = txn.cursor(db=self._cursors_db)

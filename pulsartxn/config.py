@@ -31,6 +31,9 @@ class BrokerConfig:
     max_txn_timeout_ms: int = 3_600_000
     max_active_txns_per_coordinator: int = 100_000
     txn_timeout_tick_ms: float = 100.0
+    # Transaction buffer snapshots (Pulsar: every 1000 transactions or 5 s, and on close).
+    txn_snapshot_every_txns: int = 1000
+    txn_snapshot_every_ms: float = 5000.0
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -47,6 +50,7 @@ class BrokerConfig:
             "max_dbs",
             "max_txn_timeout_ms",
             "max_active_txns_per_coordinator",
+            "txn_snapshot_every_txns",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):

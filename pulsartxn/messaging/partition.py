@@ -18,6 +18,7 @@ from .._native import EntryLog, TxnID, decode_header, header_columns
 from ..errors import InvalidMessageId
 from ..storage import Storage, WriteOp
 from ..txn.buffer import TransactionBuffer
+from ..txn.snapshot import BufferSnapshots
 from .topic_name import TopicName
 
 if TYPE_CHECKING:
@@ -29,7 +30,9 @@ _DEDUP_INDEX = struct.Struct("<QIq")  # entry id, messages in it, first sequence
 
 
 class Partition:
-    def __init__(self, storage: Storage, name: TopicName, ledger_id: int) -> None:
+    def __init__(
+        self, storage: Storage, name: TopicName, ledger_id: int, snapshot_options=None
+    ) -> None:
         self.storage = storage
         self.name = name
         self.topic = name.full
@@ -45,12 +48,14 @@ class Partition:
         self._counts = array("q")
         self._cumulative = array("q", [0])  # cumulative[i] = messages in entries < first + i
         self.buffer = TransactionBuffer(self)
+        snapshots = self.buffer.snapshot = BufferSnapshots(self, **(snapshot_options or {}))
+        replay_from = snapshots.load()
         with storage.read() as txn:
             first = self.log.first_entry_id(txn)
             last = self.log.last_entry_id(txn)
             if last >= 0:
                 self.first_entry_id = first
-                self._recover_counts(first, last)
+                self._recover_counts(first, last, replay_from)
             self.dedup_highest: dict[str, int] = {}
             cursor = txn.cursor(db=self._dedup_db)
             if cursor.set_range(self._dedup_prefix):
@@ -60,6 +65,7 @@ class Partition:
                     producer = bytes(key)[len(self._dedup_prefix) :].decode()
                     self.dedup_highest[producer] = _DEDUP.unpack(value)[0]
         self.next_entry_id = last + 1 if last >= 0 else 0
+        snapshots.recovered(replay_from > 0)
         self.subscriptions: dict[str, Subscription] = {}
         self.producers: dict[str, object] = {}
         self.msg_in = 0
@@ -67,7 +73,7 @@ class Partition:
         self.msg_out = 0
         self.bytes_out = 0
 
-    def _recover_counts(self, first: int, last: int) -> None:
+    def _recover_counts(self, first: int, last: int, replay_from: int = 0) -> None:
         """Message counts of every entry and the transaction buffer's state, from the entry
         headers alone: one pass over the ledger in chunks, headers parsed in bulk natively.
         (Values are copied out as bytes: a memoryview per value costs several times more.)"""
@@ -87,7 +93,8 @@ class Partition:
                 ids = np.frombuffer(b"".join(keys), dtype=">u8").astype(np.int64)
                 counts, markers, msb, lsb = header_columns(values)
                 dense[ids - first] = counts
-                for i in np.flatnonzero((msb != 0) | (lsb != 0)).tolist():
+                in_txn = ((msb != 0) | (lsb != 0)) & (ids >= replay_from)
+                for i in np.flatnonzero(in_txn).tolist():
                     self.buffer.replay(int(ids[i]), int(markers[i]), int(msb[i]), int(lsb[i]))
         self._counts = array("q", dense.tobytes())
         cumulative = np.zeros(len(dense) + 1, np.int64)

@@ -76,6 +76,8 @@ class TransactionBuffer:
         if marker_type == MarkerType.TXN_ABORT:
             self.aborts.add(txn)
             self.abort_positions[txn] = entry_id
+            if self.snapshot is not None:
+                self.snapshot.aborted(txn, entry_id)
 
     # -- appends ---------------------------------------------------------------------------
 
@@ -155,6 +157,8 @@ class TransactionBuffer:
                 self.aborted += 1
                 self.aborts.add(txn_id)
                 self.abort_positions[txn_id] = first
+                if self.snapshot is not None:
+                    self.snapshot.aborted(txn_id, first)
 
         op = part.append_op([entry], [0], 0, before_publish=before_publish)
         part.storage.wait(part.storage.submit(op))
