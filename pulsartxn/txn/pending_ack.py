@@ -238,19 +238,22 @@ class PendingAck:
                     released.extend(entries)
                     if cum is not None:
                         released.append((None, -1, None))
-            data = sub.cursor.serialize() if changed else None
             if released:
                 sub._release_held(released)
             if not self.unlogged:
                 self._flush_queued = False
-        if data is None and not keys:
+        if not changed and not keys:
             return
         storage = self.storage
         db, cursors = storage.open_db(DB), storage.open_db(b"cursors")
         sub_key = sub._key
 
         def apply(t):
-            if data is not None:
+            if changed:
+                # Serialized when applied, as every cursor write is: the latest state wins
+                # whatever order concurrent cursor writes are applied in.
+                with sub.lock:
+                    data = sub.cursor.serialize()
                 t.put(sub_key, data, db=cursors)
             for k in keys:
                 t.delete(k, db=db)
