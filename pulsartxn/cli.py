@@ -1,4 +1,4 @@
-"""The ``pulsartxn`` command. ``demo`` runs the main job: for now, the native core end to end."""
+"""The ``pulsartxn`` command. ``demo`` runs the main job: an exactly-once pipeline."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ DEFAULT_DATA_DIR = os.environ.get("PULSARTXN_DATA_DIR", "pulsartxn-data")
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from pulsartxn.demo import run_core_demo
+    from pulsartxn.demo import run_demo
 
-    report = run_core_demo(
+    report = run_demo(
         args.data_dir,
-        transactions=args.transactions,
-        messages_per_txn=args.messages_per_txn,
-        payload_bytes=args.payload_bytes,
+        orders=args.orders,
+        window=args.window,
+        customers=args.customers,
         sync=not args.no_sync,
     )
     for line in report:
@@ -29,8 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
         "demo",
-        help="the main job on the embedded default: transactional writes, aborts, a "
-        "read-committed read",
+        help="the main job on the embedded default: an exactly-once consume-process-produce "
+        "pipeline with transactions",
     )
     demo.add_argument(
         "--data-dir",
@@ -38,9 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"LMDB data directory, kept between runs (default: {DEFAULT_DATA_DIR}; "
         "env PULSARTXN_DATA_DIR)",
     )
-    demo.add_argument("--transactions", type=int, default=200)
-    demo.add_argument("--messages-per-txn", type=int, default=500)
-    demo.add_argument("--payload-bytes", type=int, default=100)
+    demo.add_argument("--orders", type=int, default=20_000, help="orders to add this run")
+    demo.add_argument("--window", type=int, default=500, help="orders per transaction")
+    demo.add_argument("--customers", type=int, default=50)
     demo.add_argument("--no-sync", action="store_true", help="do not fsync commits (faster)")
     demo.set_defaults(func=_demo)
     return parser

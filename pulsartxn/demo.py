@@ -1,131 +1,125 @@
-"""The main job on the embedded default: the native core end to end on a kept data directory.
+"""The main job on the embedded default: an exactly-once consume-process-produce pipeline.
 
-Opens (or creates) an LMDB data directory, allocates TxnIDs from a coordinator's allocator
-whose high-water mark is reserved durably, appends every transaction's messages to a
-partition's ledger as batched entries, commits two transactions in three and aborts the third
-(markers in the ledger, aborted ids in the partition's abort set, snapshotted), then reads the
-whole ledger back read-committed: markers dropped, aborted messages filtered with one bulk
-probe of the abort set. Runs again on the same directory continue where the last one stopped.
+Orders arrive on a partitioned topic; a processor takes them in windows and, for each window,
+in ONE transaction: produces one total per customer to the ``totals`` topic and acknowledges
+every order of the window. Every fifth window is aborted as if the processor had failed half
+way: its totals never become visible and its orders come back (redelivered) to be processed
+again. At the end every order is covered by exactly one committed total, which the job checks
+by reading ``totals`` back read-committed. The data directory is kept: a second run adds new
+orders and checks everything ever written.
 """
 
 from __future__ import annotations
 
-import os
-import struct
+import json
 import time
+from collections import defaultdict
 
-import lmdb
-import numpy as np
+import pulsartxn
 
-from pulsartxn._native import (
-    IMPLEMENTATION,
-    AbortSet,
-    EntryLog,
-    TxnIdAllocator,
-    encode_entries,
-    encode_entry,
-)
-from pulsartxn._native.types import MarkerType
-
-_U128 = struct.Struct(">QQ")
-PARTITION = b"persistent://public/default/demo-partition-0"
+ORDERS, TOTALS, SUBSCRIPTION = "demo-orders", "demo-totals", "demo-processor"
 
 
-def run_core_demo(
+def run_demo(
     data_dir: str,
-    transactions: int = 200,
-    messages_per_txn: int = 500,
-    payload_bytes: int = 100,
+    orders: int = 20_000,
+    window: int = 500,
+    customers: int = 50,
     sync: bool = True,
 ) -> list[str]:
-    if transactions < 1 or messages_per_txn < 1 or payload_bytes < 0:
-        raise ValueError("transactions and messages-per-txn must be at least 1, payload-bytes >= 0")
-    os.makedirs(data_dir, exist_ok=True)
-    env = lmdb.open(data_dir, map_size=1 << 36, max_dbs=8, sync=sync, metasync=sync)
-    try:
-        return _run(env, transactions, messages_per_txn, payload_bytes)
-    finally:
-        env.close()
-
-
-def _run(env, transactions: int, messages_per_txn: int, payload_bytes: int) -> list[str]:
-    meta = env.open_db(b"demo-meta")
-    ledger = EntryLog(env, b"ledger/" + PARTITION)
-    with env.begin(db=meta) as txn:
-        mark = txn.get(b"txn-high-water-mark")
-        snapshot = txn.get(b"abortset/" + PARTITION)
-    next_sequence = struct.unpack("<Q", mark)[0] if mark else 0
-    aborted = AbortSet.from_bytes(snapshot) if snapshot else AbortSet()
-
-    def reserve(new_mark: int) -> None:
-        # Durable before any TxnID below it is used: a restart never reissues a sequence.
-        with env.begin(write=True, db=meta) as txn:
-            txn.put(b"txn-high-water-mark", struct.pack("<Q", new_mark))
-
-    allocator = TxnIdAllocator(0, next_sequence, block_size=64, reserve=reserve)
-    payload = b"x" * payload_bytes
-    committed = aborted_now = 0
-    start = time.perf_counter()
-    for i in range(transactions):
-        txn_id = allocator.next()
-        values = [b"%s:%d:" % (str(txn_id).encode(), k) + payload for k in range(messages_per_txn)]
-        entries = encode_entries(
-            values,
-            txn_msb=txn_id.most_sig_bits,
-            txn_lsb=txn_id.least_sig_bits,
-            first_sequence_id=0,
-            publish_time=int(time.time() * 1000),
+    if orders < 0 or window < 1 or customers < 1:
+        raise ValueError("orders must be >= 0, window and customers >= 1")
+    with pulsartxn.Broker(data_dir, sync=sync) as broker:
+        try:
+            broker.topic_partitions(ORDERS)
+        except pulsartxn.TopicNotFound:
+            broker.create_topic(ORDERS, partitions=4)
+        client = broker.client()
+        processor = client.subscribe(
+            ORDERS, SUBSCRIPTION, subscription_type=pulsartxn.ConsumerType.Shared
         )
-        abort = i % 3 == 2
-        marker = encode_entry(
-            [],
-            txn_msb=txn_id.most_sig_bits,
-            txn_lsb=txn_id.least_sig_bits,
-            marker_type=int(MarkerType.TXN_ABORT if abort else MarkerType.TXN_COMMIT),
-        )
-        with env.begin(write=True) as txn:
-            ledger.append(txn, entries)
-        if abort:
-            aborted.add(txn_id)
-            aborted_now += 1
-        else:
-            committed += 1
-        with env.begin(write=True) as txn:
-            ledger.append(txn, [marker])
-            if abort:
-                txn.put(b"abortset/" + PARTITION, aborted.to_bytes(), db=meta)
-    write_s = time.perf_counter() - start
-
-    start = time.perf_counter()
-    with env.begin(buffers=True) as txn:
-        decoded = ledger.read(txn)
-    msb, lsb = decoded.message_txn()
-    is_data = np.repeat(decoded.marker_type == 0, decoded.message_count.astype(np.int64))
-    visible = is_data & ~aborted.contains_many(msb, lsb)
-    batch = decoded.to_arrow(topic=PARTITION.decode(), partition=0, mask=visible)
-    read_s = time.perf_counter() - start
-
-    markers = decoded.marker_type
-    commits = markers == MarkerType.TXN_COMMIT
-    committed_ids = AbortSet()  # any set of TxnIDs will do: here, the committed ones
-    committed_ids.add_many(decoded.txn_msb[commits], decoded.txn_lsb[commits])
-    from_committed = is_data & committed_ids.contains_many(msb, lsb)
-    n_msgs = transactions * messages_per_txn
+        first_id = broker.admin.topic_stats(ORDERS)["messages"]
+        start = time.perf_counter()
+        _seed(client, first_id, orders, customers)
+        seed_s = time.perf_counter() - start
+        start = time.perf_counter()
+        committed, aborted, processed = _process(client, processor, window)
+        process_s = time.perf_counter() - start
+        total_orders = broker.admin.topic_stats(ORDERS)["messages"]
+        check = _check(client, total_orders)
+        stats = [
+            broker.admin.coordinator_stats(c["coordinator_id"]) for c in broker.admin.coordinators()
+        ]
+        buffer = broker.admin.transaction_buffer_stats(TOTALS)
     lines = [
-        f"pulsartxn demo ({IMPLEMENTATION} core)",
-        f"this run: {transactions} transactions x {messages_per_txn} messages "
-        f"of ~{payload_bytes} B: "
-        f"{committed} committed, {aborted_now} aborted; "
-        f"{n_msgs / write_s:,.0f} msgs/s written (fsync per transaction end)",
-        f"ledger now: {decoded.num_entries} entries, {decoded.num_messages} messages, "
-        f"{int(commits.sum())} commits, {int((markers == MarkerType.TXN_ABORT).sum())} aborts; "
-        f"abort set: {len(aborted)} TxnIDs",
-        f"read-committed scan: {batch.num_rows} visible messages in {read_s * 1000:.1f} ms "
-        f"({decoded.num_messages / read_s:,.0f} msgs/s decoded and filtered)",
-        f"next TxnID sequence after restart: {allocator.reserved_until}",
+        f"pulsartxn demo ({pulsartxn.IMPLEMENTATION} core, sync={sync}) on {data_dir}",
+        f"seeded {orders} orders in {seed_s * 1000:.0f} ms (bulk send_batch, keyed by customer)",
+        f"processed {processed} orders in windows of {window}: {committed} transactions "
+        f"committed, {aborted} aborted and retried; {processed / max(process_s, 1e-9):,.0f} "
+        f"orders/s through receive + transactional produce + transactional ack + commit",
+        f"coordinators: {sum(s['committed'] for s in stats)} committed, "
+        f"{sum(s['aborted'] for s in stats)} aborted this run; totals topic: max read "
+        f"position {buffer['max_read_position']}, {buffer['ongoing_txn_size']} open "
+        "transactions",
+        check,
     ]
-    if batch.num_rows != int(visible.sum()) or not np.array_equal(visible, from_committed):
-        lines.append("MISMATCH: visible messages differ from the committed transactions' messages")
+    if not check.startswith("check: ok"):
         raise SystemExit("\n".join(lines))
-    lines.append("check: every visible message belongs to a committed transaction: ok")
     return lines
+
+
+def _seed(client, first_id: int, n: int, customers: int) -> None:
+    if n == 0:
+        return
+    producer = client.create_producer(ORDERS)
+    ids = range(first_id, first_id + n)
+    values = [json.dumps({"order": i, "amount": i % 97 + 1}).encode() for i in ids]
+    keys = [f"customer-{i % customers}" for i in ids]
+    producer.send_batch(values, keys=keys)
+    producer.close()
+
+
+def _process(client, processor, window: int) -> tuple[int, int, int]:
+    producer = client.create_producer(TOTALS)
+    committed = aborted = processed = 0
+    while True:
+        msgs = processor.batch_receive(window, 200)
+        if not msgs:
+            break
+        with client.new_transaction() as txn:
+            totals: dict = defaultdict(lambda: {"orders": [], "amount": 0})
+            for m in msgs:
+                order = json.loads(m.data())
+                total = totals[m.partition_key()]
+                total["orders"].append(order["order"])
+                total["amount"] += order["amount"]
+            for customer, total in sorted(totals.items()):
+                producer.send_async(
+                    json.dumps({"customer": customer, **total}).encode(),
+                    partition_key=customer,
+                    txn=txn,
+                )
+            for m in msgs:
+                processor.acknowledge(m, txn=txn)
+            if (committed + aborted) % 5 == 4:
+                txn.abort()  # the processor "fails": nothing of this window happened
+                aborted += 1
+                continue
+        committed += 1
+        processed += len(msgs)
+    producer.close()
+    return committed, aborted, processed
+
+
+def _check(client, total_orders: int) -> str:
+    seen: dict[int, int] = defaultdict(int)
+    for batch in client.scan(TOTALS):
+        for value in batch.column("value").to_pylist():
+            total = json.loads(value)
+            for order in total["orders"]:
+                seen[order] += 1
+    twice = [o for o, n in seen.items() if n > 1]
+    missing = total_orders - len(seen)
+    if twice or missing:
+        return f"check FAILED: {missing} orders without a total, {len(twice)} counted twice"
+    return f"check: ok, each of the {total_orders} orders ever written is in exactly one total"

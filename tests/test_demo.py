@@ -1,0 +1,38 @@
+"""The main job (`python -m pulsartxn demo`) runs, checks itself, and carries on across runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from pulsartxn.demo import run_demo
+
+
+def test_demo_twice_on_one_directory(tmp_path):
+    first = run_demo(str(tmp_path / "d"), orders=3000, window=200, sync=False)
+    assert first[-1] == "check: ok, each of the 3000 orders ever written is in exactly one total"
+    assert "aborted and retried" in first[2] and " 0 aborted" not in first[2]
+    second = run_demo(str(tmp_path / "d"), orders=1000, window=300, sync=False)
+    assert second[-1].startswith("check: ok, each of the 4000 orders")
+
+
+def test_demo_command(tmp_path):
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pulsartxn",
+            "demo",
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--orders",
+            "2000",
+            "--window",
+            "250",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "check: ok" in run.stdout
