@@ -431,3 +431,53 @@ def test_a_corrupt_snapshot_is_ignored_and_rebuilt_from_the_ledger(env, tmp_path
     assert "checksum" in stats["snapshot_load_error"]
     assert stats["aborted_txn_count"] == 4
     assert scanned(client, "t") == before
+
+
+class _Unreachable:
+    """A participant resolver that makes one kind of participant fail (the broker's own is
+    used for everything else): the transaction stays COMMITTING/ABORTING until recovery."""
+
+    def __init__(self, kind):
+        self.kind = kind
+
+    def __call__(self, kind, name):
+        if kind == self.kind:
+            return self
+
+    def end_txn(self, txn_id, commit, low_watermark):
+        raise OSError("participant unreachable")
+
+
+@pytest.mark.parametrize("commit", [True, False])
+@pytest.mark.parametrize("stuck", ["partition", "subscription"])
+def test_restart_while_committing_or_aborting(env, commit, stuck):
+    broker = env(txn_participants=_Unreachable(stuck))
+    client = broker.client()
+    producer = client.create_producer("t", batching_enabled=False)
+    producer.send(b"input")
+    consumer = client.subscribe("t", "s")
+    (m,) = drain(consumer)
+    txn = client.new_transaction()
+    producer.send(b"output", txn=txn)
+    consumer.acknowledge(m, txn=txn)
+    with pytest.raises(Timeout):
+        (txn.commit if commit else txn.abort)(timeout_ms=30)
+    assert txn.state is (TxnState.COMMITTING if commit else TxnState.ABORTING)
+    tid = txn.id
+    broker.close()
+    broker = env()  # every participant reachable again: recovery finishes the decision
+    client = broker.client()
+    deadline = time.monotonic() + 5
+    while client.transaction(tid).state not in (TxnState.COMMITTED, TxnState.ABORTED):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert client.transaction(tid).state is (TxnState.COMMITTED if commit else TxnState.ABORTED)
+    consumer = client.subscribe("t", "s")
+    got = [x.data() for x in drain(consumer)]
+    if commit:
+        assert got == [b"output"]  # the input's ack applied once, the output visible once
+    else:
+        assert got == [b"input"]  # the output never visible, the input delivered again
+    broker.close()
+    broker = env()
+    assert scanned(broker.client(), "t") == ([b"input", b"output"] if commit else [b"input"])
