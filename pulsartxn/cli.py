@@ -24,9 +24,47 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from pulsartxn.server.service import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    token = None
+    if args.token_file:
+        with open(args.token_file) as f:
+            token = f.read().strip()
+        if not token:
+            raise ValueError(f"token file {args.token_file} is empty")
+    serve(
+        args.data_dir,
+        args.host,
+        args.port,
+        token,
+        max_request_bytes=args.max_request_bytes,
+        session_timeout_s=args.session_timeout_s,
+        sync=not args.no_sync,
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pulsartxn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    srv = sub.add_parser("serve", help="serve a broker over Arrow Flight (pulsartxn://)")
+    srv.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    srv.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
+    srv.add_argument("--port", type=int, default=6650, help="0 picks a free port")
+    srv.add_argument("--token-file", help="file holding the bearer token clients must send")
+    srv.add_argument("--no-sync", action="store_true", help="do not fsync commits")
+    srv.add_argument("--max-request-bytes", type=int, default=64 * 1024 * 1024)
+    srv.add_argument(
+        "--session-timeout-s",
+        type=float,
+        default=10.0,
+        help="a client silent this long is gone: its consumers' messages are redelivered",
+    )
+    srv.set_defaults(func=_serve)
     demo = sub.add_parser(
         "demo",
         help="the main job on the embedded default: an exactly-once consume-process-produce "

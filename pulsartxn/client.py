@@ -20,11 +20,14 @@ SCAN_ENTRIES = 1024
 class Client:
     """``broker.client()`` (in process) or ``Client("pulsartxn://host:port")`` (network issue)."""
 
-    def __init__(self, service_url: str, token: str | None = None, **kwargs) -> None:
-        raise NotImplementedError(
-            f"remote clients ({service_url!r}) come with the network service; "
-            "use Broker(data_dir).client() in process"
-        )
+    def __new__(cls, service_url: str | None = None, token: str | None = None, **kwargs):
+        """``Client("pulsartxn://host:port", token=None)``: a remote client (the same API over
+        the network service); ``broker.client()`` gives the in-process one."""
+        if service_url is None:
+            return super().__new__(cls)
+        from .server.remote import RemoteClient
+
+        return RemoteClient(service_url, token, **kwargs)
 
     @classmethod
     def _embedded(cls, broker) -> Client:

@@ -1,0 +1,1 @@
+"""The network service (Arrow Flight) and the remote client."""

@@ -1,0 +1,111 @@
+"""What travels between the remote client and the server, and how errors come back.
+
+Actions carry a frame: a little-endian u32 length, that many bytes of JSON (the call's
+arguments), then raw bytes (message content). Bulk produce is a DoPut stream of record batches
+(``value`` binary, optional ``key`` string) whose descriptor command is the JSON of the call;
+scans are DoGet streams in API.md's read schema. An error raised by the broker travels as a
+FlightServerError whose extra_info names its class, and is raised again as that class on the
+client.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pyarrow.flight as flight
+
+from .. import errors
+from ..messaging.message import Message, MessageId
+
+VERSION = 1
+_LEN = struct.Struct("<I")
+DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
+
+# Exceptions that may cross the wire, by name (anything else becomes PulsarTxnError).
+_ERRORS = {name: getattr(errors, name) for name in errors.__all__}
+_ERRORS.update({"ValueError": ValueError, "TypeError": TypeError, "KeyError": KeyError})
+
+
+def frame(args: dict, payload: bytes = b"") -> bytes:
+    head = json.dumps(args, separators=(",", ":")).encode()
+    return _LEN.pack(len(head)) + head + payload
+
+
+def unframe(body, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> tuple[dict, memoryview]:
+    """Parse a frame; anything malformed is a ValueError (the server answers it, changes
+    nothing)."""
+    view = memoryview(body)
+    if len(view) > max_bytes:
+        raise ValueError(f"request of {len(view)} bytes exceeds the limit of {max_bytes}")
+    if len(view) < 4:
+        raise ValueError("malformed request: shorter than its length prefix")
+    (n,) = _LEN.unpack_from(view)
+    if n > len(view) - 4:
+        raise ValueError("malformed request: length prefix past the end")
+    try:
+        args = json.loads(bytes(view[4 : 4 + n]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"malformed request: {exc}") from None
+    if not isinstance(args, dict):
+        raise ValueError("malformed request: arguments must be a JSON object")
+    return args, view[4 + n :]
+
+
+def to_flight_error(exc: BaseException) -> flight.FlightServerError:
+    name = type(exc).__name__
+    if name not in _ERRORS:
+        name = "PulsarTxnError"
+    info = json.dumps({"type": name, "message": str(exc)}).encode()
+    return flight.FlightServerError(f"{name}: {exc}", extra_info=info)
+
+
+def from_flight_error(exc: flight.FlightError) -> BaseException:
+    """The API.md exception a FlightError stands for."""
+    if isinstance(exc, flight.FlightUnauthenticatedError):
+        return errors.PulsarTxnError(f"authentication failed: {exc}")
+    info = getattr(exc, "extra_info", None)
+    if info:
+        try:
+            data = json.loads(info)
+            cls = _ERRORS.get(data.get("type"), errors.PulsarTxnError)
+            return cls(data.get("message", ""))
+        except (ValueError, TypeError):
+            pass
+    return errors.PulsarTxnError(str(exc))
+
+
+def encode_message(msg: Message) -> bytes:
+    head = {
+        "id": msg.message_id().serialize().hex(),
+        "props": msg.properties(),
+        "key": msg.partition_key(),
+        "topic": msg.topic_name(),
+        "t": msg.publish_timestamp(),
+        "r": msg.redelivery_count(),
+    }
+    return frame(head, msg.data())
+
+
+def decode_message(body) -> Message:
+    head, data = unframe(body, 1 << 62)
+    return Message(
+        bytes(data),
+        head["props"],
+        head["key"],
+        MessageId.deserialize(bytes.fromhex(head["id"])),
+        head["topic"],
+        head["t"],
+        head["r"],
+    )
+
+
+def jsonable(value):
+    """Admin results as JSON: TxnIDs and MessageIds become strings."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)

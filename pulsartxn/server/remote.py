@@ -1,0 +1,596 @@
+"""``pulsartxn.Client("pulsartxn://host:port")``: API.md's client over Arrow Flight.
+
+The client opens a session (a random id) and keeps it alive; if the broker restarts, calls
+are retried with backoff until it is back (up to ``reconnect_timeout_s``), the session is
+opened again and producers and consumers are re-created under the same names. Every message
+is sent with an explicit sequence id, so a re-sent produce is stored once (de-duplication by
+producer name and sequence id).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+import weakref
+from concurrent.futures import Future
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from .. import errors
+from .._native import TxnID
+from ..messaging.message import Message, MessageId
+from ..txn.state import TxnState
+from . import protocol
+from .protocol import frame, unframe
+from .service import SessionLost
+
+
+def _txn_str(txn) -> str | None:
+    if txn is None:
+        return None
+    if isinstance(txn, RemoteTransaction):
+        return str(txn.id)
+    if isinstance(txn, TxnID):
+        return str(txn)
+    if isinstance(txn, str):
+        return str(TxnID.parse(txn))
+    if isinstance(txn, int) and not isinstance(txn, bool):
+        return str(TxnID.from_int(txn))
+    raise TypeError(f"txn must be a Transaction or TxnID, not {type(txn).__name__}")
+
+
+def _mid_hex(msg_or_id) -> str:
+    if isinstance(msg_or_id, Message):
+        msg_or_id = msg_or_id.message_id()
+    if not isinstance(msg_or_id, MessageId):
+        raise TypeError(f"expected a Message or MessageId, not {type(msg_or_id).__name__}")
+    return msg_or_id.serialize().hex()
+
+
+class RemoteClient:
+    def __init__(
+        self,
+        service_url: str,
+        token: str | None = None,
+        reconnect_timeout_s: float = 30.0,
+        keepalive_s: float = 1.0,
+    ) -> None:
+        url = urlparse(service_url)
+        if url.scheme != "pulsartxn" or not url.hostname or not url.port:
+            raise ValueError(f"service_url must be pulsartxn://host:port, not {service_url!r}")
+        self.service_url = service_url
+        self._flight = flight.FlightClient(f"grpc://{url.hostname}:{url.port}")
+        headers = [(b"authorization", b"Bearer " + token.encode())] if token else []
+        self._options = flight.FlightCallOptions(headers=headers)
+        self._session = uuid.uuid4().hex
+        self._retries = 0  # calls re-sent after the broker was unreachable
+        self._generation = 0
+        self._reconnect_s = reconnect_timeout_s
+        self._closed = False
+        self._lock = threading.Lock()
+        self._objects: weakref.WeakSet = weakref.WeakSet()
+        self._hello()
+        self.admin = RemoteAdmin(self)
+        self._stop = threading.Event()
+        self._keepalive = threading.Thread(
+            target=self._keep_alive, args=(keepalive_s,), name="pulsartxn-keepalive", daemon=True
+        )
+        self._keepalive.start()
+
+    # -- calls -----------------------------------------------------------------------------
+
+    def _hello(self) -> None:
+        self._raw("hello", {"version": protocol.VERSION})
+
+    def _raw(self, action: str, args: dict, payload: bytes = b"") -> list[bytes]:
+        """One call, retried while the broker is unreachable (with backoff)."""
+        body = frame({**args, "session": self._session}, payload)
+        deadline = time.monotonic() + self._reconnect_s
+        delay = 0.05
+        while True:
+            try:
+                results = self._flight.do_action(flight.Action(action, body), self._options)
+                return [r.body.to_pybytes() for r in results]
+            except flight.FlightUnavailableError as exc:
+                self._retries += 1
+                if time.monotonic() + delay > deadline:
+                    raise errors.PulsarTxnError(
+                        f"broker at {self.service_url} unreachable: {exc}"
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            except flight.FlightError as exc:
+                raise protocol.from_flight_error(exc) from None
+
+    def _call(self, action: str, args: dict, payload: bytes = b"", owner=None) -> list[bytes]:
+        """A call in this session; a lost session (the broker restarted) is opened again and
+        the owner's handle re-created, then the call is made once more."""
+        if self._closed:
+            raise errors.AlreadyClosed("client is closed")
+        for attempt in (0, 1):
+            if owner is not None:
+                args = {**args, "handle": owner._ensure()}
+            try:
+                return self._raw(action, args, payload)
+            except SessionLost:
+                if attempt:
+                    raise
+                self._reopen()
+        raise AssertionError("unreachable")
+
+    def _json(self, action: str, args: dict, payload: bytes = b"", owner=None) -> dict:
+        (out,) = self._call(action, args, payload, owner)
+        return unframe(out, 1 << 62)[0]
+
+    def _reopen(self) -> None:
+        with self._lock:
+            self._hello()
+            self._generation += 1
+
+    def _keep_alive(self, every: float) -> None:
+        while not self._stop.wait(every):
+            try:
+                self._raw("keepalive", {})
+            except SessionLost:
+                try:
+                    self._reopen()
+                except errors.PulsarTxnError:
+                    pass
+            except errors.PulsarTxnError:
+                pass
+
+    # -- API.md ----------------------------------------------------------------------------
+
+    def create_producer(self, topic: str, producer_name: str | None = None, **options):
+        p = RemoteProducer(self, topic, producer_name, options)
+        self._objects.add(p)
+        return p
+
+    def subscribe(self, topic: str, subscription_name: str, **options):
+        opts = {}
+        for key, value in options.items():
+            opts[key] = value.name if hasattr(value, "name") and hasattr(value, "value") else value
+        c = RemoteConsumer(self, topic, subscription_name, opts)
+        self._objects.add(c)
+        return c
+
+    def new_transaction(self, timeout_ms=None, coordinator_id=None, group=None):
+        out = self._json(
+            "new_transaction",
+            {"timeout_ms": timeout_ms, "coordinator_id": coordinator_id, "group": group},
+        )
+        return RemoteTransaction(self, TxnID.parse(out["txn"]))
+
+    def transaction(self, txn_id):
+        t = RemoteTransaction(self, TxnID.parse(_txn_str(txn_id)))
+        t.state  # noqa: B018 - TransactionNotFound / CoordinatorNotFound now
+        return t
+
+    def commit_all(self, txns) -> None:
+        self._json("commit_all", {"txns": [_txn_str(t) for t in txns]})
+
+    def commit_group(self, group: str, winners, idempotency_key=None) -> dict:
+        out = self._json(
+            "commit_group",
+            {
+                "group": group,
+                "winners": [_txn_str(t) for t in winners],
+                "idempotency_key": list(idempotency_key) if idempotency_key else None,
+            },
+        )
+        out["committed"] = [TxnID.parse(t) for t in out["committed"]]
+        out["aborted"] = [TxnID.parse(t) for t in out["aborted"]]
+        return out
+
+    def abort_group(self, group: str) -> dict:
+        out = self._json("abort_group", {"group": group})
+        out["aborted"] = [TxnID.parse(t) for t in out["aborted"]]
+        out["committed"] = [TxnID.parse(t) for t in out["committed"]]
+        return out
+
+    def scan(self, topic: str, start=None, end=None):
+        def bound(b):
+            return b.serialize().hex() if isinstance(b, MessageId) else b
+
+        ticket = frame(
+            {
+                "op": "scan",
+                "topic": topic,
+                "start": bound(start),
+                "end": bound(end),
+                "session": self._session,
+            }
+        )
+        try:
+            reader = self._flight.do_get(flight.Ticket(ticket), self._options)
+            for chunk in reader:
+                yield chunk.data
+        except flight.FlightError as exc:
+            raise protocol.from_flight_error(exc) from None
+
+    def create_topic(self, topic: str, partitions: int = 0) -> None:
+        self._json("create_topic", {"topic": topic, "partitions": partitions})
+
+    def topic_partitions(self, topic: str) -> list[str]:
+        return self._json("topic_partitions", {"topic": topic})["partitions"]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        for obj in list(self._objects):
+            try:
+                obj.close()
+            except errors.PulsarTxnError:
+                pass
+        self._closed = True
+        self._stop.set()
+        try:
+            self._raw("close_session", {})
+        except errors.PulsarTxnError:
+            pass
+        self._flight.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Handle:
+    """A server-side object re-created in a new session when the old one is lost."""
+
+    def __init__(self, client: RemoteClient) -> None:
+        self._client = client
+        self._handle = None
+        self._generation = -1
+        self._closed = False
+
+    def _ensure(self) -> int:
+        if self._closed:
+            raise errors.AlreadyClosed(f"{type(self).__name__} is closed")
+        if self._generation != self._client._generation or self._handle is None:
+            generation = self._client._generation
+            self._handle = self._create()
+            self._generation = generation
+        return self._handle
+
+
+class RemoteProducer(_Handle):
+    def __init__(self, client, topic, producer_name, options) -> None:
+        super().__init__(client)
+        self._topic = topic
+        self._options = {k: v for k, v in options.items() if v is not None}
+        self.name = producer_name
+        self._seq_lock = threading.Lock()
+        self._last_sequence = -1
+        self._queue: list = []
+        self._cond = threading.Condition()
+        self._inflight = 0
+        self._worker: threading.Thread | None = None
+        self._ensure()
+
+    def _create(self) -> int:
+        opts = dict(self._options)
+        if self.name is not None:
+            opts["producer_name"] = self.name
+        out = self._client._raw("create_producer", {"topic": self._topic, "options": opts})
+        info = unframe(out[0], 1 << 62)[0]
+        self.name = info["name"]
+        with self._seq_lock:
+            self._last_sequence = max(self._last_sequence, info["last_sequence"])
+        return info["handle"]
+
+    def topic(self) -> str:
+        return self._topic
+
+    def producer_name(self) -> str:
+        return self.name
+
+    def _next_seq(self, sequence_id):
+        with self._seq_lock:
+            if sequence_id is None:
+                sequence_id = self._last_sequence + 1
+            self._last_sequence = max(self._last_sequence, sequence_id)
+            return sequence_id
+
+    def _send_many(self, items, txn) -> list:
+        msgs, payloads = [], []
+        for content, props, key, seq in items:
+            msgs.append({"n": len(content), "props": props, "key": key, "seq": seq})
+            payloads.append(content)
+        out = self._client._json(
+            "send_many", {"messages": msgs, "txn": txn}, b"".join(payloads), owner=self
+        )
+        results = []
+        for mid, err in zip(out["ids"], out["errors"]):
+            if err is not None:
+                cls = protocol._ERRORS.get(err[0], errors.PulsarTxnError)
+                results.append(cls(err[1]))
+            else:
+                results.append(MessageId.deserialize(bytes.fromhex(mid)))
+        return results
+
+    @staticmethod
+    def _check(content):
+        if isinstance(content, (bytearray, memoryview)):
+            content = bytes(content)
+        if not isinstance(content, bytes):
+            raise TypeError(f"content must be bytes, not {type(content).__name__}")
+        return content
+
+    def send(self, content, properties=None, partition_key=None, sequence_id=None, txn=None):
+        content = self._check(content)
+        self.flush()
+        seq = self._next_seq(sequence_id)
+        (result,) = self._send_many([(content, properties, partition_key, seq)], _txn_str(txn))
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def send_async(
+        self,
+        content,
+        properties=None,
+        partition_key=None,
+        sequence_id=None,
+        txn=None,
+        callback=None,
+    ) -> Future:
+        """Queued and sent in batches by a worker (whatever accumulates while one call is in
+        flight goes in the next)."""
+        content = self._check(content)
+        fut: Future = Future()
+        if callback is not None:
+            fut.add_done_callback(
+                lambda f: callback(f.exception(), None if f.exception() else f.result())
+            )
+        with self._cond:
+            if self._closed:
+                raise errors.AlreadyClosed(f"producer {self.name} is closed")
+            seq = self._next_seq(sequence_id)
+            self._queue.append(((content, properties, partition_key, seq), _txn_str(txn), fut))
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, daemon=True)
+                self._worker.start()
+            self._cond.notify_all()
+        return fut
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    if self._closed:
+                        return
+                    self._cond.wait(0.5)
+                # One call per transaction (or none) at the head of the queue, in order.
+                txn = self._queue[0][1]
+                take = []
+                while self._queue and self._queue[0][1] == txn and len(take) < 1000:
+                    take.append(self._queue.pop(0))
+                self._inflight += 1
+            try:
+                results = self._send_many([t[0] for t in take], txn)
+                for (_, _, fut), res in zip(take, results):
+                    if isinstance(res, BaseException):
+                        fut.set_exception(res)
+                    else:
+                        fut.set_result(res)
+            except BaseException as exc:  # noqa: BLE001 - every future of the call gets it
+                for _, _, fut in take:
+                    fut.set_exception(exc)
+            finally:
+                with self._cond:
+                    self._inflight -= 1
+                    self._cond.notify_all()
+
+    def send_batch(self, values, keys=None, txn=None) -> int:
+        self.flush()
+        if isinstance(values, (pa.Array, pa.ChunkedArray)):
+            value_col = values
+        else:
+            value_col = pa.array(list(values), pa.binary())
+        cols, names = [value_col], ["value"]
+        if keys is not None:
+            cols.append(keys if isinstance(keys, pa.Array) else pa.array(list(keys), pa.string()))
+            names.append("key")
+        table = pa.Table.from_arrays(cols, names=names)
+        command = frame(
+            {"handle": self._ensure(), "txn": _txn_str(txn), "session": self._client._session}
+        )
+        try:
+            writer, reader = self._client._flight.do_put(
+                flight.FlightDescriptor.for_command(command), table.schema, self._client._options
+            )
+            writer.write_table(table)
+            writer.done_writing()
+            meta = reader.read()
+            writer.close()
+        except flight.FlightError as exc:
+            raise protocol.from_flight_error(exc) from None
+        return json.loads(meta.to_pybytes())["count"]
+
+    def flush(self) -> None:
+        with self._cond:
+            while self._queue or self._inflight:
+                self._cond.wait(0.5)
+        if self._handle is not None and not self._closed:
+            self._client._call("flush", {}, owner=self)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush()
+        handle = self._handle
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if handle is not None and self._generation == self._client._generation:
+            try:
+                self._client._raw("close_producer", {"handle": handle})
+            except errors.PulsarTxnError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class RemoteConsumer(_Handle):
+    def __init__(self, client, topic, subscription, options) -> None:
+        super().__init__(client)
+        self._topic = topic
+        self._subscription = subscription
+        self._options = options
+        self._ensure()
+
+    def _create(self) -> int:
+        out = self._client._raw(
+            "subscribe",
+            {"topic": self._topic, "subscription": self._subscription, "options": self._options},
+        )
+        return unframe(out[0], 1 << 62)[0]["handle"]
+
+    def topic(self) -> str:
+        return self._topic
+
+    def subscription_name(self) -> str:
+        return self._subscription
+
+    def receive(self, timeout_millis=None) -> Message:
+        (body,) = self._client._call("receive", {"timeout_millis": timeout_millis}, owner=self)
+        return protocol.decode_message(body)
+
+    def batch_receive(self, max_num_messages=1000, timeout_millis=100) -> list[Message]:
+        bodies = self._client._call(
+            "batch_receive",
+            {"max_num_messages": max_num_messages, "timeout_millis": timeout_millis},
+            owner=self,
+        )
+        out = []
+        for body in bodies:
+            head, _ = unframe(body, 1 << 62)
+            if not head.get("empty"):
+                out.append(protocol.decode_message(body))
+        return out
+
+    def acknowledge(self, msg_or_id, txn=None) -> None:
+        self._client._call("ack", {"id": _mid_hex(msg_or_id), "txn": _txn_str(txn)}, owner=self)
+
+    def acknowledge_cumulative(self, msg_or_id, txn=None) -> None:
+        self._client._call(
+            "ack",
+            {"id": _mid_hex(msg_or_id), "txn": _txn_str(txn), "cumulative": True},
+            owner=self,
+        )
+
+    def negative_acknowledge(self, msg_or_id) -> None:
+        self._client._call("nack", {"id": _mid_hex(msg_or_id)}, owner=self)
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        self._client._call("redeliver", {}, owner=self)
+
+    def has_message_available(self) -> bool:
+        return self._client._json("has_message_available", {}, owner=self)["value"]
+
+    def get_last_message_id(self) -> MessageId:
+        out = self._client._json("get_last_message_id", {}, owner=self)
+        return MessageId.deserialize(bytes.fromhex(out["id"]))
+
+    def unsubscribe(self) -> None:
+        self._client._call("unsubscribe", {}, owner=self)
+        self._closed = True
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        handle = self._handle
+        self._closed = True
+        if handle is not None and self._generation == self._client._generation:
+            try:
+                self._client._raw("close_consumer", {"handle": handle})
+            except errors.PulsarTxnError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class RemoteTransaction:
+    def __init__(self, client: RemoteClient, txn_id: TxnID) -> None:
+        self._client = client
+        self.id = txn_id
+
+    @property
+    def state(self) -> TxnState:
+        return TxnState(self._client._json("txn_state", {"txn": str(self.id)})["state"])
+
+    def _end(self, commit: bool, timeout_ms) -> None:
+        retries = self._client._retries
+        try:
+            self._client._json(
+                "end", {"txn": str(self.id), "commit": commit, "timeout_ms": timeout_ms}
+            )
+        except errors.InvalidTxnStatus:
+            # Re-sent after a lost connection, the first attempt may have gone through.
+            wanted = TxnState.COMMITTED if commit else TxnState.ABORTED
+            if self._client._retries == retries or self.state is not wanted:
+                raise
+
+    def commit(self, timeout_ms=None) -> None:
+        self._end(True, timeout_ms)
+
+    def abort(self, timeout_ms=None) -> None:
+        self._end(False, timeout_ms)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            if self.state is TxnState.OPEN:
+                self.commit()
+            return
+        try:
+            if self.state is TxnState.OPEN:
+                self.abort()
+        except errors.PulsarTxnError:
+            pass
+
+    def __repr__(self) -> str:
+        return f"RemoteTransaction({self.id})"
+
+
+class RemoteAdmin:
+    _METHODS = (
+        "topic_stats",
+        "coordinators",
+        "coordinator_stats",
+        "transaction_metadata",
+        "slow_transactions",
+        "transaction_buffer_stats",
+        "pending_ack_stats",
+        "scale_coordinators",
+    )
+
+    def __init__(self, client: RemoteClient) -> None:
+        self._client = client
+
+    def __getattr__(self, name):
+        if name not in self._METHODS:
+            raise AttributeError(name)
+
+        def call(*args):
+            args = [str(a) if isinstance(a, TxnID) else a for a in args]
+            return self._client._json("admin", {"method": name, "args": args})["result"]
+
+        return call

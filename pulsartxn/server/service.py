@@ -1,0 +1,468 @@
+"""``pulsartxn serve``: a broker served over Arrow Flight.
+
+Each remote client opens a session; its producers, consumers and transaction handles live in
+the session. A session that stops sending keep-alives (the client died or was cut off) is
+closed: its consumers' unacknowledged messages go back to be redelivered, its producers are
+closed, and its open transactions are left to their timeouts. Every call is checked against
+the bearer token when one is configured (constant-time comparison), bounded in size, and
+parsed strictly: a malformed call gets an error and changes nothing.
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import json
+import logging
+import threading
+import time
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from .. import errors
+from .._native.entryformat import READ_SCHEMA
+from ..messaging.consumer import ConsumerType, InitialPosition, Isolation
+from ..messaging.message import MessageId
+from . import protocol
+from .protocol import frame, jsonable, unframe
+
+log = logging.getLogger(__name__)
+
+
+class SessionLost(errors.PulsarTxnError):
+    """The session named by a call is unknown here (expired, or the server restarted)."""
+
+
+protocol._ERRORS["SessionLost"] = SessionLost
+
+
+class _Session:
+    def __init__(self, sid: str, client) -> None:
+        self.id = sid
+        self.client = client
+        self.producers: dict[int, object] = {}
+        self.consumers: dict[int, object] = {}
+        self.txns: dict[str, object] = {}
+        self.last_seen = time.monotonic()
+        self.lock = threading.Lock()
+
+    def close(self) -> None:
+        for c in list(self.consumers.values()):
+            try:
+                c.close()  # unacknowledged messages are redelivered to others
+            except errors.PulsarTxnError:
+                pass
+        try:
+            self.client.close()
+        except errors.PulsarTxnError:
+            pass
+
+
+class _AuthFactory(flight.ServerMiddlewareFactory):
+    def __init__(self, token: str) -> None:
+        self._expected = b"Bearer " + token.encode()
+
+    def start_call(self, info, headers):
+        values = headers.get("authorization") or headers.get("Authorization") or []
+        got = values[0].encode() if values else b""
+        if not hmac.compare_digest(got, self._expected):
+            raise flight.FlightUnauthenticatedError("missing or wrong bearer token")
+        return None
+
+
+class BrokerServer(flight.FlightServerBase):
+    def __init__(
+        self,
+        broker,
+        host: str = "127.0.0.1",
+        port: int = 6650,
+        token: str | None = None,
+        max_request_bytes: int = protocol.DEFAULT_MAX_REQUEST_BYTES,
+        session_timeout_s: float = 10.0,
+    ) -> None:
+        middleware = {"auth": _AuthFactory(token)} if token else {}
+        super().__init__(f"grpc://{host}:{port}", middleware=middleware)
+        self.broker = broker
+        self.max_request_bytes = max_request_bytes
+        self.session_timeout_s = session_timeout_s
+        self._sessions: dict[str, _Session] = {}
+        self._lock = threading.Lock()
+        self._handles = itertools.count(1)
+        self._stopped = threading.Event()
+        self._reaper = threading.Thread(target=self._reap, name="pulsartxn-sessions", daemon=True)
+        self._reaper.start()
+        self._actions = {
+            name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_on_")
+        }
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _reap(self) -> None:
+        while not self._stopped.wait(min(1.0, self.session_timeout_s / 4)):
+            now = time.monotonic()
+            with self._lock:
+                dead = [
+                    s for s in self._sessions.values() if now - s.last_seen > self.session_timeout_s
+                ]
+                for s in dead:
+                    del self._sessions[s.id]
+            for s in dead:
+                log.info("session %s expired: closing its consumers and producers", s.id)
+                s.close()
+
+    def shutdown_sessions(self) -> None:
+        self._stopped.set()
+        with self._lock:
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
+        for s in sessions:
+            s.close()
+
+    def _session(self, args: dict) -> _Session:
+        sid = args.get("session")
+        with self._lock:
+            s = self._sessions.get(sid) if isinstance(sid, str) else None
+        if s is None:
+            raise SessionLost(f"unknown session {sid!r}")
+        s.last_seen = time.monotonic()
+        return s
+
+    def _txn(self, s: _Session, value):
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise TypeError(f"txn must be a TxnID string, not {value!r}")
+        txn = s.txns.get(value)
+        if txn is None:
+            txn = s.client.transaction(value)
+            s.txns[value] = txn
+        return txn
+
+    def do_action(self, context, action):
+        try:
+            handler = self._actions.get(action.type)
+            if handler is None:
+                raise ValueError(f"unknown action {action.type!r}")
+            args, payload = unframe(action.body.to_pybytes(), self.max_request_bytes)
+            out = handler(args, payload)
+        except flight.FlightError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every error goes back to the caller
+            raise protocol.to_flight_error(exc) from None
+        if isinstance(out, list):
+            return [flight.Result(pa.py_buffer(r)) for r in out]
+        return [flight.Result(pa.py_buffer(out if isinstance(out, bytes) else frame(out)))]
+
+    def list_actions(self, context):
+        return [(name, "") for name in sorted(self._actions)]
+
+    # -- sessions and topics ---------------------------------------------------------------
+
+    def _on_hello(self, args, payload):
+        if args.get("version") != protocol.VERSION:
+            raise errors.InvalidConfiguration(
+                f"protocol version {args.get('version')!r} is not {protocol.VERSION}"
+            )
+        sid = args.get("session")
+        if not isinstance(sid, str) or not 8 <= len(sid) <= 64:
+            raise ValueError("hello needs a session id of 8..64 characters")
+        with self._lock:
+            if sid not in self._sessions:
+                self._sessions[sid] = _Session(sid, self.broker.client())
+        return {"version": protocol.VERSION, "broker": self.broker.broker_id}
+
+    def _on_keepalive(self, args, payload):
+        self._session(args)
+        return {}
+
+    def _on_close_session(self, args, payload):
+        with self._lock:
+            s = self._sessions.pop(args.get("session"), None)
+        if s is not None:
+            s.close()
+        return {}
+
+    def _on_create_topic(self, args, payload):
+        self._session(args)
+        self.broker.create_topic(args["topic"], args.get("partitions", 0))
+        return {}
+
+    def _on_topic_partitions(self, args, payload):
+        self._session(args)
+        return {"partitions": self.broker.topic_partitions(args["topic"])}
+
+    # -- producers -------------------------------------------------------------------------
+
+    def _on_create_producer(self, args, payload):
+        s = self._session(args)
+        p = s.client.create_producer(args["topic"], **(args.get("options") or {}))
+        handle = next(self._handles)
+        with s.lock:
+            s.producers[handle] = p
+        return {"handle": handle, "name": p.producer_name(), "last_sequence": p.last_sequence_id()}
+
+    def _producer(self, s: _Session, args):
+        p = s.producers.get(args.get("handle"))
+        if p is None:
+            raise SessionLost(f"unknown producer {args.get('handle')!r}")
+        return p
+
+    def _on_send_many(self, args, payload):
+        """Messages with explicit sequence ids (a re-send after a reconnect is stored once);
+        durable when answered."""
+        s = self._session(args)
+        p = self._producer(s, args)
+        txn = self._txn(s, args.get("txn"))
+        futures, off = [], 0
+        for m in args["messages"]:
+            n = m["n"]
+            if not isinstance(n, int) or n < 0 or off + n > len(payload):
+                raise ValueError("malformed send: message lengths past the payload")
+            content = bytes(payload[off : off + n])
+            off += n
+            futures.append(
+                p.send_async(content, m.get("props"), m.get("key"), m.get("seq"), txn=txn)
+            )
+        p.flush()
+        ids, errs = [], []
+        for f in futures:
+            try:
+                ids.append(f.result().serialize().hex())
+                errs.append(None)
+            except Exception as exc:  # noqa: BLE001 - reported per message
+                ids.append(None)
+                errs.append([type(exc).__name__, str(exc)])
+        return {"ids": ids, "errors": errs}
+
+    def _on_flush(self, args, payload):
+        s = self._session(args)
+        self._producer(s, args).flush()
+        return {}
+
+    def _on_close_producer(self, args, payload):
+        s = self._session(args)
+        with s.lock:
+            p = s.producers.pop(args.get("handle"), None)
+        if p is not None:
+            p.close()
+        return {}
+
+    def do_put(self, context, descriptor, reader, writer):
+        try:
+            args, _ = unframe(descriptor.command, self.max_request_bytes)
+            s = self._session(args)
+            p = self._producer(s, args)
+            txn = self._txn(s, args.get("txn"))
+            total = 0
+            size = 0
+            for chunk in reader:
+                batch = chunk.data
+                size += batch.nbytes
+                if size > self.max_request_bytes * 16:
+                    raise ValueError("send_batch stream exceeds the server's limit")
+                if "value" not in batch.schema.names:
+                    raise ValueError("send_batch batches need a 'value' column")
+                keys = batch.column("key") if "key" in batch.schema.names else None
+                total += p.send_batch(batch.column("value"), keys=keys, txn=txn)
+            writer.write(pa.py_buffer(json.dumps({"count": total}).encode()))
+        except flight.FlightError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise protocol.to_flight_error(exc) from None
+
+    # -- consumers -------------------------------------------------------------------------
+
+    def _on_subscribe(self, args, payload):
+        s = self._session(args)
+        opts = dict(args.get("options") or {})
+        for key, enum in (
+            ("subscription_type", ConsumerType),
+            ("initial_position", InitialPosition),
+            ("isolation", Isolation),
+        ):
+            if key in opts:
+                opts[key] = enum[opts[key]]
+        c = s.client.subscribe(args["topic"], args["subscription"], **opts)
+        handle = next(self._handles)
+        with s.lock:
+            s.consumers[handle] = c
+        return {"handle": handle}
+
+    def _consumer(self, s: _Session, args):
+        c = s.consumers.get(args.get("handle"))
+        if c is None:
+            raise SessionLost(f"unknown consumer {args.get('handle')!r}")
+        return c
+
+    def _on_receive(self, args, payload):
+        s = self._session(args)
+        msg = self._consumer(s, args).receive(args.get("timeout_millis"))
+        return protocol.encode_message(msg)
+
+    def _on_batch_receive(self, args, payload):
+        s = self._session(args)
+        msgs = self._consumer(s, args).batch_receive(
+            args.get("max_num_messages", 1000), args.get("timeout_millis", 100)
+        )
+        return [protocol.encode_message(m) for m in msgs] or [frame({"empty": True})]
+
+    def _mid(self, args) -> MessageId:
+        return MessageId.deserialize(bytes.fromhex(args["id"]))
+
+    def _on_ack(self, args, payload):
+        s = self._session(args)
+        c = self._consumer(s, args)
+        txn = self._txn(s, args.get("txn"))
+        if args.get("cumulative"):
+            c.acknowledge_cumulative(self._mid(args), txn=txn)
+        else:
+            c.acknowledge(self._mid(args), txn=txn)
+        return {}
+
+    def _on_nack(self, args, payload):
+        s = self._session(args)
+        self._consumer(s, args).negative_acknowledge(self._mid(args))
+        return {}
+
+    def _on_redeliver(self, args, payload):
+        s = self._session(args)
+        self._consumer(s, args).redeliver_unacknowledged_messages()
+        return {}
+
+    def _on_has_message_available(self, args, payload):
+        s = self._session(args)
+        return {"value": self._consumer(s, args).has_message_available()}
+
+    def _on_get_last_message_id(self, args, payload):
+        s = self._session(args)
+        return {"id": self._consumer(s, args).get_last_message_id().serialize().hex()}
+
+    def _on_close_consumer(self, args, payload):
+        s = self._session(args)
+        with s.lock:
+            c = s.consumers.pop(args.get("handle"), None)
+        if c is not None:
+            c.close()
+        return {}
+
+    def _on_unsubscribe(self, args, payload):
+        s = self._session(args)
+        with s.lock:
+            c = s.consumers.pop(args.get("handle"), None)
+        if c is None:
+            raise SessionLost(f"unknown consumer {args.get('handle')!r}")
+        c.unsubscribe()
+        return {}
+
+    # -- transactions ----------------------------------------------------------------------
+
+    def _on_new_transaction(self, args, payload):
+        s = self._session(args)
+        txn = s.client.new_transaction(
+            args.get("timeout_ms"), args.get("coordinator_id"), args.get("group")
+        )
+        s.txns[str(txn.id)] = txn
+        return {"txn": str(txn.id)}
+
+    def _on_txn_state(self, args, payload):
+        s = self._session(args)
+        return {"state": self._txn(s, args["txn"]).state.value}
+
+    def _on_end(self, args, payload):
+        s = self._session(args)
+        txn = self._txn(s, args["txn"])
+        if args.get("commit"):
+            txn.commit(args.get("timeout_ms"))
+        else:
+            txn.abort(args.get("timeout_ms"))
+        return {"state": txn.state.value}
+
+    def _on_commit_all(self, args, payload):
+        s = self._session(args)
+        s.client.commit_all(args["txns"])
+        return {}
+
+    def _on_commit_group(self, args, payload):
+        s = self._session(args)
+        key = args.get("idempotency_key")
+        out = s.client.commit_group(
+            args["group"], args["winners"], tuple(key) if key is not None else None
+        )
+        return jsonable(out)
+
+    def _on_abort_group(self, args, payload):
+        s = self._session(args)
+        return jsonable(s.client.abort_group(args["group"]))
+
+    # -- admin and scans -------------------------------------------------------------------
+
+    _ADMIN = {
+        "topic_stats",
+        "coordinators",
+        "coordinator_stats",
+        "transaction_metadata",
+        "slow_transactions",
+        "transaction_buffer_stats",
+        "pending_ack_stats",
+        "scale_coordinators",
+    }
+
+    def _on_admin(self, args, payload):
+        self._session(args)
+        method = args.get("method")
+        if method not in self._ADMIN:
+            raise ValueError(f"unknown admin call {method!r}")
+        return {"result": jsonable(getattr(self.broker.admin, method)(*args.get("args", [])))}
+
+    def do_get(self, context, ticket):
+        try:
+            args, _ = unframe(ticket.ticket, self.max_request_bytes)
+            s = self._session(args)
+            if args.get("op") != "scan":
+                raise ValueError(f"unknown stream {args.get('op')!r}")
+            start, end = args.get("start"), args.get("end")
+            if isinstance(start, str):
+                start = MessageId.deserialize(bytes.fromhex(start))
+            if isinstance(end, str):
+                end = MessageId.deserialize(bytes.fromhex(end))
+            batches = s.client.scan(args["topic"], start, end)
+            return flight.GeneratorStream(READ_SCHEMA(), batches)
+        except flight.FlightError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise protocol.to_flight_error(exc) from None
+
+
+def serve(
+    data_dir: str,
+    host: str,
+    port: int,
+    token: str | None,
+    max_request_bytes: int = protocol.DEFAULT_MAX_REQUEST_BYTES,
+    session_timeout_s: float = 10.0,
+    **broker_options,
+) -> None:
+    """Run a broker and serve it until SIGINT/SIGTERM; then close it cleanly (in-flight
+    groups committed, sessions closed, LMDB closed)."""
+    import signal
+
+    from ..broker import Broker
+
+    broker = Broker(data_dir, **broker_options)
+    server = BrokerServer(broker, host, port, token, max_request_bytes, session_timeout_s)
+    stop = threading.Event()
+
+    def on_signal(signum, frame_):
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    print(f"pulsartxn serving {broker.data_dir} on pulsartxn://{host}:{server.port}", flush=True)
+    try:
+        stop.wait()
+    finally:
+        server.shutdown_sessions()
+        server.shutdown()
+        broker.close()
+        print("pulsartxn server stopped", flush=True)

@@ -1,0 +1,151 @@
+"""The network service as a real process on 127.0.0.1 and the remote client against it."""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+
+import pulsartxn
+from pulsartxn import ConsumerType, TxnID, TxnState
+from pulsartxn.errors import (
+    InvalidTxnStatus,
+    PulsarTxnError,
+    Timeout,
+    TransactionConflict,
+    TransactionNotFound,
+)
+from pulsartxn.server.protocol import frame
+
+
+def drain(consumer, timeout_ms=200):
+    out = []
+    while True:
+        try:
+            out.append(consumer.receive(timeout_ms))
+        except Timeout:
+            return out
+
+
+def test_produce_consume_and_transactions_remotely(server):
+    s = server()
+    client = pulsartxn.Client(s.url)
+    client.create_topic("t", 2)
+    assert len(client.topic_partitions("t")) == 2
+    producer = client.create_producer("t")
+    producer.send(b"plain", partition_key="k")
+    futures = [producer.send_async(b"a%d" % i) for i in range(50)]
+    producer.flush()
+    assert all(f.done() and f.exception() is None for f in futures)
+    assert producer.send_batch(pa.array([b"x", b"y"], pa.binary())) == 2
+    consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    got = drain(consumer)
+    assert len(got) == 53
+    txn = client.new_transaction()
+    producer.send(b"in-txn", txn=txn)
+    producer.send_batch([b"bulk-txn"], txn=txn)
+    for m in got:
+        consumer.acknowledge(m, txn=txn)
+    assert drain(consumer, 100) == []
+    assert not any(v == b"in-txn" for b in client.scan("t") for v in b.column("value").to_pylist())
+    with pytest.raises(TransactionConflict):
+        consumer.acknowledge(got[0], txn=client.new_transaction())
+    txn.commit()
+    assert txn.state is TxnState.COMMITTED
+    assert sorted(m.data() for m in drain(consumer)) == [b"bulk-txn", b"in-txn"]
+    with pytest.raises(InvalidTxnStatus):
+        txn.commit()
+    with pytest.raises(TransactionNotFound):
+        client.transaction(TxnID(0, 424242))
+    assert client.admin.topic_stats("t")["messages"] == 55
+    assert client.admin.coordinator_stats(txn.id.coordinator_id)["committed"] >= 1
+    client.close()
+
+
+def test_wrong_token_is_refused(server, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    s = server("--token-file", str(token_file))
+    with pytest.raises(PulsarTxnError, match="authentication"):
+        pulsartxn.Client(s.url, token="wrong")
+    with pytest.raises(PulsarTxnError, match="authentication"):
+        pulsartxn.Client(s.url)
+    client = pulsartxn.Client(s.url, token="s3cret")
+    client.create_producer("t").send(b"ok")
+    client.close()
+
+
+def test_garbage_and_oversized_requests_change_nothing(server):
+    s = server("--max-request-bytes", "4096")
+    raw = flight.FlightClient(f"grpc://127.0.0.1:{s.port}")
+    for body in (b"", b"\xff\xff\xff\xff", b"\x05\x00\x00\x00{nope", frame({"x": 1}) * 3):
+        with pytest.raises(flight.FlightError):
+            list(raw.do_action(flight.Action("send_many", body)))
+    with pytest.raises(flight.FlightError, match="unknown action"):
+        list(raw.do_action(flight.Action("drop_everything", frame({}))))
+    client = pulsartxn.Client(s.url)
+    producer = client.create_producer("t")
+    with pytest.raises(ValueError, match="exceeds the limit"):
+        producer.send(b"x" * 10_000)
+    with pytest.raises(pulsartxn.InvalidTopicName):
+        client.create_producer("persistent://bad/name")
+    producer.send(b"small")
+    assert client.admin.topic_stats("t")["messages"] == 1
+    client.close()
+
+
+def test_disconnected_client_messages_are_redelivered(server):
+    s = server("--session-timeout-s", "1")
+    a = pulsartxn.Client(s.url)
+    a.create_producer("t").send(b"m")
+    ca = a.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    assert ca.receive(1000).data() == b"m"
+    open_txn = a.new_transaction(timeout_ms=60_000)
+    # The client goes silent without closing (as a crashed process would).
+    a._stop.set()
+    b = pulsartxn.Client(s.url)
+    cb = b.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    deadline = time.monotonic() + 10
+    got = None
+    while got is None and time.monotonic() < deadline:
+        try:
+            got = cb.receive(200)
+        except Timeout:
+            pass
+    assert got is not None and got.data() == b"m" and got.redelivery_count() == 1
+    assert b.transaction(open_txn.id).state is TxnState.OPEN  # left to its timeout
+    b.close()
+
+
+def test_server_killed_mid_transaction_client_carries_on(server):
+    s = server()
+    client = pulsartxn.Client(s.url, reconnect_timeout_s=30)
+    producer = client.create_producer("t", producer_name="p1")
+    producer.send(b"before")
+    txn = client.new_transaction(timeout_ms=120_000)
+    producer.send(b"in-txn", txn=txn)
+    s.kill9()
+    s.start()  # same data directory, same port
+    producer.send(b"after")  # reconnects, re-creates the producer under its name
+    txn.commit()  # the transaction survived in the coordinator's log
+    values = sorted(v for b in client.scan("t") for v in b.column("value").to_pylist())
+    assert values == [b"after", b"before", b"in-txn"]
+    # A re-sent message (same producer name and sequence id) is stored once.
+    again = client.create_producer("t", producer_name="p2")
+    again.send(b"once", sequence_id=7)
+    again.send(b"once", sequence_id=7)
+    values = [v for b in client.scan("t") for v in b.column("value").to_pylist()]
+    assert values.count(b"once") == 1
+    client.close()
+
+
+def test_sigterm_closes_cleanly(server):
+    s = server()
+    client = pulsartxn.Client(s.url)
+    client.create_producer("t").send(b"kept")
+    client.close()
+    assert s.stop() == 0
+    with pulsartxn.Broker(s.data_dir) as broker:
+        assert broker.admin.topic_stats("t")["messages"] == 1
