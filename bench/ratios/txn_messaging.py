@@ -1,0 +1,405 @@
+"""Transactional messaging vs the same work without transactions, in one run.
+
+The figures the transaction-buffer issue asks for, each against a baseline measured in the same
+run on the same broker (sync=False, 100-byte messages):
+
+a. produce at 1000 messages per transaction vs plain produce of the same messages in the same
+   send style (per-message send_async then commit vs send_async then flush; send_batch in a
+   transaction then commit vs plain send_batch);
+b. read-committed reads of a ledger where 10% of the transactions aborted vs one where none
+   did. Both ledgers hold the same number of data messages; the rate is messages read from the
+   ledger per second (aborted ones included, markers not), so the ratio is plain time over
+   aborted time;
+c. receive + acknowledge in a transaction (committed every 1000 acks) vs plain acknowledge;
+d. transaction buffer recovery: reopen the broker on a partition of 1M one-message entries
+   written by 200k transactions of 5, 100k of them aborted, and read its max read position;
+   with the snapshot written at close, and with it deleted (full replay, as after a damaged
+   one). The baseline is raw py-lmdb iterating the same ledger's keys and values, for scale.
+
+The machine is noisy: rounds alternate between the baseline and ours, and each row gives the
+median of ours and the median over rounds of the pair ratio (baseline round / our round).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from statistics import median
+
+import lmdb
+
+import pulsartxn
+
+from ._harness import Row
+
+PAYLOAD = 100
+PER_TXN = 1000
+
+
+def _paired(
+    figure: str, items: int, unit: str, ours: list[float], base: list[float], baseline: str, target
+) -> Row:
+    """A Row whose ratio is the median of the per-round ratios and whose time is our median."""
+    ratio = median(b / o for o, b in zip(ours, base))
+    native = median(ours)
+    return Row(figure, items, unit, native, native * ratio, baseline, target)
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _per_call(fn, min_time: float = 0.2) -> float:
+    """Mean seconds per call of a short fn, called until min_time has passed."""
+    n = 0
+    start = time.perf_counter()
+    while True:
+        fn()
+        n += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_time:
+            return elapsed / n
+
+
+# -- a. produce --------------------------------------------------------------------------------
+
+
+def _produce_rows(client, values: list[bytes], n_txns: int, rounds: int) -> list[Row]:
+    chunks = [values[i * PER_TXN : (i + 1) * PER_TXN] for i in range(n_txns)]
+    p_plain = client.create_producer("produce-plain")
+    p_txn = client.create_producer("produce-txn")
+    b_plain = client.create_producer("produce-batch-plain")
+    b_txn = client.create_producer("produce-batch-txn")
+
+    def async_plain():
+        send = p_plain.send_async
+        for chunk in chunks:
+            for v in chunk:
+                send(v)
+            p_plain.flush()
+
+    def async_txn():
+        send = p_txn.send_async
+        for chunk in chunks:
+            txn = client.new_transaction()
+            for v in chunk:
+                send(v, txn=txn)
+            txn.commit()
+
+    def batch_plain():
+        for chunk in chunks:
+            b_plain.send_batch(chunk)
+
+    def batch_txn():
+        for chunk in chunks:
+            txn = client.new_transaction()
+            b_txn.send_batch(chunk, txn=txn)
+            txn.commit()
+
+    times: dict[str, list[float]] = {k: [] for k in ("ap", "at", "bp", "bt")}
+    for r in range(rounds):
+        # Alternate which side goes first, so neither always meets the other's writeback.
+        order = (("ap", async_plain), ("at", async_txn), ("bp", batch_plain), ("bt", batch_txn))
+        if r % 2:
+            order = (order[1], order[0], order[3], order[2])
+        for key, fn in order:
+            times[key].append(_timed(fn))
+    n = n_txns * PER_TXN
+    return [
+        _paired(
+            f"send_async x1000 + commit, {n_txns} txns (vs send_async x1000 + flush)",
+            n,
+            "msgs",
+            times["at"],
+            times["ap"],
+            "plain send_async + flush, same run",
+            0.95,
+        ),
+        _paired(
+            f"send_batch(1000, txn) + commit, {n_txns} txns (vs plain send_batch(1000))",
+            n,
+            "msgs",
+            times["bt"],
+            times["bp"],
+            "plain send_batch, same run",
+            0.95,
+        ),
+    ]
+
+
+# -- b. read committed with aborts ---------------------------------------------------------
+
+
+def _fill_txns(client, topic: str, values: list[bytes], n_txns: int, abort_every: int) -> int:
+    """n_txns transactions of PER_TXN messages (send_batch); every abort_every-th aborts.
+    Returns the number of committed messages."""
+    producer = client.create_producer(topic)
+    committed = 0
+    for i in range(n_txns):
+        txn = client.new_transaction()
+        producer.send_batch(values[i * PER_TXN : (i + 1) * PER_TXN], txn=txn)
+        if abort_every and i % abort_every == abort_every - 1:
+            txn.abort()
+        else:
+            txn.commit()
+            committed += PER_TXN
+    producer.close()
+    return committed
+
+
+def _read_rows(client, values: list[bytes], n_txns: int, rounds: int) -> list[Row]:
+    n = n_txns * PER_TXN
+    expect = {
+        "rc-none": _fill_txns(client, "rc-none", values, n_txns, 0),
+        "rc-aborted": _fill_txns(client, "rc-aborted", values, n_txns, 10),
+    }
+    assert expect["rc-aborted"] == n - n // 10
+
+    def scan(topic):
+        def run():
+            got = sum(b.num_rows for b in client.scan(topic))
+            assert got == expect[topic], (topic, got, expect[topic])
+
+        return run
+
+    subs = iter(range(1 << 30))
+
+    def receive(topic):
+        def run():
+            consumer = client.subscribe(topic, f"recv-{next(subs)}")
+            for _ in range(expect[topic]):
+                consumer.receive(1000)
+            consumer.close()
+
+        return run
+
+    def batch_receive(topic):
+        def run():
+            consumer = client.subscribe(topic, f"batch-{next(subs)}")
+            got = 0
+            while got < expect[topic]:
+                got += len(consumer.batch_receive(1000, 1000))
+            assert got == expect[topic]
+            consumer.close()
+
+        return run
+
+    rows = []
+    for what, make, k in (
+        ("scan", scan, rounds),
+        ("receive() per message", receive, max(2, rounds // 2)),
+        ("batch_receive(1000)", batch_receive, rounds),
+    ):
+        # Scans are short: each round is the mean of calls over 0.2 s, after a warm-up.
+        timer = _per_call if make is scan else _timed
+        if make is scan:
+            make("rc-none")()
+            make("rc-aborted")()
+        ours, base = [], []
+        for r in range(k):
+            if r % 2:
+                ours.append(timer(make("rc-aborted")))
+                base.append(timer(make("rc-none")))
+            else:
+                base.append(timer(make("rc-none")))
+                ours.append(timer(make("rc-aborted")))
+        rows.append(
+            _paired(
+                f"read committed, {what}: 10% of {n_txns} txns x 1000 aborted vs none "
+                "(ledger msgs/s)",
+                n,
+                "msgs",
+                ours,
+                base,
+                "same read, no aborted txns",
+                0.9,
+            )
+        )
+    return rows
+
+
+# -- c. acknowledgements -------------------------------------------------------------------
+
+
+def _ack_rows(client, values: list[bytes], n_acks: int, rounds: int) -> list[Row]:
+    producer = client.create_producer("acks")
+    producer.send_batch(values[:n_acks])
+    subs = iter(range(1 << 30))
+
+    def plain():
+        consumer = client.subscribe("acks", f"plain-{next(subs)}")
+        for _ in range(n_acks):
+            consumer.acknowledge(consumer.receive(1000))
+        consumer.close()
+
+    def in_txn():
+        consumer = client.subscribe("acks", f"txn-{next(subs)}")
+        for _ in range(n_acks // PER_TXN):
+            txn = client.new_transaction()
+            for _ in range(PER_TXN):
+                consumer.acknowledge(consumer.receive(1000), txn=txn)
+            txn.commit()
+        consumer.close()
+
+    def plain_batch():
+        consumer = client.subscribe("acks", f"bplain-{next(subs)}")
+        got = 0
+        while got < n_acks:
+            msgs = consumer.batch_receive(PER_TXN, 1000)
+            for m in msgs:
+                consumer.acknowledge(m)
+            got += len(msgs)
+        consumer.close()
+
+    def txn_batch():
+        consumer = client.subscribe("acks", f"btxn-{next(subs)}")
+        got = 0
+        while got < n_acks:
+            txn = client.new_transaction()
+            msgs = consumer.batch_receive(PER_TXN, 1000)
+            for m in msgs:
+                consumer.acknowledge(m, txn=txn)
+            txn.commit()
+            got += len(msgs)
+        consumer.close()
+
+    rows = []
+    for what, ours_fn, base_fn in (
+        ("receive + acknowledge(msg, txn), commit per 1000", in_txn, plain),
+        ("batch_receive(1000) + acknowledge(msg, txn) + commit", txn_batch, plain_batch),
+    ):
+        ours, base = [], []
+        for r in range(rounds):
+            if r % 2:
+                ours.append(_timed(ours_fn))
+                base.append(_timed(base_fn))
+            else:
+                base.append(_timed(base_fn))
+                ours.append(_timed(ours_fn))
+        rows.append(
+            _paired(
+                f"{what}, {n_acks} msgs (vs the same without txn)",
+                n_acks,
+                "acks",
+                ours,
+                base,
+                "plain acknowledge, same run",
+                None,
+            )
+        )
+    return rows
+
+
+# -- d. transaction buffer recovery --------------------------------------------------------
+
+RECOVERY_TOPIC = "recovery"
+RECOVERY_PER_TXN = 5
+
+
+def build_recovery(path: str, n_txns: int) -> int:
+    """A partition of n_txns transactions of RECOVERY_PER_TXN one-message entries, every other
+    one aborted (n_txns/2 aborted). Returns the entries in its ledger (markers included)."""
+    values = [os.urandom(PAYLOAD) for _ in range(RECOVERY_PER_TXN)]
+    with pulsartxn.Broker(path, sync=False) as broker:
+        client = broker.client()
+        # batching_max_messages=1: send_batch writes one entry per message.
+        producer = client.create_producer(RECOVERY_TOPIC, batching_max_messages=1)
+        for i in range(n_txns):
+            txn = client.new_transaction()
+            producer.send_batch(values, txn=txn)
+            if i % 2:
+                txn.abort()
+            else:
+                txn.commit()
+        stats = broker.admin.transaction_buffer_stats(RECOVERY_TOPIC)
+        assert stats["aborted_txn_count"] == n_txns // 2, stats
+        return stats["max_read_position"]
+
+
+def drop_snapshots(path: str) -> None:
+    """Delete the transaction buffer snapshots (the broker is closed): recovery then replays
+    the whole ledger, as after a crash before the first snapshot or with a damaged one."""
+    env = lmdb.open(path, max_dbs=16_384, map_size=1 << 40)
+    try:
+        with env.begin(write=True) as txn:
+            txn.drop(env.open_db(b"tbsnapshot", txn=txn), delete=False)
+    finally:
+        env.close()
+
+
+def reopen(path: str) -> tuple[float, dict]:
+    """Seconds to open the broker and get the partition's max read position."""
+    start = time.perf_counter()
+    broker = pulsartxn.Broker(path, sync=False)
+    stats = broker.admin.transaction_buffer_stats(RECOVERY_TOPIC)
+    elapsed = time.perf_counter() - start
+    broker.close()
+    return elapsed, stats
+
+
+def raw_iterate(path: str) -> float:
+    """Raw py-lmdb: iterate every key and value of the partition's ledger database."""
+    env = lmdb.open(path, max_dbs=16_384, map_size=1 << 40, readonly=True, lock=False)
+    try:
+        db = env.open_db(b"ledger/persistent://public/default/" + RECOVERY_TOPIC.encode())
+        start = time.perf_counter()
+        with env.begin(db=db) as txn:
+            for _key, _value in txn.cursor():
+                pass
+        return time.perf_counter() - start
+    finally:
+        env.close()
+
+
+def _recovery_rows(tmp: str, n_txns: int, rounds: int) -> list[Row]:
+    path = os.path.join(tmp, "recovery")
+    entries = build_recovery(path, n_txns)
+    rows = []
+    for snapshot in (True, False):
+        ours, base = [], []
+        for _ in range(rounds):
+            if not snapshot:
+                drop_snapshots(path)
+            base.append(raw_iterate(path))
+            elapsed, stats = reopen(path)
+            assert stats["max_read_position"] == entries, stats
+            assert stats["aborted_txn_count"] == n_txns // 2, stats
+            ours.append(elapsed)
+        how = "from snapshot" if snapshot else "no snapshot, full replay"
+        rows.append(
+            _paired(
+                f"buffer recovery ({how}): reopen + max_read_position, {entries} entries, "
+                f"{n_txns // 2} aborted txns: {median(ours):.2f} s (target < 2 s)",
+                entries,
+                "entries",
+                ours,
+                base,
+                "raw lmdb cursor over the ledger, for scale",
+                None,
+            )
+        )
+    return rows
+
+
+def measure(quick: bool = False) -> list[Row]:
+    n_txns = 50 if quick else 200  # transactions of 1000 messages (a, b)
+    n_acks = 20_000 if quick else 100_000
+    n_recovery = 20_000 if quick else 200_000  # 5 entries each: 100k or 1M data entries
+    rounds = 3 if quick else 5
+    values = [os.urandom(PAYLOAD) for _ in range(n_txns * PER_TXN)]
+    rows = []
+    tmp = tempfile.mkdtemp(prefix="pulsartxn-bench-txnmsg-")
+    try:
+        with pulsartxn.Broker(os.path.join(tmp, "d"), sync=False) as broker:
+            client = broker.client()
+            rows += _produce_rows(client, values, n_txns, rounds)
+            rows += _read_rows(client, values, n_txns, rounds)
+            rows += _ack_rows(client, values, n_acks, rounds)
+        rows += _recovery_rows(tmp, n_recovery, rounds)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return rows
