@@ -190,7 +190,7 @@ class Consumer:
             raise InvalidMessageId(f"{mid!r} is not from {self._topic}")
         return sub, mid
 
-    def acknowledge(self, msg_or_id, txn=None) -> None:
+    def acknowledge(self, msg_or_id, txn=None):
         """Acknowledge; with txn, held for the transaction until it ends (a conflict with
         another transaction or an already acknowledged message raises TransactionConflict,
         and the transaction can then only abort)."""
@@ -198,10 +198,10 @@ class Consumer:
         sub, mid = self._sub_for(msg_or_id)
         if txn is None:
             sub.acknowledge(mid)
-        else:
-            self._txn_ack(sub, mid, txn, cumulative=False)
+            return None
+        return self._txn_ack(sub, mid, txn, cumulative=False)
 
-    def acknowledge_cumulative(self, msg_or_id, txn=None) -> None:
+    def acknowledge_cumulative(self, msg_or_id, txn=None):
         self._check_open()
         if self._type == SHARED:
             raise InvalidConfiguration(
@@ -211,10 +211,10 @@ class Consumer:
         sub, mid = self._sub_for(msg_or_id)
         if txn is None:
             sub.acknowledge(mid, cumulative=True)
-        else:
-            self._txn_ack(sub, mid, txn, cumulative=True)
+            return None
+        return self._txn_ack(sub, mid, txn, cumulative=True)
 
-    def _txn_ack(self, sub, mid: MessageId, txn, cumulative: bool) -> None:
+    def _txn_ack(self, sub, mid: MessageId, txn, cumulative: bool) -> tuple[str, str]:
         txn = self._client._txn_for(txn)
         sub.partition.check_position(mid.entry_id(), mid.ledger_id())
         name = (sub.partition.topic, sub.name)
@@ -227,6 +227,8 @@ class Consumer:
         except TransactionConflict as exc:
             txn._failed(exc)
             raise
+        txn.ack_counts[name] = txn.ack_counts.get(name, 0) + 1
+        return name
 
     def negative_acknowledge(self, msg_or_id) -> None:
         self._check_open()

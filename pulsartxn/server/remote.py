@@ -271,7 +271,16 @@ class RemoteProducer(_Handle):
         self._queue: list = []
         self._cond = threading.Condition()
         self._inflight = 0
+        self._flushing = 0
         self._worker: threading.Thread | None = None
+        # Client-side batching, as the embedded producer batches: a batch is one call (and one
+        # entry on the broker), sent when full, after the publish delay, or on flush().
+        self._batching = options.get("batching_enabled", True)
+        self._max_messages = options.get("batching_max_messages") or 1000
+        self._max_bytes = options.get("batching_max_allowed_size_in_bytes") or 128 * 1024
+        delay = options.get("batching_max_publish_delay_ms")
+        self._delay = (1.0 if delay is None else delay) / 1000.0
+        self._queued_bytes = 0
         self._ensure()
 
     def _create(self) -> int:
@@ -345,6 +354,8 @@ class RemoteProducer(_Handle):
         flight goes in the next)."""
         content = self._check(content)
         fut: Future = Future()
+        if isinstance(txn, RemoteTransaction):
+            txn.producers.add(self)
         if callback is not None:
             fut.add_done_callback(
                 lambda f: callback(f.exception(), None if f.exception() else f.result())
@@ -353,35 +364,60 @@ class RemoteProducer(_Handle):
             if self._closed:
                 raise errors.AlreadyClosed(f"producer {self.name} is closed")
             seq = self._next_seq(sequence_id)
-            self._queue.append(((content, properties, partition_key, seq), _txn_str(txn), fut))
+            self._queue.append(
+                ((content, properties, partition_key, seq), _txn_str(txn), fut, time.monotonic())
+            )
+            self._queued_bytes += len(content)
             if self._worker is None:
                 self._worker = threading.Thread(target=self._work, daemon=True)
                 self._worker.start()
             self._cond.notify_all()
         return fut
 
+    def _ready(self) -> float:
+        """0 when the head batch should go now, else how long to wait (lock held)."""
+        q = self._queue
+        if not q:
+            return 0.5
+        if (
+            not self._batching
+            or self._flushing
+            or self._closed
+            or len(q) >= self._max_messages
+            or self._queued_bytes >= self._max_bytes
+            or q[0][1] != q[-1][1]  # another transaction queued behind: send this one
+        ):
+            return 0.0
+        return max(self._delay - (time.monotonic() - q[0][3]), 0.0)
+
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._queue:
-                    if self._closed:
+                while True:
+                    if not self._queue and self._closed:
                         return
-                    self._cond.wait(0.5)
+                    wait = self._ready()
+                    if self._queue and wait == 0.0:
+                        break
+                    self._cond.wait(wait)
                 # One call per transaction (or none) at the head of the queue, in order.
                 txn = self._queue[0][1]
                 take = []
-                while self._queue and self._queue[0][1] == txn and len(take) < 1000:
-                    take.append(self._queue.pop(0))
+                limit = self._max_messages if self._batching else 1
+                while self._queue and self._queue[0][1] == txn and len(take) < limit:
+                    item = self._queue.pop(0)
+                    self._queued_bytes -= len(item[0][0])
+                    take.append(item)
                 self._inflight += 1
             try:
                 results = self._send_many([t[0] for t in take], txn)
-                for (_, _, fut), res in zip(take, results):
+                for (_, _, fut, _), res in zip(take, results):
                     if isinstance(res, BaseException):
                         fut.set_exception(res)
                     else:
                         fut.set_result(res)
             except BaseException as exc:  # noqa: BLE001 - every future of the call gets it
-                for _, _, fut in take:
+                for _, _, fut, _ in take:
                     fut.set_exception(exc)
             finally:
                 with self._cond:
@@ -393,7 +429,13 @@ class RemoteProducer(_Handle):
         if isinstance(values, (pa.Array, pa.ChunkedArray)):
             value_col = values
         else:
-            value_col = pa.array(list(values), pa.binary())
+            values = list(values)
+            for v in values:
+                if not isinstance(v, (bytes, bytearray, memoryview)):
+                    raise TypeError(f"values must be bytes, not {type(v).__name__}")
+            value_col = pa.array(values, pa.binary())
+        if keys is not None and len(keys) != len(value_col):
+            raise ValueError(f"keys has {len(keys)} items for {len(value_col)} values")
         cols, names = [value_col], ["value"]
         if keys is not None:
             cols.append(keys if isinstance(keys, pa.Array) else pa.array(list(keys), pa.string()))
@@ -416,8 +458,13 @@ class RemoteProducer(_Handle):
 
     def flush(self) -> None:
         with self._cond:
-            while self._queue or self._inflight:
-                self._cond.wait(0.5)
+            self._flushing += 1
+            self._cond.notify_all()
+            try:
+                while self._queue or self._inflight:
+                    self._cond.wait(0.5)
+            finally:
+                self._flushing -= 1
         if self._handle is not None and not self._closed:
             self._client._call("flush", {}, owner=self)
 
@@ -480,15 +527,21 @@ class RemoteConsumer(_Handle):
                 out.append(protocol.decode_message(body))
         return out
 
-    def acknowledge(self, msg_or_id, txn=None) -> None:
-        self._client._call("ack", {"id": _mid_hex(msg_or_id), "txn": _txn_str(txn)}, owner=self)
-
-    def acknowledge_cumulative(self, msg_or_id, txn=None) -> None:
-        self._client._call(
+    def _ack(self, msg_or_id, txn, cumulative: bool) -> None:
+        out = self._client._json(
             "ack",
-            {"id": _mid_hex(msg_or_id), "txn": _txn_str(txn), "cumulative": True},
+            {"id": _mid_hex(msg_or_id), "txn": _txn_str(txn), "cumulative": cumulative},
             owner=self,
         )
+        if isinstance(txn, RemoteTransaction) and out.get("participant"):
+            key = tuple(out["participant"])
+            txn.ack_counts[key] = txn.ack_counts.get(key, 0) + 1
+
+    def acknowledge(self, msg_or_id, txn=None) -> None:
+        self._ack(msg_or_id, txn, False)
+
+    def acknowledge_cumulative(self, msg_or_id, txn=None) -> None:
+        self._ack(msg_or_id, txn, True)
 
     def negative_acknowledge(self, msg_or_id) -> None:
         self._client._call("nack", {"id": _mid_hex(msg_or_id)}, owner=self)
@@ -501,7 +554,7 @@ class RemoteConsumer(_Handle):
 
     def get_last_message_id(self) -> MessageId:
         out = self._client._json("get_last_message_id", {}, owner=self)
-        return MessageId.deserialize(bytes.fromhex(out["id"]))
+        return MessageId(*out["id"])
 
     def unsubscribe(self) -> None:
         self._client._call("unsubscribe", {}, owner=self)
@@ -529,16 +582,27 @@ class RemoteTransaction:
     def __init__(self, client: RemoteClient, txn_id: TxnID) -> None:
         self._client = client
         self.id = txn_id
+        self.ack_counts: dict = {}  # (partition, subscription) -> acks made through this handle
+        self.producers: weakref.WeakSet = weakref.WeakSet()  # with queued sends of this txn
 
     @property
     def state(self) -> TxnState:
         return TxnState(self._client._json("txn_state", {"txn": str(self.id)})["state"])
 
     def _end(self, commit: bool, timeout_ms) -> None:
+        if commit:
+            for producer in list(self.producers):
+                producer.flush()  # everything sent in the transaction lands before its end
         retries = self._client._retries
         try:
             self._client._json(
-                "end", {"txn": str(self.id), "commit": commit, "timeout_ms": timeout_ms}
+                "end",
+                {
+                    "txn": str(self.id),
+                    "commit": commit,
+                    "timeout_ms": timeout_ms,
+                    "expected_acks": [[list(k), n] for k, n in self.ack_counts.items()],
+                },
             )
         except errors.InvalidTxnStatus:
             # Re-sent after a lost connection, the first attempt may have gone through.

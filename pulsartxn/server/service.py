@@ -315,10 +315,10 @@ class BrokerServer(flight.FlightServerBase):
         c = self._consumer(s, args)
         txn = self._txn(s, args.get("txn"))
         if args.get("cumulative"):
-            c.acknowledge_cumulative(self._mid(args), txn=txn)
+            name = c.acknowledge_cumulative(self._mid(args), txn=txn)
         else:
-            c.acknowledge(self._mid(args), txn=txn)
-        return {}
+            name = c.acknowledge(self._mid(args), txn=txn)
+        return {"participant": list(name) if name else None}
 
     def _on_nack(self, args, payload):
         s = self._session(args)
@@ -336,7 +336,17 @@ class BrokerServer(flight.FlightServerBase):
 
     def _on_get_last_message_id(self, args, payload):
         s = self._session(args)
-        return {"id": self._consumer(s, args).get_last_message_id().serialize().hex()}
+        mid = self._consumer(s, args).get_last_message_id()
+        # Fields, not serialize(): "nothing yet" is entry -1, which has no wire form.
+        return {
+            "id": [
+                mid.ledger_id(),
+                mid.entry_id(),
+                mid.partition(),
+                mid.batch_index(),
+                mid.batch_size(),
+            ]
+        }
 
     def _on_close_consumer(self, args, payload):
         s = self._session(args)
@@ -348,11 +358,10 @@ class BrokerServer(flight.FlightServerBase):
 
     def _on_unsubscribe(self, args, payload):
         s = self._session(args)
+        c = self._consumer(s, args)
+        c.unsubscribe()  # ConsumerBusy leaves the consumer as it was
         with s.lock:
-            c = s.consumers.pop(args.get("handle"), None)
-        if c is None:
-            raise SessionLost(f"unknown consumer {args.get('handle')!r}")
-        c.unsubscribe()
+            s.consumers.pop(args.get("handle"), None)
         return {}
 
     # -- transactions ----------------------------------------------------------------------
@@ -373,7 +382,8 @@ class BrokerServer(flight.FlightServerBase):
         s = self._session(args)
         txn = self._txn(s, args["txn"])
         if args.get("commit"):
-            txn.commit(args.get("timeout_ms"))
+            expected = {tuple(k): n for k, n in args.get("expected_acks") or []}
+            txn.commit(args.get("timeout_ms"), expected)
         else:
             txn.abort(args.get("timeout_ms"))
         return {"state": txn.state.value}

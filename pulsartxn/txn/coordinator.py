@@ -323,7 +323,7 @@ class Coordinator:
                 if meta.inflight == 0:
                     self.cond.notify_all()
 
-    def end(self, seq: int, commit: bool, reason: int) -> TxnMeta:
+    def end(self, seq: int, commit: bool, reason: int, expected_acks=None) -> TxnMeta:
         """Decide the end of one transaction (logged), then finalize its participants."""
         op = "commit" if commit else "abort"
         with self.lock:
@@ -340,7 +340,7 @@ class Coordinator:
                 meta.records += 1
         try:
             if commit and not empty:
-                self.prepare(meta)
+                self.prepare(meta, expected_acks)
             if empty:
                 # Nothing to finalize: deleting the records is the whole end.
                 self._write(self._delete_records(meta, index), 16 * index)
@@ -357,13 +357,16 @@ class Coordinator:
             self.finalize(meta)
         return meta
 
-    def prepare(self, meta: TxnMeta) -> None:
+    def prepare(self, meta: TxnMeta, expected_acks: dict | None = None) -> None:
         """Before a commit is decided: participants that batch their own logs (pending acks)
-        make this transaction's part durable, so the decision never outruns them."""
+        make this transaction's part durable, so the decision never outruns them, and check
+        that they hold every ack the committer made (expected_acks: (partition, subscription)
+        -> count)."""
+        expected_acks = expected_acks or {}
         for name in sorted(meta.subscriptions):
             prepare = getattr(self.service.participant("subscription", name), "prepare", None)
             if prepare is not None:
-                prepare(meta.txn_id)
+                prepare(meta.txn_id, expected_acks.get(tuple(name)))
 
     def reopen(self, meta: TxnMeta) -> None:
         """Undo a decision whose record could not be written (nothing was decided)."""

@@ -21,7 +21,7 @@ import struct
 import time
 
 from .._native import AckSet, PendingAckIndex, TxnID, crc32c
-from ..errors import CorruptEntry, InvalidConfiguration, TransactionConflict
+from ..errors import CorruptEntry, InvalidConfiguration, InvalidTxnStatus, TransactionConflict
 from ..storage import WriteOp
 
 _ACK = struct.Struct("<BqiI")  # kind (0 individual, 1 cumulative), entry, batch index, size
@@ -37,6 +37,9 @@ class PendingAck:
         self.cumulative: dict[TxnID, tuple[int, int, int]] = {}  # txn -> (entry, bi, size)
         self.unlogged: dict[TxnID, list[bytes]] = {}  # acks not yet in the log
         self.records: dict[TxnID, int] = {}  # records in the log per transaction
+        # Acks accepted per transaction (after a restart: those that reached the log). A
+        # commit states how many it made; fewer here means some were lost with the broker.
+        self.counts: dict[TxnID, int] = {}
         self.acks = 0
         self.committed = 0
         self.aborted = 0
@@ -140,6 +143,7 @@ class PendingAck:
                 _ACK.pack(kind, entry_id, batch_index, batch_size)
             )
             self.acks += 1
+            self.counts[txn] = self.counts.get(txn, 0) + 1
             queue = not self._flush_queued
             if queue:
                 self._flush_queued = True
@@ -188,9 +192,18 @@ class PendingAck:
         self._write_rows(rows, wait=False)
         return True
 
-    def prepare(self, txn: TxnID) -> None:
-        """Before a commit is decided: this transaction's acks are durable in the log."""
+    def prepare(self, txn: TxnID, expected: int | None = None) -> None:
+        """Before a commit is decided: this transaction's acks are durable in the log, and
+        there are as many as the committer made (acks are answered before they are logged,
+        so a broker restart in between loses them: then the transaction can only abort)."""
         with self.lock:
+            have = self.counts.get(txn, 0)
+            if expected is not None and have < expected:
+                raise InvalidTxnStatus(
+                    f"transaction {txn}: {expected - have} of its {expected} acknowledgements on "
+                    f"{self.sub.partition.topic} {self.sub.name} were lost in a broker restart; "
+                    "it can only abort"
+                )
             rows = self._take_unlogged(txn)
         self._write_rows(rows, wait=True)
 
@@ -218,6 +231,7 @@ class PendingAck:
                 entries = self.index.release(t) if t in set(self.index.transactions()) else []
                 cum = self.cumulative.pop(t, None)
                 self.unlogged.pop(t, None)
+                self.counts.pop(t, None)
                 n_records = self.records.pop(t, 0)
                 keys.extend(self._prefix + t.pack() + _U32.pack(i) for i in range(n_records))
                 if not entries and cum is None:
@@ -284,6 +298,7 @@ class PendingAck:
                 self.records[t] = self.records.get(t, 0) + 1
                 for off in range(20, len(raw), _ACK.size):
                     kind, entry_id, bi, size = _ACK.unpack_from(raw, off)
+                    self.counts[t] = self.counts.get(t, 0) + 1
                     if kind == 1:
                         prev = self.cumulative.get(t)
                         if prev is None or (entry_id, bi) > prev[:2]:

@@ -194,9 +194,11 @@ class Coordinators:
         pairs = [(str(p), str(s)) for p, s in subscriptions]
         self.of(txn_id).add(txn_id.sequence, log.SUBSCRIPTIONS, pairs)
 
-    def end(self, txn_id, commit: bool, timeout_s: float | None = None) -> TxnState:
+    def end(
+        self, txn_id, commit: bool, timeout_s: float | None = None, expected_acks=None
+    ) -> TxnState:
         c = self.of(txn_id)
-        meta = c.end(txn_id.sequence, commit, EndReason.CLIENT)
+        meta = c.end(txn_id.sequence, commit, EndReason.CLIENT, expected_acks)
         c.wait(meta, timeout_s)
         return meta.state
 

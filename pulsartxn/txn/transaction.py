@@ -22,6 +22,7 @@ class Transaction:
         "subscriptions",
         "_producers",
         "_error",
+        "ack_counts",
         "__weakref__",
     )
 
@@ -35,6 +36,9 @@ class Transaction:
         self.subscriptions: set = set()
         self._producers: weakref.WeakSet = weakref.WeakSet()  # with batches of this txn
         self._error: BaseException | None = None  # a failed send or a conflict: abort only
+        # Acks made through this handle per (partition, subscription): the commit checks the
+        # broker still holds them all.
+        self.ack_counts: dict = {}
 
     @property
     def state(self) -> TxnState:
@@ -48,14 +52,14 @@ class Transaction:
             self._final = state
         return state
 
-    def commit(self, timeout_ms: float | None = None) -> None:
+    def commit(self, timeout_ms: float | None = None, expected_acks: dict | None = None) -> None:
         """Commit; returns once the transaction is COMMITTED (every participant finalized).
 
         Raises TransactionTimeout if it was aborted by its deadline, InvalidTxnStatus if it is
         not OPEN. With timeout_ms, raises Timeout if finalizing takes longer; the commit is
         decided by then and completes in the background.
         """
-        self._end(True, timeout_ms)
+        self._end(True, timeout_ms, expected_acks)
 
     def abort(self, timeout_ms: float | None = None) -> None:
         self._end(False, timeout_ms)
@@ -73,7 +77,7 @@ class Transaction:
                 f"cannot {op} in transaction {self.id}: it is {self._final.value}"
             )
 
-    def _end(self, commit: bool, timeout_ms) -> None:
+    def _end(self, commit: bool, timeout_ms, expected_acks=None) -> None:
         self._client._check_open()
         if commit:
             for producer in list(self._producers):
@@ -91,7 +95,12 @@ class Transaction:
             for producer in list(self._producers):
                 producer._txn_drop(self)
         timeout_s = None if timeout_ms is None else max(float(timeout_ms), 0.0) / 1000.0
-        state = self._service.end(self.id, commit, timeout_s)
+        expected = None
+        if commit:
+            expected = dict(self.ack_counts)
+            for key, n in (expected_acks or {}).items():
+                expected[tuple(key)] = max(n, expected.get(tuple(key), 0))
+        state = self._service.end(self.id, commit, timeout_s, expected)
         if state in FINAL:
             self._final = state
             return

@@ -12,6 +12,18 @@ def broker(tmp_path):
     b.close()
 
 
-@pytest.fixture
-def client(broker):
-    return broker.client()
+@pytest.fixture(params=["embedded", "remote"])
+def client(request, broker):
+    """The embedded client, and the remote client through a server on 127.0.0.1 serving the
+    same broker: every test that takes `client` runs against both."""
+    if request.param == "embedded":
+        yield broker.client()
+        return
+    from pulsartxn.server.service import BrokerServer
+
+    server = BrokerServer(broker, "127.0.0.1", 0)
+    remote = pulsartxn.Client(f"pulsartxn://127.0.0.1:{server.port}")
+    yield remote
+    remote.close()
+    server.shutdown_sessions()
+    server.shutdown()
