@@ -11,7 +11,7 @@ import importlib
 import os
 import platform
 
-SUITES = ("txnid", "abortset", "ackset", "entrylog", "messaging", "txn")
+SUITES = ("txnid", "abortset", "ackset", "entrylog", "messaging", "txn", "txn_messaging", "remote")
 
 
 def _fmt_rate(rate: float, unit: str) -> str:

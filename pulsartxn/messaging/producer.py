@@ -390,11 +390,13 @@ class Producer:
         batch.inflight = fut
 
         def failed(f):
+            batch.inflight = None  # no cycle batch -> future -> this callback -> batch
             exc = f.exception()
             if exc is not None:
                 partition.buffer.append_failed(txn.id)
                 batch.fail(exc)
                 txn._failed(exc)
+            batch.futures = []
 
         fut.add_done_callback(failed)
 
@@ -410,9 +412,10 @@ class Producer:
                     self._txn_send_locked(key)
             sent.append(batch)
         for batch in sent:
-            if batch.inflight is not None:
+            inflight = batch.inflight
+            if inflight is not None:
                 try:
-                    batch.part.partition.storage.wait(batch.inflight)
+                    batch.part.partition.storage.wait(inflight)
                 except Exception:  # noqa: BLE001 - recorded on the transaction
                     pass
 

@@ -186,6 +186,8 @@ class Subscription:
         key_valid = decoded.key_valid
         txn_msb = decoded.txn_msb
         txn_lsb = decoded.txn_lsb
+        po = decoded.prop_offsets
+        any_props = len(po) > 1 and int(po[-1]) != int(po[0])
         in_txn = (txn_msb != 0) | (txn_lsb != 0)
         aborted = None
         if in_txn.any():
@@ -217,7 +219,7 @@ class Subscription:
                         .tobytes()
                         .decode("utf-8", "surrogateescape")
                     )
-                props = _properties(decoded, m)
+                props = _properties(decoded, m) if any_props else {}
                 self._buffer.append(
                     ((entry_id, bi), (data, props, pkey, publish[e], n if batched else 0, txn))
                 )
