@@ -109,3 +109,53 @@ def jsonable(value):
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return str(value)
+
+
+DISPATCH_SCHEMA = None
+
+
+def dispatch_schema():
+    """Messages handed to a consumer, as a DoGet stream (one row per message)."""
+    import pyarrow as pa
+
+    global DISPATCH_SCHEMA
+    if DISPATCH_SCHEMA is None:
+        DISPATCH_SCHEMA = pa.schema(
+            [
+                ("message_id", pa.binary()),
+                ("value", pa.binary()),
+                ("key", pa.string()),
+                ("properties", pa.string()),  # JSON object
+                ("topic", pa.string()),
+                ("publish_time", pa.int64()),
+                ("redelivery_count", pa.int32()),
+            ]
+        )
+    return DISPATCH_SCHEMA
+
+
+def messages_to_batch(msgs):
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_pydict(
+        {
+            "message_id": [m.message_id().serialize() for m in msgs],
+            "value": [m.data() for m in msgs],
+            "key": [m.partition_key() for m in msgs],
+            "properties": [json.dumps(m.properties()) if m.properties() else None for m in msgs],
+            "topic": [m.topic_name() for m in msgs],
+            "publish_time": [m.publish_timestamp() for m in msgs],
+            "redelivery_count": [m.redelivery_count() for m in msgs],
+        },
+        schema=dispatch_schema(),
+    )
+
+
+def batch_to_messages(batch) -> list[Message]:
+    cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
+    return [
+        Message(
+            value, json.loads(props) if props else {}, key, MessageId.deserialize(mid), topic, t, r
+        )
+        for mid, value, key, props, topic, t, r in zip(*cols)
+    ]

@@ -515,17 +515,31 @@ class RemoteConsumer(_Handle):
         return protocol.decode_message(body)
 
     def batch_receive(self, max_num_messages=1000, timeout_millis=100) -> list[Message]:
-        bodies = self._client._call(
-            "batch_receive",
-            {"max_num_messages": max_num_messages, "timeout_millis": timeout_millis},
-            owner=self,
-        )
-        out = []
-        for body in bodies:
-            head, _ = unframe(body, 1 << 62)
-            if not head.get("empty"):
-                out.append(protocol.decode_message(body))
-        return out
+        """Dispatch as a DoGet stream: the messages arrive as one Arrow record batch."""
+        client = self._client
+        for attempt in (0, 1):
+            ticket = frame(
+                {
+                    "op": "receive",
+                    "handle": self._ensure(),
+                    "max_num_messages": max_num_messages,
+                    "timeout_millis": timeout_millis,
+                    "session": client._session,
+                }
+            )
+            try:
+                table = client._flight.do_get(flight.Ticket(ticket), client._options).read_all()
+            except flight.FlightError as exc:
+                err = protocol.from_flight_error(exc)
+                if isinstance(err, SessionLost) and not attempt:
+                    client._reopen()
+                    continue
+                raise err from None
+            out = []
+            for batch in table.to_batches():
+                out.extend(protocol.batch_to_messages(batch))
+            return out
+        raise AssertionError("unreachable")
 
     def _ack(self, msg_or_id, txn, cumulative: bool) -> None:
         out = self._client._json(

@@ -300,13 +300,6 @@ class BrokerServer(flight.FlightServerBase):
         msg = self._consumer(s, args).receive(args.get("timeout_millis"))
         return protocol.encode_message(msg)
 
-    def _on_batch_receive(self, args, payload):
-        s = self._session(args)
-        msgs = self._consumer(s, args).batch_receive(
-            args.get("max_num_messages", 1000), args.get("timeout_millis", 100)
-        )
-        return [protocol.encode_message(m) for m in msgs] or [frame({"empty": True})]
-
     def _mid(self, args) -> MessageId:
         return MessageId.deserialize(bytes.fromhex(args["id"]))
 
@@ -429,6 +422,13 @@ class BrokerServer(flight.FlightServerBase):
         try:
             args, _ = unframe(ticket.ticket, self.max_request_bytes)
             s = self._session(args)
+            if args.get("op") == "receive":
+                # Dispatch to a consumer: what batch_receive gives, as one record batch.
+                msgs = self._consumer(s, args).batch_receive(
+                    args.get("max_num_messages", 1000), args.get("timeout_millis", 100)
+                )
+                batch = protocol.messages_to_batch(msgs)
+                return flight.RecordBatchStream(pa.Table.from_batches([batch]))
             if args.get("op") != "scan":
                 raise ValueError(f"unknown stream {args.get('op')!r}")
             start, end = args.get("start"), args.get("end")
