@@ -19,6 +19,17 @@ from .. import errors
 from ..messaging.message import Message, MessageId
 
 VERSION = 1
+# Admin calls served remotely (API.md, "Admin and stats").
+ADMIN_METHODS = (
+    "topic_stats",
+    "coordinators",
+    "coordinator_stats",
+    "transaction_metadata",
+    "slow_transactions",
+    "transaction_buffer_stats",
+    "pending_ack_stats",
+    "scale_coordinators",
+)
 _LEN = struct.Struct("<I")
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 

@@ -24,6 +24,7 @@ from .. import errors
 from .._native import TxnID
 from ..messaging.message import Message, MessageId
 from ..txn.state import TxnState
+from ..txn.transaction import TransactionContext
 from . import protocol
 from .protocol import frame, unframe
 from .service import SessionLost
@@ -592,7 +593,7 @@ class RemoteConsumer(_Handle):
         self.close()
 
 
-class RemoteTransaction:
+class RemoteTransaction(TransactionContext):
     def __init__(self, client: RemoteClient, txn_id: TxnID) -> None:
         self._client = client
         self.id = txn_id
@@ -630,35 +631,12 @@ class RemoteTransaction:
     def abort(self, timeout_ms=None) -> None:
         self._end(False, timeout_ms)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            if self.state is TxnState.OPEN:
-                self.commit()
-            return
-        try:
-            if self.state is TxnState.OPEN:
-                self.abort()
-        except errors.PulsarTxnError:
-            pass
-
     def __repr__(self) -> str:
         return f"RemoteTransaction({self.id})"
 
 
 class RemoteAdmin:
-    _METHODS = (
-        "topic_stats",
-        "coordinators",
-        "coordinator_stats",
-        "transaction_metadata",
-        "slow_transactions",
-        "transaction_buffer_stats",
-        "pending_ack_stats",
-        "scale_coordinators",
-    )
+    _METHODS = protocol.ADMIN_METHODS
 
     def __init__(self, client: RemoteClient) -> None:
         self._client = client

@@ -400,16 +400,7 @@ class BrokerServer(flight.FlightServerBase):
 
     # -- admin and scans -------------------------------------------------------------------
 
-    _ADMIN = {
-        "topic_stats",
-        "coordinators",
-        "coordinator_stats",
-        "transaction_metadata",
-        "slow_transactions",
-        "transaction_buffer_stats",
-        "pending_ack_stats",
-        "scale_coordinators",
-    }
+    _ADMIN = frozenset(protocol.ADMIN_METHODS)
 
     def _on_admin(self, args, payload):
         self._session(args)

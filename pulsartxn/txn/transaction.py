@@ -9,7 +9,28 @@ from ..errors import InvalidTxnStatus, PulsarTxnError, Timeout, TransactionConfl
 from .state import FINAL, TxnState
 
 
-class Transaction:
+class TransactionContext:
+    """``with txn:`` commits on normal exit and aborts on an exception (the embedded and the
+    remote transaction share this)."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            if self.state is TxnState.OPEN:
+                self.commit()
+            return
+        try:
+            if self.state is TxnState.OPEN:
+                self.abort()
+        except PulsarTxnError:
+            pass  # the original exception is what the caller needs to see
+
+
+class Transaction(TransactionContext):
     """``client.new_transaction()``: commit or abort it, or use it as a context manager
     (commits on normal exit, aborts on an exception)."""
 
@@ -120,20 +141,6 @@ class Transaction:
         if new:
             self._service.add_subscriptions(self.id, new)
             self.subscriptions.update(new)
-
-    def __enter__(self) -> Transaction:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            if self.state is TxnState.OPEN:
-                self.commit()
-            return
-        try:
-            if self.state is TxnState.OPEN:
-                self.abort()
-        except (InvalidTxnStatus, PulsarTxnError):
-            pass  # the original exception is what the caller needs to see
 
     def __repr__(self) -> str:
         return f"Transaction({self.id}, {self.state.value})"
