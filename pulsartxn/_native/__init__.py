@@ -34,6 +34,8 @@ NAMES = (
     "crc32c",
     "value_sizes",
     "PartitionProducer",
+    "Outcome",
+    "MessageFuture",
     "HEADER_SIZE",
 )
 

@@ -132,6 +132,18 @@ cdef class Outcome:
         """Wait until the batch is durable or has failed; TimeoutError after `timeout` s."""
         self.wait_done(timeout)
 
+    def landed(self, partition, int64_t entry_id, Py_ssize_t count):
+        """The batch of `count` messages is durable as entry `entry_id` of `partition`:
+        answer its futures (batches made outside this module: transactional ones)."""
+        self.partition = partition
+        self.entry_id = entry_id
+        self.count = count
+        self.settle(None)
+
+    def failed(self, error):
+        """The batch was not written: its futures raise `error`."""
+        self.settle(error)
+
     cdef int settle(self, object error) except -1:
         """End the batch: one flag for every future, then the waiters and callbacks of the
         futures that have any."""

@@ -39,7 +39,8 @@ class Partition:
         self.index = name.partition_index
         self.ledger_id = ledger_id
         self.lock = threading.RLock()
-        self.log = EntryLog(storage.env, b"ledger/" + self.topic.encode())
+        name = b"ledger/" + self.topic.encode()
+        self.log = EntryLog(storage.env, name, storage.open_db(name))
         self._dedup_db = storage.open_db(b"dedup")
         self._dedup_index_db = storage.open_db(b"dedup_index")
         self._dedup_prefix = self.topic.encode() + b"\0"

@@ -17,7 +17,7 @@ from concurrent.futures import Future
 import numpy as np
 import pyarrow as pa
 
-from .._native import PartitionProducer, encode_entry, value_sizes
+from .._native import MessageFuture, Outcome, PartitionProducer, encode_entry, value_sizes
 from ..errors import AlreadyClosed, InvalidTxnStatus, MessageTooBig
 from .message import MessageId
 from .partition import Partition
@@ -318,7 +318,6 @@ class Producer:
         topic = part.partition.topic
         if topic not in txn.partitions:
             txn.register_partitions([topic])  # logged by the coordinator, once per partition
-        fut: Future = Future()
         with part.lock:
             if sequence_id is None:
                 sequence_id = part.last_sequence + 1
@@ -327,6 +326,7 @@ class Producer:
                 if found is not None:
                     entry_id, n, bi = found
                     pp = part.partition
+                    fut: Future = Future()
                     fut.set_result(
                         MessageId(pp.ledger_id, entry_id, pp.index, bi, n)
                         if n > 1
@@ -346,7 +346,7 @@ class Producer:
             if batch is None:
                 batch = self._txn_batches[key] = _TxnBatch(part, txn, sequence_id)
                 txn._producers.add(self)
-            batch.add(content, properties, partition_key, fut)
+            fut = batch.add(content, properties, partition_key)
             if not self.batching_enabled or len(batch.values) >= self.batching_max_messages:
                 self._txn_send_locked(key)
         return fut
@@ -396,7 +396,6 @@ class Producer:
                 partition.buffer.append_failed(txn.id)
                 batch.fail(exc)
                 txn._failed(exc)
-            batch.futures = []
 
         fut.add_done_callback(failed)
 
@@ -468,7 +467,8 @@ def _sizes(values) -> tuple[int, np.ndarray]:
 
 
 class _TxnBatch:
-    """Messages of one transaction waiting to become one entry on one partition."""
+    """Messages of one transaction waiting to become one entry on one partition; their futures
+    share the batch's Outcome, as the plain path's do."""
 
     __slots__ = (
         "part",
@@ -477,7 +477,7 @@ class _TxnBatch:
         "values",
         "keys",
         "props",
-        "futures",
+        "outcome",
         "nbytes",
         "inflight",
     )
@@ -489,11 +489,11 @@ class _TxnBatch:
         self.values: list[bytes] = []
         self.keys: list | None = None
         self.props: list | None = None
-        self.futures: list[Future] = []
+        self.outcome = Outcome()
         self.nbytes = 0
         self.inflight: Future | None = None
 
-    def add(self, content: bytes, properties, key, fut: Future) -> None:
+    def add(self, content: bytes, properties, key):
         n = len(self.values)
         if key is not None and self.keys is None:
             self.keys = [None] * n
@@ -504,19 +504,11 @@ class _TxnBatch:
             self.keys.append(key)
         if self.props is not None:
             self.props.append(properties)
-        self.futures.append(fut)
         self.nbytes += len(content)
+        return MessageFuture(self.outcome, n)
 
     def landed(self, entry_id: int) -> None:
-        p = self.part.partition
-        n = len(self.values)
-        for i, fut in enumerate(self.futures):
-            if n > 1:
-                fut.set_result(MessageId(p.ledger_id, entry_id, p.index, i, n))
-            else:
-                fut.set_result(MessageId(p.ledger_id, entry_id, p.index))
+        self.outcome.landed(self.part.partition, entry_id, len(self.values))
 
     def fail(self, exc: BaseException) -> None:
-        for fut in self.futures:
-            if not fut.done():
-                fut.set_exception(exc)
+        self.outcome.failed(exc)

@@ -90,8 +90,11 @@ class Storage:
         with self._db_lock:
             db = self._dbs.get(name)
             if db is None:
-                # open_db runs its own write transaction; LMDB serialises it with the writer's.
-                db = self.env.open_db(name, create=True)
+                # In a write transaction of our own: begin() waits for LMDB's writer lock
+                # without the GIL, where open_db alone would hold the GIL while it waits and
+                # deadlock with a group commit that holds the lock and wants the GIL.
+                with self.env.begin(write=True) as txn:
+                    db = self.env.open_db(name, txn=txn, create=True)
                 self._dbs[name] = db
             return db
 

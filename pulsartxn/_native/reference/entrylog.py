@@ -336,12 +336,19 @@ def decode_entries(entry_ids, buffers, verify=True) -> DecodedEntries:
 class EntryLog:
     """One partition's ledger in a named LMDB database (see the native module)."""
 
-    def __init__(self, env, name):
+    def __init__(self, env, name, db=None):
+        """The log in the named database `name` of `env` (or the handle `db` of it, opened by
+        the caller). A database is opened inside a write transaction begun here: py-lmdb's
+        open_db without one takes LMDB's writer lock while holding the GIL, and deadlocks
+        with a thread that holds the writer lock and waits for the GIL."""
         if not isinstance(name, bytes) or not name:
             raise TypeError(f"EntryLog name must be non-empty bytes, not {name!r}")
         self.env = env
         self.name = name
-        self.db = env.open_db(name, create=True)
+        if db is None:
+            with env.begin(write=True) as txn:
+                db = env.open_db(name, txn=txn, create=True)
+        self.db = db
 
     def last_entry_id(self, txn) -> int:
         cursor = txn.cursor(db=self.db)

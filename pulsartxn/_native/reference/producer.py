@@ -67,6 +67,18 @@ class Outcome:
             if not self.done:
                 raise FutureTimeout()
 
+    def landed(self, partition, entry_id: int, count: int) -> None:
+        """The batch of `count` messages is durable as entry `entry_id` of `partition`:
+        answer its futures (batches made outside this module: transactional ones)."""
+        self.partition = partition
+        self.entry_id = entry_id
+        self.count = count
+        self.settle(None)
+
+    def failed(self, error: BaseException) -> None:
+        """The batch was not written: its futures raise `error`."""
+        self.settle(error)
+
     def settle(self, error: BaseException | None) -> None:
         """End the batch: one flag for every future, then the waiters and callbacks of the
         futures that have any."""
