@@ -15,7 +15,13 @@ from typing import Any
 
 import lmdb
 
-from ..errors import AlreadyClosed, DataDirectoryLocked, PulsarTxnError
+from ..errors import (
+    AlreadyClosed,
+    DataDirectoryLocked,
+    InvalidConfiguration,
+    PulsarTxnError,
+    StorageFull,
+)
 from .group_commit import GroupCommit, WriteOp
 
 LOCK_FILE = "broker.lock"
@@ -59,6 +65,7 @@ class Storage:
             os.close(self._lock_fd)
             raise PulsarTxnError(f"cannot open LMDB environment in {self.data_dir}: {exc}") from exc
         self.sync = sync
+        self._max_dbs = max_dbs
         self._dbs: dict[bytes, Any] = {}
         self._db_lock = threading.Lock()
         self._closed = False
@@ -93,8 +100,16 @@ class Storage:
                 # In a write transaction of our own: begin() waits for LMDB's writer lock
                 # without the GIL, where open_db alone would hold the GIL while it waits and
                 # deadlock with a group commit that holds the lock and wants the GIL.
-                with self.env.begin(write=True) as txn:
-                    db = self.env.open_db(name, txn=txn, create=True)
+                try:
+                    with self.env.begin(write=True) as txn:
+                        db = self.env.open_db(name, txn=txn, create=True)
+                except lmdb.DbsFullError:
+                    raise InvalidConfiguration(
+                        f"{self.data_dir} has room for {self._max_dbs} named databases (one "
+                        "per partition and a few shared): open it with a larger max_dbs"
+                    ) from None
+                except lmdb.MapFullError as exc:
+                    raise StorageFull(f"LMDB map is full: {exc}") from None
                 self._dbs[name] = db
             return db
 

@@ -34,3 +34,18 @@ def test_open_db_beside_group_commits():
     run = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=90)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip() == "no deadlock"
+
+
+def test_too_many_databases_is_a_clear_error(tmp_path):
+    import pytest
+
+    import pulsartxn
+
+    with pulsartxn.Broker(tmp_path / "d", sync=False, max_dbs=40) as broker:
+        producer_topics = []
+        with pytest.raises(pulsartxn.InvalidConfiguration, match="max_dbs"):
+            for i in range(100):
+                broker.client().create_producer(f"t{i}")
+                producer_topics.append(i)
+        assert 0 < len(producer_topics) < 40
+        broker.client().create_producer("t0").send(b"still works")
