@@ -21,6 +21,7 @@ from ._service import (
     start_embedded,
     stop_embedded,
 )
+from .datasource import PulsarTxnDataSource, register
 from .process import process_exactly_once
 from .read import READ_DDL, read_topic
 from .write import write_topic
@@ -30,11 +31,13 @@ ensure_python()
 __all__ = [
     "DATA_DIR_CONF",
     "DEFAULT_DATA_DIR",
+    "PulsarTxnDataSource",
     "READ_DDL",
     "embedded_data_dir",
     "ensure_python",
     "process_exactly_once",
     "read_topic",
+    "register",
     "start_embedded",
     "stop_embedded",
     "write_topic",

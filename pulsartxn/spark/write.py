@@ -55,6 +55,57 @@ def prepare(df, value_column: str = "value", key_column: str | None = None):
     return df.select(*cols)
 
 
+def write_attempt(
+    client, topic, label, coordinator_id, timeout_ms, batches, value=0, key=None, inject=None
+):
+    """One task attempt's write: its own transaction in `label`, one ``send_batch`` per
+    non-empty Arrow batch (columns `value` and `key`, by index or name); not committed.
+    Returns (TxnID or None when there was nothing to write, rows written)."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    txn = producer = None
+    rows = sent = 0
+    try:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            if txn is None:
+                txn = client.new_transaction(
+                    timeout_ms=timeout_ms, coordinator_id=coordinator_id, group=label
+                )
+                producer = client.create_producer(topic)
+            values = _as_binary(batch.column(value))
+            keys = _as_string(batch.column(key)) if key is not None else None
+            rows += producer.send_batch(values, keys=keys, txn=txn)
+            sent += 1
+            if inject is not None:
+                inject(ctx.partitionId(), ctx.attemptNumber(), sent)
+    except BaseException:
+        if txn is not None:
+            try:
+                txn.abort()  # early: the driver's decision would abort it anyway
+            except Exception:  # noqa: BLE001 - best effort
+                pass
+        raise
+    finally:
+        if producer is not None:
+            producer.close()
+    return (txn.id if txn is not None else None), rows
+
+
+def _as_binary(col):
+    import pyarrow as pa
+
+    return col if col.type == pa.binary() else col.cast(pa.binary())
+
+
+def _as_string(col):
+    import pyarrow as pa
+
+    return col if col.type == pa.string() else col.cast(pa.string())
+
+
 def _task(service_url, token, topic, label, coordinator_id, timeout_ms, inject=None):
     """The function each task attempt runs inside ``mapInArrow``. `inject(partition_id,
     attempt, batches_sent)` runs after each batch is sent (tests inject failures with it)."""
@@ -67,35 +118,24 @@ def _task(service_url, token, topic, label, coordinator_id, timeout_ms, inject=N
 
         ctx = TaskContext.get()
         client = executor_client(service_url, token)
-        txn = producer = None
-        rows = sent = 0
-        try:
-            for batch in batches:
-                if batch.num_rows == 0:
-                    continue
-                if txn is None:
-                    txn = client.new_transaction(
-                        timeout_ms=timeout_ms, coordinator_id=coordinator_id, group=label
-                    )
-                    producer = client.create_producer(topic)
-                keys = batch.column(1) if batch.num_columns > 1 else None
-                rows += producer.send_batch(batch.column(0), keys=keys, txn=txn)
-                sent += 1
-                if inject is not None:
-                    inject(ctx.partitionId(), ctx.attemptNumber(), sent)
-        except BaseException:
-            if txn is not None:
-                try:
-                    txn.abort()  # early: the driver's decision would abort it anyway
-                except Exception:  # noqa: BLE001 - best effort
-                    pass
-            raise
-        finally:
-            if producer is not None:
-                producer.close()
+        batches = iter(batches)
+        first = next(batches, None)
+        key = 1 if first is not None and first.num_columns > 1 else None
+        chain = [first] if first is not None else []
+        txn_id, rows = write_attempt(
+            client,
+            topic,
+            label,
+            coordinator_id,
+            timeout_ms,
+            _chained(chain, batches),
+            0,
+            key,
+            inject,
+        )
         msb = lsb = 0
-        if txn is not None:
-            msb, lsb = _signed(txn.id.most_sig_bits), _signed(txn.id.least_sig_bits)
+        if txn_id is not None:
+            msb, lsb = _signed(txn_id.most_sig_bits), _signed(txn_id.least_sig_bits)
         yield pa.RecordBatch.from_pydict(
             {
                 "partition_id": pa.array([ctx.partitionId()], pa.int32()),
@@ -107,6 +147,11 @@ def _task(service_url, token, topic, label, coordinator_id, timeout_ms, inject=N
         )
 
     return run
+
+
+def _chained(head, rest):
+    yield from head
+    yield from rest
 
 
 class WriteJob:
