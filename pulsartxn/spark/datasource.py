@@ -112,7 +112,8 @@ class _Reader(DataSourceReader):
         client = _client(self.options)
         try:
             rows = int(self.options.get("rows_per_split", DEFAULT_ROWS_PER_SPLIT))
-            splits = plan_splits(client, self.options["topic"], rows)
+            min_splits = int(self.options.get("min_splits", 1))
+            splits = plan_splits(client, self.options["topic"], rows, min_splits)
         finally:
             client.close()
         return [_Split(p, lo, hi) for p, lo, hi in splits] or [_Split("", 0, 0)]
@@ -202,6 +203,8 @@ class _Writer(DataSourceArrowWriter):
             ]
         finally:
             client.close()
+        if not ready:
+            raise RuntimeError(f"no transaction coordinator is ready at {options['service_url']}")
         # Stable across processes: Spark may make the writer again where it commits.
         self.coordinator_id = ready[zlib.crc32(self.options["topic"].encode()) % len(ready)]
 

@@ -16,22 +16,31 @@ READ_DDL = (
 DEFAULT_ROWS_PER_SPLIT = 1_000_000
 
 
-def plan_splits(client, topic: str, rows_per_split: int = DEFAULT_ROWS_PER_SPLIT) -> list:
+def plan_splits(
+    client, topic: str, rows_per_split: int = DEFAULT_ROWS_PER_SPLIT, min_splits: int = 1
+) -> list:
     """``[(partition_topic, start_entry, end_entry), ...]``: the committed range of every
-    partition as of now, cut so that each piece holds about `rows_per_split` messages."""
+    partition as of now (one piece each, also when empty), cut so that each piece holds about
+    `rows_per_split` messages, and finer when that gives fewer than `min_splits` pieces (so
+    every core has work)."""
     if rows_per_split < 1:
         raise ValueError(f"rows_per_split must be at least 1, not {rows_per_split}")
-    splits = []
+    ranges = []
     for part in client.topic_partitions(topic):  # TopicNotFound for an unknown topic
         buffer = client.admin.transaction_buffer_stats(part)
         end = int(buffer["max_read_position"])
         stats = client.admin.topic_stats(part)
         entries, messages = int(stats["entries"]), int(stats["messages"])
         first = max(0, int(buffer["last_entry_id"]) + 1 - entries)
-        if end <= first:
+        per_entry = max(1, messages // entries) if entries else 1
+        ranges.append((part, first, max(first, end), per_entry))
+    total = sum((end - first) * per_entry for _, first, end, per_entry in ranges)
+    rows_per_split = max(1, min(rows_per_split, -(-total // max(1, min_splits))))
+    splits = []
+    for part, first, end, per_entry in ranges:
+        if end == first:
             splits.append((part, first, first))  # empty: still one Spark partition
             continue
-        per_entry = max(1, messages // entries) if entries else 1
         step = max(1, rows_per_split // per_entry)
         for lo in range(first, end, step):
             splits.append((part, lo, min(lo + step, end)))
@@ -78,7 +87,8 @@ def read_topic(
     url = service_url_for(spark, service_url)
     client = driver_client(url, token, connect_timeout_s)
     try:
-        splits = plan_splits(client, topic, rows_per_split)
+        parallelism = spark.sparkContext.defaultParallelism
+        splits = plan_splits(client, topic, rows_per_split, parallelism)
     finally:
         client.close()
     if not splits:

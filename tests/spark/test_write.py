@@ -7,6 +7,7 @@ import time
 import pytest
 
 from pulsartxn import spark as ptx
+from pulsartxn.spark.read import plan_splits
 from pulsartxn.spark.write import WriteJob, prepare
 
 
@@ -49,8 +50,10 @@ def test_write_to_partitioned_topic(spark, client, topic, read_values):
     client.create_topic(topic, partitions=3)
     ptx.write_topic(_numbers(spark, 3000, 2), topic, key_column="k")
     assert sorted(read_values(topic)) == _expected(3000)
-    df = ptx.read_topic(spark, topic)
-    assert df.rdd.getNumPartitions() == 3  # one Spark partition per topic partition
+    splits = plan_splits(client, topic)
+    assert [s[0] for s in splits] == client.topic_partitions(topic)  # one per topic partition
+    df = ptx.read_topic(spark, topic)  # cut finer, so that both cores have work
+    assert df.rdd.getNumPartitions() >= 3
     assert {r.partition for r in df.select("partition").distinct().collect()} <= {0, 1, 2}
 
 
