@@ -11,7 +11,17 @@ import importlib
 import os
 import platform
 
-SUITES = ("txnid", "abortset", "ackset", "entrylog", "messaging", "txn", "txn_messaging", "remote")
+SUITES = (
+    "txnid",
+    "abortset",
+    "ackset",
+    "entrylog",
+    "messaging",
+    "txn",
+    "txn_messaging",
+    "remote",
+    "spark",
+)
 
 
 def _fmt_rate(rate: float, unit: str) -> str:

@@ -1,0 +1,120 @@
+"""Where Spark jobs find the broker: a ``service_url``, or the embedded default.
+
+``service_url=None`` means one broker per driver process, served over the network service on
+loopback (executors are separate processes and reach it like any remote client). Its data
+directory is kept: ``spark.pulsartxn.dataDir`` in the Spark conf, else ``$PULSARTXN_DATA_DIR``,
+else ``./pulsartxn-data`` (the ``pulsartxn`` command's default), so what a job committed is
+still there for the next session and for ``pulsartxn serve``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+
+DEFAULT_DATA_DIR = "pulsartxn-data"
+DATA_DIR_CONF = "spark.pulsartxn.dataDir"
+
+_lock = threading.Lock()
+_embedded: dict[str, _Embedded] = {}  # realpath of the data directory -> its server
+_executor_clients: dict[tuple, object] = {}  # (url, token) -> RemoteClient, per worker process
+
+
+class _Embedded:
+    """A broker and its network service, started in the driver, closed at exit."""
+
+    def __init__(self, data_dir: str) -> None:
+        from ..broker import Broker
+        from ..server.service import BrokerServer
+
+        self.data_dir = data_dir
+        self.broker = Broker(data_dir)
+        try:
+            self.server = BrokerServer(self.broker, "127.0.0.1", 0)
+        except BaseException:
+            self.broker.close()
+            raise
+        self.url = f"pulsartxn://127.0.0.1:{self.server.port}"
+
+    def close(self) -> None:
+        self.server.shutdown_sessions()
+        self.server.shutdown()
+        self.broker.close()
+
+
+def embedded_data_dir(spark=None) -> str:
+    """The embedded default's data directory (see the module docstring)."""
+    configured = None
+    if spark is not None:
+        configured = spark.conf.get(DATA_DIR_CONF, None)
+    return os.path.abspath(configured or os.environ.get("PULSARTXN_DATA_DIR") or DEFAULT_DATA_DIR)
+
+
+def start_embedded(spark=None, data_dir: str | None = None) -> str:
+    """Start (once per driver process and data directory) the embedded broker and its server
+    on 127.0.0.1; return its ``pulsartxn://`` URL."""
+    path = os.path.realpath(data_dir or embedded_data_dir(spark))
+    with _lock:
+        found = _embedded.get(path)
+        if found is None:
+            found = _embedded[path] = _Embedded(path)
+            if len(_embedded) == 1:
+                atexit.register(stop_embedded)
+        return found.url
+
+
+def stop_embedded() -> None:
+    """Close every embedded broker this process started (also run at exit)."""
+    with _lock:
+        servers = list(_embedded.values())
+        _embedded.clear()
+    for s in servers:
+        s.close()
+
+
+def ensure_python(spark=None) -> None:
+    """Executors start their Python workers with ``PYSPARK_PYTHON`` (read when a SparkContext
+    is made, and kept by every Python function created on it); without it they run whatever
+    ``python3`` is on the PATH, which may not have pulsartxn. When it is missing, use the
+    interpreter running the driver (done on import of ``pulsartxn.spark`` and by each call)."""
+    if os.environ.get("PYSPARK_PYTHON"):
+        return
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark import SparkContext
+
+    sc = spark.sparkContext if spark is not None else SparkContext._active_spark_context
+    if sc is not None and getattr(sc, "pythonExec", None) != sys.executable:
+        sc.pythonExec = sys.executable
+
+
+def service_url_for(spark, service_url: str | None) -> str:
+    ensure_python(spark)
+    if service_url is None:
+        return start_embedded(spark)
+    return service_url
+
+
+def driver_client(service_url: str, token: str | None, connect_timeout_s: float):
+    """A client for the driver's side of a job; an unreachable broker fails within
+    ``connect_timeout_s`` with an error that names the URL."""
+    from ..errors import PulsarTxnError
+    from ..server.remote import RemoteClient
+
+    try:
+        return RemoteClient(service_url, token, reconnect_timeout_s=connect_timeout_s)
+    except PulsarTxnError as exc:
+        raise ConnectionError(f"pulsartxn broker at {service_url} is unreachable: {exc}") from None
+
+
+def executor_client(service_url: str, token: str | None):
+    """One client per Python worker process and broker (workers are reused across tasks)."""
+    from ..server.remote import RemoteClient
+
+    key = (service_url, token)
+    with _lock:
+        client = _executor_clients.get(key)
+        if client is None or client._closed:
+            client = _executor_clients[key] = RemoteClient(service_url, token)
+        return client

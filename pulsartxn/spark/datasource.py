@@ -1,0 +1,297 @@
+"""``spark.read.format("pulsartxn")`` and ``df.write.format("pulsartxn")`` (Spark 4's Python
+data sources), batch and streaming, with options ``topic`` and ``service_url``.
+
+Writes use the same protocol as ``write_topic``: the writer made at planning holds the job's
+label and coordinator, each task attempt writes in its own labelled transaction, and the
+driver-side ``commit`` (which only ever sees the winning attempt of each partition) calls
+``commit_group``; ``abort`` calls ``abort_group``. The stream writer commits each micro-batch
+under ``idempotency_key=(query, batch_id)``, so a replayed micro-batch is not written twice.
+The stream reader's offsets are ``{partition topic: entry id}`` (each partition's max read
+position: committed messages only).
+
+Data source code runs in Python workers that Spark starts, not in the driver's process, so the
+embedded default broker cannot be started there: ``register(spark)`` does it and makes its URL
+the default ``service_url`` of the registered source.
+"""
+
+from __future__ import annotations
+
+import uuid
+import zlib
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+
+from .read import DEFAULT_ROWS_PER_SPLIT, READ_DDL, plan_splits, to_spark_arrow
+from .write import DEFAULT_TXN_TIMEOUT_MS, write_attempt
+
+
+def _client(options):
+    from ._service import driver_client
+
+    return driver_client(options["service_url"], options.get("token"), 10.0)
+
+
+class _Options(dict):
+    """The source's options with the defaults applied and ``topic`` required."""
+
+    def __init__(self, options, default_url):
+        super().__init__({k.lower(): v for k, v in dict(options).items()})
+        if not self.get("topic"):
+            raise ValueError("the pulsartxn data source needs option 'topic'")
+        if not self.get("service_url"):
+            if not default_url:
+                raise ValueError(
+                    "the pulsartxn data source needs option 'service_url' "
+                    "(or pulsartxn.spark.register(spark) for the embedded default)"
+                )
+            self["service_url"] = default_url
+
+
+class PulsarTxnDataSource(DataSource):
+    """The ``pulsartxn`` format."""
+
+    default_service_url: str | None = None
+
+    @classmethod
+    def name(cls) -> str:
+        return "pulsartxn"
+
+    def _opts(self) -> _Options:
+        return _Options(self.options, self.default_service_url)
+
+    def schema(self):
+        return READ_DDL
+
+    def reader(self, schema):
+        return _Reader(self._opts())
+
+    def writer(self, schema, overwrite: bool):
+        return _Writer(self._opts(), schema, overwrite)
+
+    def streamReader(self, schema):
+        return _StreamReader(self._opts())
+
+    def streamWriter(self, schema, overwrite: bool):
+        return _StreamWriter(self._opts(), schema, overwrite)
+
+
+# -- reads ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Split(InputPartition):
+    partition: str
+    start: int
+    end: int
+
+
+def _read_split(options, split):
+    from ._service import executor_client
+
+    client = executor_client(options["service_url"], options.get("token"))
+    for chunk in client.scan(split.partition, split.start, split.end):
+        if chunk.num_rows:
+            yield to_spark_arrow(chunk)
+
+
+class _Reader(DataSourceReader):
+    def __init__(self, options) -> None:
+        self.options = options
+
+    def partitions(self):
+        # Planned once per query: the positions of this moment (max read positions).
+        client = _client(self.options)
+        try:
+            rows = int(self.options.get("rows_per_split", DEFAULT_ROWS_PER_SPLIT))
+            min_splits = int(self.options.get("min_splits", 1))
+            splits = plan_splits(client, self.options["topic"], rows, min_splits)
+        finally:
+            client.close()
+        return [_Split(p, lo, hi) for p, lo, hi in splits] or [_Split("", 0, 0)]
+
+    def read(self, partition):
+        if partition.partition:
+            yield from _read_split(self.options, partition)
+
+
+class _StreamReader(DataSourceStreamReader):
+    """Offsets: ``{partition topic: entry id}``; a micro-batch reads each partition from the
+    previous offset to its max read position."""
+
+    def __init__(self, options) -> None:
+        self.options = options
+
+    def _positions(self, field: str) -> dict:
+        client = _client(self.options)
+        try:
+            out = {}
+            for part in client.topic_partitions(self.options["topic"]):
+                stats = client.admin.transaction_buffer_stats(part)
+                if field == "start":
+                    entries = client.admin.topic_stats(part)["entries"]
+                    out[part] = max(0, int(stats["last_entry_id"]) + 1 - int(entries))
+                else:
+                    out[part] = int(stats["max_read_position"])
+            return out
+        finally:
+            client.close()
+
+    def initialOffset(self) -> dict:
+        if self.options.get("starting_position", "earliest").lower() == "latest":
+            return self._positions("end")
+        return self._positions("start")
+
+    def latestOffset(self) -> dict:
+        return self._positions("end")
+
+    def partitions(self, start: dict, end: dict):
+        return [_Split(p, int(start.get(p, 0)), int(hi)) for p, hi in end.items()]
+
+    def read(self, partition):
+        if partition.end > partition.start:
+            yield from _read_split(self.options, partition)
+
+    def commit(self, end: dict) -> None:
+        pass  # the offsets live in Spark's checkpoint; the broker keeps every message
+
+
+# -- writes --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Attempt(WriterCommitMessage):
+    partition_id: int
+    txn: str | None
+    rows: int
+
+
+def _check_schema(schema) -> tuple[str, str | None]:
+    from pyspark.sql import types as T
+
+    fields = {f.name: f.dataType for f in schema.fields}
+    if "value" not in fields:
+        raise ValueError(f"DataFrame has no value column 'value' (columns: {sorted(fields)})")
+    if not isinstance(fields["value"], (T.BinaryType, T.StringType)):
+        raise TypeError(
+            f"value column 'value' has type {fields['value'].simpleString()}; it must be "
+            f"binary or string"
+        )
+    return "value", "key" if "key" in fields else None
+
+
+class _Writer(DataSourceArrowWriter):
+    def __init__(self, options, schema, overwrite: bool) -> None:
+        if overwrite:
+            raise ValueError("a pulsartxn topic is append-only: use mode('append')")
+        self.options = options
+        self.value, self.key = _check_schema(schema)
+        self.label = f"spark-write-{uuid.uuid4().hex}"
+        self.timeout_ms = int(options.get("txn_timeout_ms", DEFAULT_TXN_TIMEOUT_MS))
+        client = _client(options)
+        try:
+            ready = [
+                c["coordinator_id"] for c in client.admin.coordinators() if c["state"] == "READY"
+            ]
+        finally:
+            client.close()
+        if not ready:
+            raise RuntimeError(f"no transaction coordinator is ready at {options['service_url']}")
+        # Stable across processes: Spark may make the writer again where it commits.
+        self.coordinator_id = ready[zlib.crc32(self.options["topic"].encode()) % len(ready)]
+
+    def write(self, iterator):
+        from pyspark import TaskContext
+
+        from ._service import executor_client
+
+        client = executor_client(self.options["service_url"], self.options.get("token"))
+        txn, rows = write_attempt(
+            client,
+            self.options["topic"],
+            self.label,
+            self.coordinator_id,
+            self.timeout_ms,
+            iterator,
+            self.value,
+            self.key,
+        )
+        return _Attempt(TaskContext.get().partitionId(), str(txn) if txn else None, rows)
+
+    def _decide(self, messages, idempotency_key=None) -> dict:
+        winners: dict[int, str | None] = {}
+        for m in messages:
+            if m is not None:
+                winners.setdefault(m.partition_id, m.txn)
+        client = _client(self.options)
+        try:
+            return client.commit_group(
+                self.label,
+                [t for t in winners.values() if t],
+                idempotency_key=idempotency_key,
+            )
+        finally:
+            client.close()
+
+    def commit(self, messages) -> None:
+        self._decide(messages)
+
+    def abort(self, messages) -> None:
+        client = _client(self.options)
+        try:
+            client.abort_group(self.label)
+        finally:
+            client.close()
+
+
+class _StreamWriter(_Writer, DataSourceStreamWriter):
+    """One label per query, the same in every process that makes this writer (Spark makes it
+    once for the executors and again where it commits). Micro-batches run one after another,
+    so when batch b is decided the label holds only b's attempts (and stragglers of earlier
+    ones, aborted with the losers); the decision is made once per (query, batch_id)."""
+
+    def __init__(self, options, schema, overwrite: bool) -> None:
+        super().__init__(options, schema, False)
+        self.query = options.get("query") or f"spark-stream:{options['topic']}"
+        self.label = f"spark-stream-{self.query}"
+
+    def commit(self, messages, batchId) -> None:
+        winners: dict[int, str | None] = {}
+        for m in messages:
+            if m is not None:
+                winners.setdefault(m.partition_id, m.txn)
+        client = _client(self.options)
+        try:
+            out = client.commit_group(
+                self.label,
+                [t for t in winners.values() if t],
+                idempotency_key=(self.query, int(batchId)),
+            )
+            if out["duplicate"]:
+                # A replay of a micro-batch already decided: its new attempts go.
+                client.abort_group(self.label)
+        finally:
+            client.close()
+
+    def abort(self, messages, batchId) -> None:
+        _Writer.abort(self, messages)
+
+
+def register(spark, service_url: str | None = None) -> None:
+    """Register the ``pulsartxn`` format on `spark`; without `service_url`, the embedded default
+    broker (started now) is the URL used when a read or write gives none."""
+    from ._service import service_url_for
+
+    url = service_url_for(spark, service_url)
+    # A class made here (not importable by name) travels by value to the Python workers,
+    # default URL included.
+    source = type("PulsarTxnSessionSource", (PulsarTxnDataSource,), {"default_service_url": url})
+    spark.dataSource.register(source)

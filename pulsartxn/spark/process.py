@@ -1,0 +1,124 @@
+"""Exactly-once consume-transform-produce on Spark.
+
+The driver takes what a subscription has available (up to ``max_messages``), the user's
+transform turns it into an output DataFrame, the executors write the output in labelled
+transactions (as ``write_topic`` does), and the driver acknowledges the inputs in one more
+transaction of the same label. One ``commit_group`` then commits the output and the
+acknowledgements together: a rerun sees only new input, and a failure anywhere before the
+decision leaves no output and the inputs available again.
+"""
+
+from __future__ import annotations
+
+from .write import DEFAULT_TXN_TIMEOUT_MS, WriteJob, prepare
+
+INPUT_DDL = (
+    "topic string, message_id binary, key string, value binary, "
+    "properties map<string,string>, publish_time timestamp"
+)
+
+
+def _drain(consumer, max_messages: int | None, receive_timeout_ms: int):
+    """What the subscription has available now: (messages, last MessageId per partition)."""
+    msgs = []
+    while max_messages is None or len(msgs) < max_messages:
+        want = 10_000 if max_messages is None else min(10_000, max_messages - len(msgs))
+        got = consumer.batch_receive(want, receive_timeout_ms)
+        if not got:
+            break
+        msgs.extend(got)
+    last: dict = {}
+    for m in msgs:
+        mid = m.message_id()
+        key = (m.topic_name(), mid.partition())
+        if key not in last or last[key] < mid:
+            last[key] = mid
+    return msgs, list(last.values())
+
+
+def _input_table(msgs):
+    import pyarrow as pa
+
+    return pa.table(
+        {
+            "topic": pa.array([m.topic_name() for m in msgs], pa.string()),
+            "message_id": pa.array([m.message_id().serialize() for m in msgs], pa.binary()),
+            "key": pa.array([m.partition_key() for m in msgs], pa.string()),
+            "value": pa.array([m.data() for m in msgs], pa.binary()),
+            "properties": pa.array(
+                [list((m.properties() or {}).items()) for m in msgs],
+                pa.map_(pa.string(), pa.string()),
+            ),
+            "publish_time": pa.array(
+                [m.publish_timestamp() for m in msgs], pa.timestamp("ms")
+            ).cast(pa.timestamp("us", tz="UTC")),
+        }
+    )
+
+
+def process_exactly_once(
+    spark,
+    source_topic: str,
+    subscription: str,
+    sink_topic: str,
+    transform,
+    service_url: str | None = None,
+    max_messages: int | None = None,
+    *,
+    token: str | None = None,
+    txn_timeout_ms: int = DEFAULT_TXN_TIMEOUT_MS,
+    connect_timeout_s: float = 10.0,
+    receive_timeout_ms: int = 200,
+    input_partitions: int | None = None,
+) -> dict:
+    """Process the subscription's available input once (API.md, "Spark"). `transform` takes a
+    DataFrame of ``INPUT_DDL`` and returns one with a ``value`` column (binary or string) and
+    optionally ``key``. Returns ``{"input", "output", "committed", "aborted", "label"}``."""
+    from ..messaging.consumer import ConsumerType
+    from ._service import driver_client, service_url_for
+
+    if max_messages is not None and max_messages < 1:
+        raise ValueError(f"max_messages must be at least 1, not {max_messages}")
+    url = service_url_for(spark, service_url)
+    client = driver_client(url, token, connect_timeout_s)
+    try:
+        consumer = client.subscribe(
+            source_topic, subscription, subscription_type=ConsumerType.Exclusive
+        )
+        try:
+            msgs, last_ids = _drain(consumer, max_messages, receive_timeout_ms)
+            if not msgs:
+                return {"input": 0, "output": 0, "committed": 0, "aborted": 0, "label": None}
+            df_in = spark.createDataFrame(_input_table(msgs))
+            if input_partitions:
+                df_in = df_in.repartition(input_partitions)
+            out = transform(df_in)
+            prepared = prepare(out, "value", "key" if "key" in out.columns else None)
+            job = WriteJob(client, url, sink_topic, token, txn_timeout_ms)
+            try:
+                acks = client.new_transaction(
+                    timeout_ms=txn_timeout_ms, coordinator_id=job.coordinator_id, group=job.label
+                )
+                # Everything up to the last message of each partition was received in order
+                # (Exclusive subscription): one cumulative ack per partition covers it.
+                for mid in last_ids:
+                    consumer.acknowledge_cumulative(mid, txn=acks)
+                reports = job.run_tasks(prepared)
+                result = job.commit(reports, extra=[acks.id])
+            except BaseException:
+                job.abort()
+                raise
+        except BaseException:
+            consumer.redeliver_unacknowledged_messages()  # inputs available again
+            raise
+        finally:
+            consumer.close()
+    finally:
+        client.close()
+    return {
+        "input": len(msgs),
+        "output": result["rows"],
+        "committed": result["committed"],
+        "aborted": result["aborted"],
+        "label": result["label"],
+    }
