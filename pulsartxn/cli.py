@@ -1,4 +1,5 @@
-"""The ``pulsartxn`` command. ``demo`` runs the main job: an exactly-once pipeline."""
+"""The ``pulsartxn`` command. ``demo`` runs the main job: an exactly-once pipeline (on local
+Spark when PySpark is installed), ``serve`` serves a broker over Arrow Flight."""
 
 from __future__ import annotations
 
@@ -10,6 +11,22 @@ DEFAULT_DATA_DIR = os.environ.get("PULSARTXN_DATA_DIR", "pulsartxn-data")
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if not args.no_spark:
+        try:
+            import pyspark  # noqa: F401
+        except ImportError:
+            print(
+                "pyspark is not installed (pip install -e '.[spark]'): running the pipeline "
+                "on the broker alone",
+                file=sys.stderr,
+            )
+        else:
+            from pulsartxn.spark.demo import run_spark_demo
+
+            lines = run_spark_demo(args.data_dir, events=args.orders, log=print)
+            for line in lines:
+                print(line)
+            return 0 if lines[-1].startswith("check: ok") else 1
     from pulsartxn.demo import run_demo
 
     report = run_demo(
@@ -80,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--window", type=int, default=500, help="orders per transaction")
     demo.add_argument("--customers", type=int, default=50)
     demo.add_argument("--no-sync", action="store_true", help="do not fsync commits (faster)")
+    demo.add_argument(
+        "--no-spark",
+        action="store_true",
+        help="run the pipeline on the broker alone, without Spark (the default when pyspark is "
+        "not installed)",
+    )
     demo.set_defaults(func=_demo)
     return parser
 

@@ -16,7 +16,7 @@ def test_demo_twice_on_one_directory(tmp_path):
     assert second[-1].startswith("check: ok, each of the 4000 orders")
 
 
-def test_demo_command(tmp_path):
+def test_demo_command_without_spark(tmp_path):
     run = subprocess.run(
         [
             sys.executable,
@@ -29,10 +29,11 @@ def test_demo_command(tmp_path):
             "2000",
             "--window",
             "250",
+            "--no-spark",
         ],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert run.returncode == 0, run.stderr
-    assert "check: ok" in run.stdout
+    assert "check: ok, each of the 2000 orders" in run.stdout
