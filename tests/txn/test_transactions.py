@@ -200,7 +200,11 @@ def test_conflicts(env):
 def test_batch_index_acks_in_transactions(env):
     broker = env()
     client = broker.client()
-    producer = client.create_producer("t", batching_max_messages=4)
+    # A full batch of 4 is one entry (no publish-delay flush in between, however slow the
+    # machine: the delay is long).
+    producer = client.create_producer(
+        "t", batching_max_messages=4, batching_max_publish_delay_ms=60_000
+    )
     for i in range(4):
         producer.send_async(b"m%d" % i)
     producer.flush()
