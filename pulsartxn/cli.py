@@ -68,6 +68,9 @@ def _serve(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pulsartxn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    from pulsartxn import perf
+
+    perf.add_parser(sub)
     srv = sub.add_parser("serve", help="serve a broker over Arrow Flight (pulsartxn://)")
     srv.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     srv.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
