@@ -361,7 +361,7 @@ class Subscription:
                 data = self.cursor.serialize()
             txn.put(self._key, data, db=db)
 
-        self._last_persist = storage.submit(WriteOp(apply, nbytes=64))
+        self._last_persist = storage.submit(WriteOp(apply, nbytes=64), lazy=True)
         return self._last_persist
 
     def wait_persisted(self) -> None:
@@ -370,6 +370,8 @@ class Subscription:
             queued = self._persist_queued
         fut = self._write_cursor() if queued else self._last_persist
         if fut is not None:
+            if not fut.done():
+                self.partition.storage.commits.flush_lazy()
             fut.result()
 
     # -- stats -----------------------------------------------------------------------------

@@ -119,8 +119,8 @@ class Storage:
             raise AlreadyClosed("the broker's storage is closed")
         return self.env.begin(buffers=True)
 
-    def submit(self, op: WriteOp):
-        return self.commits.submit(op)
+    def submit(self, op: WriteOp, lazy: bool = False):
+        return self.commits.submit(op, lazy)
 
     def write(self, apply, **kwargs):
         return self.commits.write(apply, **kwargs)

@@ -58,6 +58,7 @@ class GroupCommit:
         linger_ms: float = 0.0,
         name: str = "pulsartxn-group-commit",
         sync: bool = False,
+        lazy_max_ms: float = 20.0,
     ) -> None:
         self._env = env
         self._max_records = max_records
@@ -72,6 +73,10 @@ class GroupCommit:
         self._linger_sync = bool(sync)
         self._last_group = 0
         self._last_commit_s = 0.0
+        self._lazy: list[WriteOp] = []
+        self._lazy_lock = threading.Lock()
+        self._lazy_timer: threading.Timer | None = None
+        self._lazy_max = lazy_max_ms / 1000.0
         self._local = threading.local()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -80,9 +85,21 @@ class GroupCommit:
     def writer_thread(self) -> threading.Thread:
         return self._thread
 
-    def submit(self, op: WriteOp) -> Future:
+    def submit(self, op: WriteOp, lazy: bool = False) -> Future:
+        """Queue `op`. A lazy op (background bookkeeping nobody waits for: log cleanup, cursor
+        and snapshot writes) does not start a group, and so costs no fsync of its own: it rides
+        with the next group, or is committed within `lazy_max_ms` if none comes."""
         if self._closed:
             raise AlreadyClosed("the broker's storage is closed")
+        if lazy and not getattr(self._local, "committing", False):
+            with self._lazy_lock:
+                self._lazy.append(op)
+                arm = self._lazy_timer is None
+                if arm:
+                    self._lazy_timer = threading.Timer(self._lazy_max, self.flush_lazy)
+                    self._lazy_timer.daemon = True
+                    self._lazy_timer.start()
+            return op.future
         if getattr(self._local, "committing", False):
             # Called from an on_commit callback of a group this thread commits: run it in a
             # group of its own, now (the commit lock is ours).
@@ -90,6 +107,30 @@ class GroupCommit:
             return op.future
         self._queue.put(op)
         return op.future
+
+    def flush_lazy(self) -> None:
+        """Commit the lazy ops now (a group of their own if nothing else is queued)."""
+        with self._lazy_lock:
+            pending = bool(self._lazy)
+            if self._lazy_timer is not None:
+                self._lazy_timer.cancel()
+                self._lazy_timer = None
+        if pending and not self._closed:
+            try:
+                self.submit(WriteOp(_nothing, nbytes=0, records=0))
+            except AlreadyClosed:
+                pass
+
+    def _with_lazy(self, group: list[WriteOp]) -> list[WriteOp]:
+        """The lazy ops (submitted earlier) first, then the group."""
+        if not self._lazy:
+            return group
+        with self._lazy_lock:
+            lazy, self._lazy = self._lazy, []
+            if self._lazy_timer is not None:
+                self._lazy_timer.cancel()
+                self._lazy_timer = None
+        return lazy + group
 
     def help(self) -> None:
         """Commit what is queued now, in this thread, unless a group is being committed."""
@@ -106,7 +147,7 @@ class GroupCommit:
                     self._queue.put(_STOP)  # leave it for the writer thread
                     return
                 group, stop = self._collect(first, wait=False)
-                self._run_group(group)
+                self._run_group(self._with_lazy(group))
                 if stop:
                     self._queue.put(_STOP)
                     return
@@ -166,7 +207,7 @@ class GroupCommit:
                 self._run_group(group)
                 group, nbytes, records = [], 0, 0
         group.append(op)
-        self._run_group(group)
+        self._run_group(self._with_lazy(group))
         if stop:
             self._queue.put(_STOP)
 
@@ -176,7 +217,11 @@ class GroupCommit:
             if self._closed:
                 return
             self._closed = True
-        self._queue.put(_STOP)
+        with self._lazy_lock:
+            if self._lazy_timer is not None:
+                self._lazy_timer.cancel()
+                self._lazy_timer = None
+        self._queue.put(_STOP)  # the writer commits the lazy ops with what is left
         self._thread.join()
 
     # -- the writer thread ------------------------------------------------------------------
@@ -232,6 +277,7 @@ class GroupCommit:
                     group: list[WriteOp] = []
                 else:
                     group, stop = self._collect(first)
+                group = self._with_lazy(group)
                 if group:
                     self._run_group(group)
                 if stop:
@@ -308,6 +354,10 @@ class GroupCommit:
 
 class _OpFailed(Exception):
     pass
+
+
+def _nothing(txn) -> None:
+    return None
 
 
 def _storage_error(exc: BaseException) -> BaseException:

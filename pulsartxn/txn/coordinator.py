@@ -401,8 +401,11 @@ class Coordinator:
         if not parts:
             self._complete(meta)
             return
-        for part in parts:
-            self._call(meta, part, 0)
+        # Participants are told at once (all but one on the pool): their writes (markers,
+        # cursors) then share one group commit, one fsync, instead of one after the other.
+        for part in parts[1:]:
+            self.service.timer.submit(self._call, meta, part, 0)
+        self._call(meta, parts[0], 0)
 
     def _call(self, meta: TxnMeta, part, attempt: int) -> None:
         service = self.service
@@ -431,7 +434,9 @@ class Coordinator:
         storage = self.storage
         if not storage.closed:
             try:
-                storage.submit(WriteOp(self._delete_records(meta, meta.records), nbytes=16))
+                storage.submit(
+                    WriteOp(self._delete_records(meta, meta.records), nbytes=16), lazy=True
+                )
             except AlreadyClosed:
                 pass  # recovery finalizes it again (participants treat that as success)
         self._finished(meta)

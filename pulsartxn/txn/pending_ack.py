@@ -177,7 +177,9 @@ class PendingAck:
             txn.cursor(db=db).putmulti(rows)
 
         self.log_writes += 1
-        fut = storage.submit(WriteOp(apply, nbytes=sum(len(v) for _, v in rows), records=len(rows)))
+        fut = storage.submit(
+            WriteOp(apply, nbytes=sum(len(v) for _, v in rows), records=len(rows)), lazy=not wait
+        )
         if wait:
             storage.wait(fut)
 

@@ -369,7 +369,7 @@ class Coordinators:
         key, db = log.DECISION_KEY.pack(decision_id), self._decisions_db
         if not self.storage.closed:
             try:
-                self.storage.submit(WriteOp(lambda t: t.delete(key, db=db), nbytes=8))
+                self.storage.submit(WriteOp(lambda t: t.delete(key, db=db), nbytes=8), lazy=True)
             except Exception:  # noqa: BLE001 - recovery deletes it next time
                 pass
 

@@ -169,7 +169,7 @@ class BufferSnapshots:
         nbytes = sum(len(v) for _, v in puts)
         storage = part.storage
         try:
-            fut = storage.submit(WriteOp(apply, nbytes=nbytes, records=len(puts)))
+            fut = storage.submit(WriteOp(apply, nbytes=nbytes, records=len(puts)), lazy=not wait)
         except AlreadyClosed:
             return
         self.taken += 1
