@@ -218,15 +218,23 @@ class Consumer:
         txn = self._client._txn_for(txn)
         sub.partition.check_position(mid.entry_id(), mid.ledger_id())
         name = (sub.partition.topic, sub.name)
-        if name not in txn.subscriptions:
-            txn.register_subscriptions([name])  # logged by the coordinator, once
+        # The subscription's registration with the coordinator rides in the pending-ack log
+        # write of these acks (or in the commit), not in a write of its own.
+        registration = txn.stage_subscription(name)
         try:
             sub.pending_ack.ack(
-                txn.id, mid.entry_id(), mid.batch_index(), mid.batch_size(), cumulative
+                txn.id,
+                mid.entry_id(),
+                mid.batch_index(),
+                mid.batch_size(),
+                cumulative,
+                registration,
             )
         except TransactionConflict as exc:
             txn._failed(exc)
             raise
+        if registration is not None:
+            txn.subscriptions.add(name)
         txn.ack_counts[name] = txn.ack_counts.get(name, 0) + 1
         return name
 

@@ -244,8 +244,6 @@ class Producer:
                 if picked:
                     plan[i] = np.concatenate(picked)
         plan = {i: rows for i, rows in plan.items() if len(rows)}
-        if txn is not None:
-            txn.register_partitions([self._parts[i].partition.topic for i in plan])
         futures = []
         try:
             for i, rows in plan.items():
@@ -285,8 +283,32 @@ class Producer:
                 sub_values = [values[int(i)] for i in rows]
             sub_keys = [key_list[int(i)] for i in rows] if key_list is not None else None
         buffer = part.partition.buffer
+        staged = None
         if txn is not None:
-            buffer.begin_append(txn.id)
+            # The partition's registration with the coordinator rides in this write.
+            staged = txn.stage_partition(part.partition.topic)
+            try:
+                buffer.begin_append(txn.id)
+            except BaseException:
+                if staged is not None:
+                    staged[1](False)
+                raise
+        try:
+            fut = self._submit_rows(part, sub_values, sub_keys, rows, sizes, txn, staged)
+        except BaseException:
+            if txn is not None:
+                buffer.append_failed(txn.id)
+                if staged is not None:
+                    staged[1](False)
+            raise
+        if txn is not None:
+            fut.add_done_callback(lambda f: f.exception() and buffer.append_failed(txn.id))
+            if staged is not None:
+                landed = staged[1]
+                fut.add_done_callback(lambda f: landed(f.exception() is None))
+        return fut
+
+    def _submit_rows(self, part, sub_values, sub_keys, rows, sizes, txn, staged) -> Future:
         with part.lock:
             part._flush_locked()
             first_seq = part.last_sequence + 1
@@ -304,10 +326,9 @@ class Producer:
                 publish_time=int(time.time() * 1000),
                 txn_id=txn.id if txn is not None else None,
             )
-            fut = part.partition.storage.submit(op)
-        if txn is not None:
-            fut.add_done_callback(lambda f: f.exception() and buffer.append_failed(txn.id))
-        return fut
+            if staged is not None:
+                op.prepend(staged[0])
+            return part.partition.storage.submit(op)
 
     # -- transactions ----------------------------------------------------------------------
 
@@ -315,9 +336,6 @@ class Producer:
         """Queue one message of a transaction in its (partition, transaction) batch."""
         txn = self.client._txn_for(txn)
         part = self._part_for(partition_key)
-        topic = part.partition.topic
-        if topic not in txn.partitions:
-            txn.register_partitions([topic])  # logged by the coordinator, once per partition
         with part.lock:
             if sequence_id is None:
                 sequence_id = part.last_sequence + 1
@@ -356,9 +374,14 @@ class Producer:
         batch = self._txn_batches.pop(key)
         part, txn = batch.part, batch.txn
         partition = part.partition
+        staged = None
         try:
+            # The partition's registration with the coordinator rides in this write.
+            staged = txn.stage_partition(partition.topic)
             partition.buffer.begin_append(txn.id)
         except Exception as exc:  # noqa: BLE001 - every message of the batch gets it
+            if staged is not None:
+                staged[1](False)
             batch.fail(exc)
             txn._failed(exc)
             return
@@ -386,12 +409,16 @@ class Producer:
             on_published=batch.landed,
             before_publish=before_publish,
         )
+        if staged is not None:
+            op.prepend(staged[0])
         fut = partition.storage.submit(op)
         batch.inflight = fut
 
         def failed(f):
             batch.inflight = None  # no cycle batch -> future -> this callback -> batch
             exc = f.exception()
+            if staged is not None:
+                staged[1](exc is None)
             if exc is not None:
                 partition.buffer.append_failed(txn.id)
                 batch.fail(exc)

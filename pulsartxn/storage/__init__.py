@@ -1,6 +1,6 @@
 """The LMDB environment of a broker and the group commit that all its writes go through."""
 
 from .environment import Storage
-from .group_commit import GroupCommit, WriteOp
+from .group_commit import GroupCommit, WriteOp, combine
 
-__all__ = ["Storage", "GroupCommit", "WriteOp"]
+__all__ = ["Storage", "GroupCommit", "WriteOp", "combine"]

@@ -44,6 +44,16 @@ class WriteOp:
     on_abort: Callable[[], None] | None = None
     future: Future = field(default_factory=Future)
 
+    def prepend(self, first: Callable[[lmdb.Transaction], Any]) -> None:
+        """Run ``first(txn)`` before this op's own writes, in the same LMDB transaction."""
+        apply = self.apply
+
+        def both(txn):
+            first(txn)
+            return apply(txn)
+
+        self.apply = both
+
 
 _STOP = object()
 
@@ -91,7 +101,9 @@ class GroupCommit:
         with the next group, or is committed within `lazy_max_ms` if none comes."""
         if self._closed:
             raise AlreadyClosed("the broker's storage is closed")
-        if lazy and not getattr(self._local, "committing", False):
+        if lazy:
+            # From an on_commit callback too: it rides with the next group rather than
+            # starting one (and an fsync) of its own while the commit lock is held.
             with self._lazy_lock:
                 self._lazy.append(op)
                 arm = self._lazy_timer is None
@@ -281,7 +293,10 @@ class GroupCommit:
                 if group:
                     self._run_group(group)
                 if stop:
-                    # Drain anything that raced with close(): answer it, never drop it silently.
+                    # Lazy ops queued by the last group's callbacks, then anything that raced
+                    # with close(): answer it, never drop it silently.
+                    while self._lazy:
+                        self._run_group(self._with_lazy([]))
                     while True:
                         try:
                             op = self._queue.get_nowait()
@@ -350,6 +365,48 @@ class GroupCommit:
             except BaseException:  # noqa: BLE001 - the caller gets the original error
                 pass
         op.future.set_exception(error)
+
+
+def combine(ops: list[WriteOp]) -> WriteOp:
+    """One operation applying `ops` in order in one LMDB transaction: all of them land, or
+    none. Each op's on_commit runs and its future is answered after the commit; if the
+    combined op fails, every op's on_abort runs and its future gets the error."""
+
+    def apply(txn):
+        return [op.apply(txn) for op in ops]
+
+    def on_commit(results):
+        for op, result in zip(ops, results):
+            try:
+                if op.on_commit is not None:
+                    op.on_commit(result)
+            except BaseException as exc:  # noqa: BLE001 - that op's caller gets it
+                op.future.set_exception(exc)
+                continue
+            op.future.set_result(result)
+
+    def on_abort():
+        for op in ops:
+            if op.on_abort is not None:
+                op.on_abort()
+
+    combined = WriteOp(
+        apply,
+        nbytes=sum(op.nbytes for op in ops),
+        records=sum(op.records for op in ops),
+        on_commit=on_commit,
+        on_abort=on_abort,
+    )
+
+    def answer(fut):
+        exc = fut.exception()
+        if exc is not None:
+            for op in ops:
+                if not op.future.done():
+                    op.future.set_exception(exc)
+
+    combined.future.add_done_callback(answer)
+    return combined
 
 
 class _OpFailed(Exception):

@@ -117,6 +117,16 @@ class TransactionBuffer:
     def end_txn(self, txn_id: TxnID, commit: bool, low_watermark: int) -> None:
         """Commit or abort txn_id here (idempotent), and abort what the low watermark says is
         finished but still ongoing here."""
+        op = self.end_op(txn_id, commit, low_watermark)
+        if op is not None:
+            storage = self.partition.storage
+            storage.wait(storage.submit(op))
+
+    def end_op(self, txn_id: TxnID, commit: bool, low_watermark: int):
+        """``end_txn`` as a group-commit operation for the caller to write (its markers), or
+        None when there is nothing to write here. Appends of these transactions are refused
+        from now on; the rest of the state changes when the markers are published, so an op
+        that never lands changes nothing else, and ending again writes the markers again."""
         cid = txn_id.coordinator_id
         with self.lock:
             if low_watermark > self.low_watermarks.get(cid, 0):
@@ -135,35 +145,50 @@ class TransactionBuffer:
             for t in [t for t in self.ended if t.sequence < lwm.get(t.coordinator_id, 0)]:
                 if t not in self.ongoing:
                     del self.ended[t]
-        for t, c in todo:
-            self._write_marker(t, c)
+        if not todo:
+            return None
+        return self._markers_op(todo)
 
-    def _write_marker(self, txn_id: TxnID, commit: bool) -> None:
+    def _markers_op(self, todo: list) -> object:
+        """One append of a commit or abort marker per (txn, commit) of `todo`."""
         part = self.partition
-        entry = encode_entry(
-            [],
-            marker_type=MarkerType.TXN_COMMIT if commit else MarkerType.TXN_ABORT,
-            txn_msb=txn_id.most_sig_bits,
-            txn_lsb=txn_id.least_sig_bits,
-            publish_time=int(time.time() * 1000),
-        )
+        now = int(time.time() * 1000)
+        entries = [
+            encode_entry(
+                [],
+                marker_type=MarkerType.TXN_COMMIT if commit else MarkerType.TXN_ABORT,
+                txn_msb=t.most_sig_bits,
+                txn_lsb=t.least_sig_bits,
+                publish_time=now,
+            )
+            for t, commit in todo
+        ]
 
         def before_publish(first: int) -> None:
-            if self.ongoing.pop(txn_id, None) is None:
-                return  # a repeated end raced with this one: already marked
-            if commit:
-                self.committed += 1
-            else:
-                self.aborted += 1
-                self.aborts.add(txn_id)
-                self.abort_positions[txn_id] = first
-                if self.snapshot is not None:
-                    self.snapshot.aborted(txn_id, first)
+            for i, (t, commit) in enumerate(todo):
+                if self.ongoing.pop(t, None) is None:
+                    continue  # a repeated end raced with this one: already marked
+                if commit:
+                    self.committed += 1
+                else:
+                    self.aborted += 1
+                    self.aborts.add(t)
+                    self.abort_positions[t] = first + i
+                    if self.snapshot is not None:
+                        self.snapshot.aborted(t, first + i)
 
-        op = part.append_op([entry], [0], 0, before_publish=before_publish)
-        part.storage.wait(part.storage.submit(op))
-        if self.snapshot is not None:
-            self.snapshot.txn_ended()
+        def on_published(first: int) -> None:
+            if self.snapshot is not None:
+                for _ in todo:
+                    self.snapshot.txn_ended()
+
+        return part.append_op(
+            entries,
+            [0] * len(entries),
+            0,
+            on_published=on_published,
+            before_publish=before_publish,
+        )
 
     # -- trimming and views ----------------------------------------------------------------
 

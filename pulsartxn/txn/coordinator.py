@@ -28,7 +28,7 @@ from ..errors import (
     TransactionNotFound,
     TransactionTimeout,
 )
-from ..storage import WriteOp
+from ..storage import WriteOp, combine
 from . import log
 from .state import EndReason, TxnState
 
@@ -64,6 +64,7 @@ class TxnMeta:
         "started",
         "retries",
         "last_error",
+        "writes",
     )
 
     def __init__(self, txn_id, seq, timeout_ms, open_ms, deadline, group) -> None:
@@ -85,6 +86,7 @@ class TxnMeta:
         self.started = time.monotonic()
         self.retries = 0
         self.last_error: str | None = None
+        self.writes: list | None = None  # participants' deferred writes (futures)
 
     @property
     def commit(self) -> bool:
@@ -323,8 +325,50 @@ class Coordinator:
                 if meta.inflight == 0:
                     self.cond.notify_all()
 
+    def stage(self, seq: int, kind: int, names: list, inflight: bool):
+        """Register partitions or subscriptions in a record that rides in the caller's own
+        write (the data or the pending acks it covers), so that record and data land in one
+        LMDB transaction: no write of its own, no fsync of its own.
+
+        Returns ``(apply, done)``: ``apply(txn)`` puts the record; ``done()`` must be called
+        once that write has landed or failed when `inflight` (an end waits for it then).
+        The names count as participants at once: a finalize that reaches one which never saw
+        the transaction is a no-op there.
+        """
+        op = "add partitions to" if kind == log.PARTITIONS else "add subscriptions to"
+        with self.lock:
+            meta = self.live(seq, op)
+            if meta.state is not OPEN:
+                raise status_error(meta.txn_id, meta.state, meta.reason, meta.timeout_ms, op)
+            index = meta.records
+            meta.records += 1
+            (meta.partitions if kind == log.PARTITIONS else meta.subscriptions).update(names)
+            if inflight:
+                meta.inflight += 1
+        record = log.encode_names(kind, list(names))
+        key = log.record_key(seq, index)
+        db = self.db
+
+        def apply(txn) -> None:
+            txn.put(key, record, db=db)
+
+        def done() -> None:
+            if inflight:
+                with self.lock:
+                    meta.inflight -= 1
+                    if meta.inflight == 0:
+                        self.cond.notify_all()
+
+        return apply, done
+
     def end(self, seq: int, commit: bool, reason: int, expected_acks=None) -> TxnMeta:
-        """Decide the end of one transaction (logged), then finalize its participants."""
+        """Decide the end of one transaction (logged), then finalize its participants.
+
+        The decision is one write: the END record, with what the participants that live in
+        this broker can write in the same LMDB transaction (the pending acks a commit needs
+        durable, and the partitions' markers). Only the subscriptions' cursor updates
+        follow, deferred: the END record stays until they have landed, so a crash before
+        that finalizes them again."""
         op = "commit" if commit else "abort"
         with self.lock:
             meta = self.live(seq, op)
@@ -338,24 +382,74 @@ class Coordinator:
             index = meta.records
             if not empty:
                 meta.records += 1
+            lwm = self._lwm()
+        done: set = set()
         try:
-            if commit and not empty:
-                self.prepare(meta, expected_acks)
+            if commit:
+                for name, n in (expected_acks or {}).items():
+                    if n and tuple(name) not in meta.subscriptions:
+                        # Its registration rode with acks that never reached the log.
+                        raise InvalidTxnStatus(
+                            f"transaction {meta.txn_id}: its {n} acknowledgements on "
+                            f"{name[0]} {name[1]} were lost in a broker restart; it can only "
+                            "abort"
+                        )
             if empty:
                 # Nothing to finalize: deleting the records is the whole end.
                 self._write(self._delete_records(meta, index), 16 * index)
             else:
-                record = log.encode_end(commit, reason)
-                key = log.record_key(seq, index)
-                self._write(lambda t: t.put(key, record, db=self.db), len(record))
+                ops = self._decision_ops(meta, index, expected_acks, lwm, done)
+                try:
+                    decision = combine(ops)
+                except BaseException as exc:
+                    _fail_ops(ops, exc)
+                    raise
+                self.storage.wait(self.storage.submit(decision))
         except BaseException:
             self.reopen(meta)
             raise
         if empty:
             self._finished(meta)
         else:
-            self.finalize(meta)
+            self.finalize(meta, done)
         return meta
+
+    def _decision_ops(self, meta: TxnMeta, index: int, expected_acks, lwm: int, done: set):
+        """The END record and what local participants write with it; `done` gets the
+        participants whose part is in those ops."""
+        ops: list[WriteOp] = []
+        commit = meta.commit
+        try:
+            if commit:
+                expected_acks = expected_acks or {}
+                for name in sorted(meta.subscriptions):
+                    participant = self.service.participant("subscription", name)
+                    prepare_op = getattr(participant, "prepare_op", None)
+                    if prepare_op is not None:
+                        o = prepare_op(meta.txn_id, expected_acks.get(tuple(name)))
+                        if o is not None:
+                            ops.append(o)
+                    elif hasattr(participant, "prepare"):
+                        participant.prepare(meta.txn_id, expected_acks.get(tuple(name)))
+            record = log.encode_end(commit, meta.reason)
+            key, db = log.record_key(meta.seq, index), self.db
+            ops.append(WriteOp(lambda t: t.put(key, record, db=db), nbytes=len(record)))
+            for name in sorted(meta.partitions):
+                try:
+                    participant = self.service.participant("partition", name)
+                except Exception:  # noqa: BLE001 - finalize retries it
+                    continue
+                end_op = getattr(participant, "end_op", None)
+                if end_op is None:
+                    continue
+                o = end_op(meta.txn_id, commit, lwm)
+                if o is not None:
+                    ops.append(o)
+                done.add(("partition", name))
+        except BaseException as exc:
+            _fail_ops(ops, exc)
+            raise
+        return ops
 
     def prepare(self, meta: TxnMeta, expected_acks: dict | None = None) -> None:
         """Before a commit is decided: participants that batch their own logs (pending acks)
@@ -392,29 +486,48 @@ class Coordinator:
 
     # -- finalize --------------------------------------------------------------------------
 
-    def finalize(self, meta: TxnMeta) -> None:
-        """Tell every participant the outcome; retry failures with backoff until they succeed.
-        One failing participant does not hold back the others."""
+    def finalize(self, meta: TxnMeta, done=()) -> None:
+        """Tell every participant the outcome (but those in `done`, whose part was written
+        with the decision); retry failures with backoff until they succeed. One failing
+        participant does not hold back the others."""
         with self.lock:
-            parts = meta.participants()
+            parts = [p for p in meta.participants() if p not in done]
             meta.pending = set(parts)
         if not parts:
             self._complete(meta)
             return
-        # Participants are told at once (all but one on the pool): their writes (markers,
-        # cursors) then share one group commit, one fsync, instead of one after the other.
-        for part in parts[1:]:
+        deferred, waiting = [], []
+        for part in parts:
+            try:
+                participant = self.service.participant(*part)
+            except Exception:  # noqa: BLE001 - _call retries it
+                participant = None
+            (deferred if getattr(participant, "deferred_end", False) else waiting).append(part)
+        # Participants that write synchronously are told at once (all but one on the pool):
+        # their writes (markers, cursors) then share one group commit instead of one fsync
+        # after the other. Those that defer their write are quick: told here.
+        for part in waiting[1:]:
             self.service.timer.submit(self._call, meta, part, 0)
-        self._call(meta, parts[0], 0)
+        for part in deferred:
+            self._call(meta, part, 0)
+        if waiting:
+            self._call(meta, waiting[0], 0)
 
     def _call(self, meta: TxnMeta, part, attempt: int) -> None:
         service = self.service
         if service.closed:
             return  # recovery finishes it after a restart
+        write = None
         try:
             with self.lock:
                 lwm = self._lwm()
-            service.participant(*part).end_txn(meta.txn_id, meta.commit, lwm)
+            participant = service.participant(*part)
+            if getattr(participant, "deferred_end", False):
+                # The decision is durable: the participant's write may ride with the next
+                # group; the records stay until it has landed (_complete).
+                write = participant.end_txn(meta.txn_id, meta.commit, lwm, wait=False)
+            else:
+                participant.end_txn(meta.txn_id, meta.commit, lwm)
         except Exception as exc:  # noqa: BLE001 - retried until it succeeds
             with self.lock:
                 meta.retries += 1
@@ -424,13 +537,46 @@ class Coordinator:
             service.timer.call_later(delay, self._call, meta, part, attempt + 1)
             return
         with self.lock:
+            if write is not None:
+                if meta.writes is None:
+                    meta.writes = []
+                meta.writes.append(write)
             meta.pending.discard(part)
             done = not meta.pending
         if done:
             self._complete(meta)
 
     def _complete(self, meta: TxnMeta) -> None:
-        """All participants are done: drop the records (COMMITTED/ABORTED)."""
+        """All participants are done: the transaction is COMMITTED or ABORTED. Its records
+        (and its share of a decision record) are deleted once the participants' deferred
+        writes have landed."""
+        with self.lock:
+            writes, meta.writes = meta.writes or [], None
+        if not writes:
+            self._cleanup(meta)
+        else:
+            left = [len(writes)]
+            failed: list = []
+
+            def landed(fut) -> None:
+                if fut.exception() is not None:
+                    failed.append(fut.exception())
+                with self.lock:
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last and not failed:
+                    self._cleanup(meta)
+                elif last:
+                    # The records stay: after a restart, recovery finalizes it again.
+                    with self.lock:
+                        meta.last_error = f"a participant's write failed: {failed[0]!r}"
+                        self.append_failures += 1
+
+            for fut in writes:
+                fut.add_done_callback(landed)
+        self._finished(meta)
+
+    def _cleanup(self, meta: TxnMeta) -> None:
         storage = self.storage
         if not storage.closed:
             try:
@@ -439,7 +585,7 @@ class Coordinator:
                 )
             except AlreadyClosed:
                 pass  # recovery finalizes it again (participants treat that as success)
-        self._finished(meta)
+        self.service.release_decision(meta)
 
     def _finished(self, meta: TxnMeta) -> None:
         elapsed_ms = (time.monotonic() - meta.started) * 1000.0
@@ -555,6 +701,13 @@ class Coordinator:
             "finalize_retries": meta.retries,
             "last_error": meta.last_error,
         }
+
+
+def _fail_ops(ops, exc) -> None:
+    """Ops built but never submitted: answer them with `exc` (their callbacks undo)."""
+    for op in ops:
+        if not op.future.done():
+            op.future.set_exception(exc)
 
 
 def _raise(exc):

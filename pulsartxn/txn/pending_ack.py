@@ -30,12 +30,18 @@ DB = b"pendingack"
 
 
 class PendingAck:
+    # The coordinator may have end_txn defer its write (wait=False): see Coordinator._call.
+    deferred_end = True
+
     def __init__(self, sub) -> None:
         self.sub = sub
         self.lock = sub.lock
         self.index = PendingAckIndex()
         self.cumulative: dict[TxnID, tuple[int, int, int]] = {}  # txn -> (entry, bi, size)
         self.unlogged: dict[TxnID, list[bytes]] = {}  # acks not yet in the log
+        # The coordinator's record that names this subscription for a transaction: it rides
+        # in the write of the transaction's first acks here (Coordinator.stage).
+        self.registrations: dict[TxnID, list] = {}
         self.records: dict[TxnID, int] = {}  # records in the log per transaction
         # Acks accepted per transaction (after a restart: those that reached the log). A
         # commit states how many it made; fewer here means some were lost with the broker.
@@ -85,7 +91,13 @@ class PendingAck:
         return min(entries) if entries else None
 
     def ack(
-        self, txn: TxnID, entry_id: int, batch_index: int, batch_size: int, cumulative: bool
+        self,
+        txn: TxnID,
+        entry_id: int,
+        batch_index: int,
+        batch_size: int,
+        cumulative: bool,
+        registration=None,
     ) -> None:
         sub = self.sub
         ledger = sub.partition.ledger_id
@@ -142,6 +154,8 @@ class PendingAck:
             self.unlogged.setdefault(txn, []).append(
                 _ACK.pack(kind, entry_id, batch_index, batch_size)
             )
+            if registration is not None:
+                self.registrations.setdefault(txn, []).append(registration)
             self.acks += 1
             self.counts[txn] = self.counts.get(txn, 0) + 1
             queue = not self._flush_queued
@@ -153,10 +167,12 @@ class PendingAck:
 
     # -- the log ---------------------------------------------------------------------------
 
-    def _take_unlogged(self, only: TxnID | None = None) -> list[tuple[bytes, bytes]]:
-        rows = []
+    def _take_unlogged(self, only: TxnID | None = None) -> tuple[list, list]:
+        """(rows, registrations) not yet in the log, of `only` or of every transaction."""
+        rows, regs = [], []
         for txn in [only] if only is not None else list(self.unlogged):
             acks = self.unlogged.pop(txn, None)
+            regs.extend(self.registrations.pop(txn, ()))
             if not acks:
                 continue
             n = self.records.get(txn, 0)
@@ -165,21 +181,25 @@ class PendingAck:
             rows.append((self._prefix + txn.pack() + _U32.pack(n), _U32.pack(crc32c(body)) + body))
         if not self.unlogged:
             self._flush_queued = False
-        return rows
+        return rows, regs
 
-    def _write_rows(self, rows, wait: bool) -> None:
-        if not rows:
-            return
-        storage = self.storage
-        db = storage.open_db(DB)
+    def _rows_op(self, rows, regs) -> WriteOp:
+        db = self.storage.open_db(DB)
 
         def apply(txn):
+            for registration in regs:
+                registration(txn)
             txn.cursor(db=db).putmulti(rows)
 
         self.log_writes += 1
-        fut = storage.submit(
-            WriteOp(apply, nbytes=sum(len(v) for _, v in rows), records=len(rows)), lazy=not wait
-        )
+        return WriteOp(apply, nbytes=sum(len(v) for _, v in rows), records=len(rows))
+
+    def _write_rows(self, taken, wait: bool) -> None:
+        rows, regs = taken
+        if not rows and not regs:
+            return
+        storage = self.storage
+        fut = storage.submit(self._rows_op(rows, regs), lazy=not wait)
         if wait:
             storage.wait(fut)
 
@@ -190,8 +210,8 @@ class PendingAck:
                 return True
             if time.monotonic() - self._queued_at < seconds:
                 return False
-            rows = self._take_unlogged()
-        self._write_rows(rows, wait=False)
+            taken = self._take_unlogged()
+        self._write_rows(taken, wait=False)
         return True
 
     def prepare(self, txn: TxnID, expected: int | None = None) -> None:
@@ -206,19 +226,53 @@ class PendingAck:
                     f"{self.sub.partition.topic} {self.sub.name} were lost in a broker restart; "
                     "it can only abort"
                 )
-            rows = self._take_unlogged(txn)
-        self._write_rows(rows, wait=True)
+            taken = self._take_unlogged(txn)
+        self._write_rows(taken, wait=True)
+
+    def prepare_op(self, txn: TxnID, expected: int | None = None) -> WriteOp | None:
+        """``prepare`` as an operation for the caller to write with its commit decision (one
+        LMDB transaction): if that write fails, the acks wait here to be logged again."""
+        with self.lock:
+            have = self.counts.get(txn, 0)
+            if expected is not None and have < expected:
+                raise InvalidTxnStatus(
+                    f"transaction {txn}: {expected - have} of its {expected} acknowledgements on "
+                    f"{self.sub.partition.topic} {self.sub.name} were lost in a broker restart; "
+                    "it can only abort"
+                )
+            rows, regs = self._take_unlogged(txn)
+        if not rows and not regs:
+            return None
+        op = self._rows_op(rows, regs)
+
+        def restore(fut) -> None:
+            if fut.exception() is None:
+                return
+            # Not logged: back in line, ahead of anything newer (its record number stays
+            # unused; replay and cleanup go by the highest number, not the count).
+            with self.lock:
+                acks = [bytes(v)[20:] for _, v in rows]
+                pending = [a[i : i + _ACK.size] for a in acks for i in range(0, len(a), _ACK.size)]
+                self.unlogged[txn] = pending + self.unlogged.get(txn, [])
+                self.registrations[txn] = list(regs) + self.registrations.get(txn, [])
+
+        op.future.add_done_callback(restore)
+        return op
 
     def flush(self) -> None:
         with self.lock:
-            rows = self._take_unlogged()
-        self._write_rows(rows, wait=True)
+            taken = self._take_unlogged()
+        self._write_rows(taken, wait=True)
 
     # -- ending ----------------------------------------------------------------------------
 
-    def end_txn(self, txn: TxnID, commit: bool, low_watermark: int) -> None:
+    def end_txn(self, txn: TxnID, commit: bool, low_watermark: int, wait: bool = True):
         """Commit (acks to the cursor) or abort (release, redeliver) txn_id here; abort what
-        the low watermark says has finished. Idempotent."""
+        the low watermark says has finished. Idempotent.
+
+        With wait=False the write (cursor, cleanup) rides with the next group commit and its
+        future is returned (None when there is nothing to write): for a caller whose decision
+        is already durable, so that a crash before it lands only means doing it again."""
         sub = self.sub
         with self.lock:
             todo = [(txn, commit)]
@@ -233,6 +287,7 @@ class PendingAck:
                 entries = self.index.release(t) if t in set(self.index.transactions()) else []
                 cum = self.cumulative.pop(t, None)
                 self.unlogged.pop(t, None)
+                self.registrations.pop(t, None)
                 self.counts.pop(t, None)
                 n_records = self.records.pop(t, 0)
                 keys.extend(self._prefix + t.pack() + _U32.pack(i) for i in range(n_records))
@@ -259,7 +314,9 @@ class PendingAck:
             if not self.unlogged:
                 self._flush_queued = False
         if not changed and not keys:
-            return
+            if released:
+                sub.notify()
+            return None
         storage = self.storage
         db, cursors = storage.open_db(DB), storage.open_db(b"cursors")
         sub_key = sub._key
@@ -274,9 +331,14 @@ class PendingAck:
             for k in keys:
                 t.delete(k, db=db)
 
-        storage.write(apply, nbytes=64 + 32 * len(keys))
+        fut = None
+        if wait:
+            storage.write(apply, nbytes=64 + 32 * len(keys))
+        else:
+            fut = storage.submit(WriteOp(apply, nbytes=64 + 32 * len(keys)), lazy=True)
         if released:
             sub.notify()
+        return fut
 
     # -- recovery and views ----------------------------------------------------------------
 
@@ -297,7 +359,8 @@ class PendingAck:
                 if len(raw) < 20 or _U32.unpack_from(raw)[0] != crc32c(raw[4:]):
                     raise CorruptEntry(f"pending-ack record {key!r} fails its checksum")
                 t = TxnID.unpack(raw[4:20])
-                self.records[t] = self.records.get(t, 0) + 1
+                number = _U32.unpack_from(key, len(key) - 4)[0]
+                self.records[t] = max(self.records.get(t, 0), number + 1)
                 for off in range(20, len(raw), _ACK.size):
                     kind, entry_id, bi, size = _ACK.unpack_from(raw, off)
                     self.counts[t] = self.counts.get(t, 0) + 1

@@ -194,6 +194,16 @@ class Coordinators:
         pairs = [(str(p), str(s)) for p, s in subscriptions]
         self.of(txn_id).add(txn_id.sequence, log.SUBSCRIPTIONS, pairs)
 
+    def stage_partitions(self, txn_id, partitions):
+        """(apply, done): the registration rides in the data write (see Coordinator.stage)."""
+        return self.of(txn_id).stage(txn_id.sequence, log.PARTITIONS, list(partitions), True)
+
+    def stage_subscriptions(self, txn_id, subscriptions):
+        """(apply, done): the registration rides in the pending-ack log write that holds the
+        transaction's acks there, or in its commit (see Coordinator.stage)."""
+        pairs = [(str(p), str(s)) for p, s in subscriptions]
+        return self.of(txn_id).stage(txn_id.sequence, log.SUBSCRIPTIONS, pairs, False)
+
     def end(
         self, txn_id, commit: bool, timeout_s: float | None = None, expected_acks=None
     ) -> TxnState:
@@ -346,13 +356,22 @@ class Coordinators:
         return raw is not None and _IDEM.unpack(bytes(raw))[0] >= key[1]
 
     def on_finished(self, meta: TxnMeta) -> None:
+        """A transaction is COMMITTED or ABORTED: it leaves its group."""
+        if meta.group is None:
+            return
         with self._lock:
-            if meta.group is not None:
-                members = self._groups.get(meta.group)
-                if members is not None:
-                    members.discard(meta.txn_id)
-                    if not members:
-                        del self._groups[meta.group]
+            members = self._groups.get(meta.group)
+            if members is not None:
+                members.discard(meta.txn_id)
+                if not members:
+                    del self._groups[meta.group]
+
+    def release_decision(self, meta: TxnMeta) -> None:
+        """A transaction's participants have all landed their part: the decision record that
+        names it is deleted once it names no other unfinished transaction."""
+        if meta.decision is None:
+            return
+        with self._lock:
             did = meta.decision
             if did is None:
                 return

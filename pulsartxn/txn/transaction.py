@@ -129,6 +129,30 @@ class Transaction(TransactionContext):
             f"transaction {self.id} is {state.value}: its participants are still being finalized"
         )
 
+    def stage_partition(self, topic):
+        """None once the coordinator has `topic` on record for this transaction; else
+        ``(apply, landed)``: ``apply`` goes into the write of the data (one LMDB transaction,
+        one fsync), ``landed(ok)`` is called when that write has landed or failed."""
+        if topic in self.partitions:
+            return None
+        apply, done = self._service.stage_partitions(self.id, [topic])
+        partitions = self.partitions
+
+        def landed(ok: bool) -> None:
+            done()
+            if ok:
+                partitions.add(topic)
+
+        return apply, landed
+
+    def stage_subscription(self, name):
+        """None once `name` is on record; else the registration's ``apply``, for the
+        pending-ack log write that holds this transaction's acks there."""
+        if name in self.subscriptions:
+            return None
+        apply, _ = self._service.stage_subscriptions(self.id, [name])
+        return apply
+
     def register_partitions(self, partitions) -> None:
         """Log the partitions this transaction produces to (cached: once per partition)."""
         new = [p for p in partitions if p not in self.partitions]
