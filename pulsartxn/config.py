@@ -31,6 +31,11 @@ class BrokerConfig:
     max_txn_timeout_ms: int = 3_600_000
     max_active_txns_per_coordinator: int = 100_000
     txn_timeout_tick_ms: float = 100.0
+    # False: a transaction's first record rides with its first write (data, pending acks or
+    # its end), so new_transaction() costs no fsync and one that never wrote anything leaves
+    # no trace after a crash. True: new_transaction() returns once its record is durable, as
+    # Pulsar's coordinator does (a transaction begun survives a restart before it writes).
+    durable_begin: bool = False
     # Transaction buffer snapshots (Pulsar: every 1000 transactions or 5 s, and on close).
     txn_snapshot_every_txns: int = 1000
     txn_snapshot_every_ms: float = 5000.0

@@ -125,6 +125,10 @@ class Storage:
     def write(self, apply, **kwargs):
         return self.commits.write(apply, **kwargs)
 
+    def run(self, op: WriteOp):
+        """Commit a prepared op (leading a group when none is being committed); its result."""
+        return self.commits.run(op)
+
     def wait(self, fut):
         """The result of a submitted write, committing the queue in this thread if idle."""
         if not fut.done():

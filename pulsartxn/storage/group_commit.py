@@ -56,6 +56,7 @@ class WriteOp:
 
 
 _STOP = object()
+_LAZY = object()  # queued when lazy ops wait: the writer commits them by their deadline
 
 
 class GroupCommit:
@@ -85,7 +86,8 @@ class GroupCommit:
         self._last_commit_s = 0.0
         self._lazy: list[WriteOp] = []
         self._lazy_lock = threading.Lock()
-        self._lazy_timer: threading.Timer | None = None
+        self._lazy_armed = False  # a _LAZY token is queued for the lazy ops waiting
+        self._lazy_since = 0.0
         self._lazy_max = lazy_max_ms / 1000.0
         self._local = threading.local()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -106,11 +108,12 @@ class GroupCommit:
             # starting one (and an fsync) of its own while the commit lock is held.
             with self._lazy_lock:
                 self._lazy.append(op)
-                arm = self._lazy_timer is None
+                arm = not self._lazy_armed
                 if arm:
-                    self._lazy_timer = threading.Timer(self._lazy_max, self.flush_lazy)
-                    self._lazy_timer.daemon = True
-                    self._lazy_timer.start()
+                    self._lazy_armed = True
+                    self._lazy_since = time.monotonic()
+            if arm:
+                self._queue.put(_LAZY)  # the writer thread keeps the deadline
             return op.future
         if getattr(self._local, "committing", False):
             # Called from an on_commit callback of a group this thread commits: run it in a
@@ -124,9 +127,6 @@ class GroupCommit:
         """Commit the lazy ops now (a group of their own if nothing else is queued)."""
         with self._lazy_lock:
             pending = bool(self._lazy)
-            if self._lazy_timer is not None:
-                self._lazy_timer.cancel()
-                self._lazy_timer = None
         if pending and not self._closed:
             try:
                 self.submit(WriteOp(_nothing, nbytes=0, records=0))
@@ -139,9 +139,7 @@ class GroupCommit:
             return group
         with self._lazy_lock:
             lazy, self._lazy = self._lazy, []
-            if self._lazy_timer is not None:
-                self._lazy_timer.cancel()
-                self._lazy_timer = None
+            self._lazy_armed = False
         return lazy + group
 
     def help(self) -> None:
@@ -155,6 +153,9 @@ class GroupCommit:
                     first = self._queue.get_nowait()
                 except queue.Empty:
                     return
+                if first is _LAZY:
+                    self._rearm()
+                    continue
                 if first is _STOP:
                     self._queue.put(_STOP)  # leave it for the writer thread
                     return
@@ -174,7 +175,11 @@ class GroupCommit:
         operation (after the queued ones: one thread's writes stay in order) without waking
         the writer thread.
         """
-        op = WriteOp(apply, **kwargs)
+        return self.run(WriteOp(apply, **kwargs))
+
+    def run(self, op: WriteOp) -> Any:
+        """``write`` of a prepared operation: commit it (leading a group when none is being
+        committed) and return its result once durable."""
         if self._closed:
             raise AlreadyClosed("the broker's storage is closed")
         if getattr(self._local, "committing", False) or not self._commit_lock.acquire(
@@ -209,6 +214,9 @@ class GroupCommit:
                 queued = self._queue.get_nowait()
             except queue.Empty:
                 break
+            if queued is _LAZY:
+                self._rearm()
+                continue
             if queued is _STOP:
                 stop = True
                 break
@@ -229,10 +237,6 @@ class GroupCommit:
             if self._closed:
                 return
             self._closed = True
-        with self._lazy_lock:
-            if self._lazy_timer is not None:
-                self._lazy_timer.cancel()
-                self._lazy_timer = None
         self._queue.put(_STOP)  # the writer commits the lazy ops with what is left
         self._thread.join()
 
@@ -255,6 +259,9 @@ class GroupCommit:
                     op = self._queue.get_nowait()
             except queue.Empty:
                 break
+            if op is _LAZY:
+                self._rearm()
+                continue
             if op is _STOP:
                 stop = True
                 break
@@ -262,6 +269,36 @@ class GroupCommit:
             nbytes += op.nbytes
             records += op.records
         return group, stop
+
+    def _rearm(self) -> None:
+        """A _LAZY token was taken by a committer that is not the writer thread: the lazy ops
+        ride with the group being committed; only those added after it need a token again."""
+        with self._lazy_lock:
+            self._lazy_armed = False
+
+    def _await_lazy(self):
+        """Writer thread, after a _LAZY token: wait for an operation to commit the lazy ops
+        with, until the oldest of them is lazy_max_ms old; then commit them alone. Returns
+        the operation that came (or None)."""
+        while True:
+            with self._lazy_lock:
+                if not self._lazy:
+                    self._lazy_armed = False
+                    return None
+                deadline = self._lazy_since + self._lazy_max
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                with self._commit_lock:
+                    group = self._with_lazy([])
+                    if group:
+                        self._run_group(group)
+                return None
+            try:
+                op = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if op is not _LAZY:
+                return op
 
     def _gather(self, want: int) -> None:
         """With fsync on, wait briefly until `want` operations are queued.
@@ -281,6 +318,10 @@ class GroupCommit:
         self._local.committing = True
         while True:
             first = self._queue.get()
+            if first is _LAZY:
+                first = self._await_lazy()
+                if first is None:
+                    continue
             with self._commit_lock:
                 if first is not _STOP:
                     self._gather(self._last_group - 1)
@@ -302,7 +343,7 @@ class GroupCommit:
                             op = self._queue.get_nowait()
                         except queue.Empty:
                             return
-                        if op is not _STOP:
+                        if op is not _STOP and op is not _LAZY:
                             self._run_group([op])
 
     def _run_group(self, group: list[WriteOp]) -> None:

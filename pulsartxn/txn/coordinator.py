@@ -65,6 +65,7 @@ class TxnMeta:
         "retries",
         "last_error",
         "writes",
+        "new_record",
     )
 
     def __init__(self, txn_id, seq, timeout_ms, open_ms, deadline, group) -> None:
@@ -79,7 +80,7 @@ class TxnMeta:
         self.partitions: set = set()
         self.subscriptions: set = set()
         self.records = 1  # the NEW record is index 0
-        self.durable = False
+        self.durable = False  # begun: its NEW record written, or riding with its first write
         self.inflight = 0  # add-participant writes not yet answered
         self.pending: set | None = None  # participants not yet finalized
         self.decision: int | None = None
@@ -87,6 +88,9 @@ class TxnMeta:
         self.retries = 0
         self.last_error: str | None = None
         self.writes: list | None = None  # participants' deferred writes (futures)
+        # (key, value) of the NEW record while it is not known to be in the log: every write
+        # of the transaction carries it until one has landed (Coordinator.stage).
+        self.new_record: tuple | None = None
 
     @property
     def commit(self) -> bool:
@@ -112,8 +116,10 @@ class Coordinator:
         self.id = coordinator_id
         self.storage = service.storage
         self.db = self.storage.open_db(log.log_db_name(coordinator_id))
+        # Never held while waiting for a write: the group commit's callbacks take it.
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
+        self._alloc_lock = threading.Lock()  # the allocator (its reservations write)
         self.txns: dict[int, TxnMeta] = {}
         self.finished: OrderedDict = OrderedDict()  # seq -> (state, reason, timeout_ms)
         self._order: deque = deque()  # live sequences, ascending (for the low watermark)
@@ -268,22 +274,28 @@ class Coordinator:
     def new(self, timeout_ms: int, group: str | None) -> TxnMeta:
         now = time.monotonic()
         open_ms = int(time.time() * 1000)
-        with self.lock:
-            self.check_ready()
-            limit = self.service.max_active
-            if len(self.txns) >= limit:
-                raise TooManyTransactions(
-                    f"coordinator {self.id} has {len(self.txns)} live transactions "
-                    f"(max_active_txns_per_coordinator={limit}); end some first"
-                )
+        # The allocator may write (a block reservation): under its own lock, not self.lock,
+        # which the group commit's callbacks take. Held until the sequence is in _order, so
+        # that _order stays ascending.
+        with self._alloc_lock:
+            self._check_room()
             txn_id = self.allocator.next()
             seq = txn_id.sequence
             meta = TxnMeta(txn_id, seq, timeout_ms, open_ms, now + timeout_ms / 1000.0, group)
-            self.txns[seq] = meta
-            self._order.append(seq)
-            heapq.heappush(self._deadlines, (meta.deadline, seq))
+            with self.lock:
+                self.txns[seq] = meta
+                self._order.append(seq)
+                heapq.heappush(self._deadlines, (meta.deadline, seq))
         record = log.encode_new(timeout_ms, open_ms, group)
         key = log.record_key(seq, 0)
+        if not self.service.durable_begin:
+            # The record rides with the transaction's first write: until then there is
+            # nothing a crash could leave half done (the sequence is reserved already).
+            with self.lock:
+                meta.new_record = (key, record)
+                meta.durable = True
+                self.created += 1
+            return meta
         try:
             self._write(lambda t: t.put(key, record, db=self.db), len(record))
         except BaseException:
@@ -294,6 +306,16 @@ class Coordinator:
             meta.durable = True
             self.created += 1
         return meta
+
+    def _check_room(self) -> None:
+        with self.lock:
+            self.check_ready()
+            limit = self.service.max_active
+            if len(self.txns) >= limit:
+                raise TooManyTransactions(
+                    f"coordinator {self.id} has {len(self.txns)} live transactions "
+                    f"(max_active_txns_per_coordinator={limit}); end some first"
+                )
 
     def add(self, seq: int, kind: int, names: list) -> None:
         """Log partitions (kind PARTITIONS) or subscriptions the transaction touches."""
@@ -310,10 +332,20 @@ class Coordinator:
             meta.records += 1
             target.update(new)
             meta.inflight += 1
+            first = meta.new_record
         try:
             record = log.encode_names(kind, new)
-            key = log.record_key(seq, index)
-            self._write(lambda t: t.put(key, record, db=self.db), len(record))
+            key, db = log.record_key(seq, index), self.db
+
+            def apply(t) -> None:
+                if first is not None:
+                    t.put(first[0], first[1], db=db)
+                t.put(key, record, db=db)
+
+            self._write(apply, len(record))
+            with self.lock:
+                if meta.new_record is first:
+                    meta.new_record = None
         except BaseException:
             with self.lock:
                 if meta.state is OPEN:
@@ -330,8 +362,9 @@ class Coordinator:
         write (the data or the pending acks it covers), so that record and data land in one
         LMDB transaction: no write of its own, no fsync of its own.
 
-        Returns ``(apply, done)``: ``apply(txn)`` puts the record; ``done()`` must be called
-        once that write has landed or failed when `inflight` (an end waits for it then).
+        Returns ``(apply, done)``: ``apply(txn)`` puts the record; ``done(landed)`` is called
+        with whether that write landed (with `inflight`, an end waits for that call).
+        Until the transaction's NEW record is known to be in the log, the record carries it.
         The names count as participants at once: a finalize that reaches one which never saw
         the transaction is a no-op there.
         """
@@ -345,16 +378,21 @@ class Coordinator:
             (meta.partitions if kind == log.PARTITIONS else meta.subscriptions).update(names)
             if inflight:
                 meta.inflight += 1
+            first = meta.new_record
         record = log.encode_names(kind, list(names))
         key = log.record_key(seq, index)
         db = self.db
 
         def apply(txn) -> None:
+            if first is not None:
+                txn.put(first[0], first[1], db=db)  # the same bytes whoever writes it
             txn.put(key, record, db=db)
 
-        def done() -> None:
-            if inflight:
-                with self.lock:
+        def done(landed: bool) -> None:
+            with self.lock:
+                if landed and first is not None and meta.new_record is first:
+                    meta.new_record = None
+                if inflight:
                     meta.inflight -= 1
                     if meta.inflight == 0:
                         self.cond.notify_all()
@@ -383,6 +421,7 @@ class Coordinator:
             if not empty:
                 meta.records += 1
             lwm = self._lwm()
+            first = meta.new_record
         done: set = set()
         try:
             if commit:
@@ -394,17 +433,22 @@ class Coordinator:
                             f"{name[0]} {name[1]} were lost in a broker restart; it can only "
                             "abort"
                         )
-            if empty:
+            if empty and first is not None:
+                pass  # it never wrote anything: there is nothing to decide or undo
+            elif empty:
                 # Nothing to finalize: deleting the records is the whole end.
                 self._write(self._delete_records(meta, index), 16 * index)
             else:
                 ops = self._decision_ops(meta, index, expected_acks, lwm, done)
+                if first is not None:
+                    key, value, db = first[0], first[1], self.db
+                    ops.insert(0, WriteOp(lambda t: t.put(key, value, db=db), nbytes=len(value)))
                 try:
                     decision = combine(ops)
                 except BaseException as exc:
                     _fail_ops(ops, exc)
                     raise
-                self.storage.wait(self.storage.submit(decision))
+                self.storage.run(decision)
         except BaseException:
             self.reopen(meta)
             raise
@@ -557,20 +601,20 @@ class Coordinator:
         else:
             left = [len(writes)]
             failed: list = []
+            count_lock = threading.Lock()  # not self.lock: this runs in commit callbacks
 
             def landed(fut) -> None:
-                if fut.exception() is not None:
-                    failed.append(fut.exception())
-                with self.lock:
+                with count_lock:
+                    if fut.exception() is not None:
+                        failed.append(fut.exception())
                     left[0] -= 1
                     last = left[0] == 0
                 if last and not failed:
                     self._cleanup(meta)
                 elif last:
                     # The records stay: after a restart, recovery finalizes it again.
-                    with self.lock:
-                        meta.last_error = f"a participant's write failed: {failed[0]!r}"
-                        self.append_failures += 1
+                    meta.last_error = f"a participant's write failed: {failed[0]!r}"
+                    self.append_failures += 1
 
             for fut in writes:
                 fut.add_done_callback(landed)

@@ -48,9 +48,11 @@ class Coordinators:
         self.max_active = cfg.max_active_txns_per_coordinator
         self.default_timeout_ms = cfg.default_txn_timeout_ms
         self.max_timeout_ms = cfg.max_txn_timeout_ms
+        self.durable_begin = bool(cfg.durable_begin)
         self._participants = participants
         self.closed = False
         self._lock = threading.Lock()  # groups, decisions, the coordinator list
+        self._scale_lock = threading.Lock()
         self._decision_lock = threading.Lock()  # one decision written at a time
         self._groups: dict[str, set] = {}
         self._decisions: dict[int, set] = {}  # decision id -> TxnIDs not yet finished
@@ -404,7 +406,8 @@ class Coordinators:
     def scale(self, n: int) -> None:
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError(f"number of coordinators must be an int, not {n!r}")
-        with self._lock:
+        # Not under self._lock while writing: the group commit's callbacks take that lock.
+        with self._scale_lock:
             current = len(self.coordinators)
             if n < current:
                 raise ValueError(
@@ -418,13 +421,42 @@ class Coordinators:
             added = [Coordinator(self, i) for i in range(current, n)]
             for c in added:
                 c.recover({})
-            self.coordinators = self.coordinators + added
+            with self._lock:
+                self.coordinators = self.coordinators + added
+
+    def _log_begun(self) -> None:
+        """On a clean close, open transactions that have not written yet are logged, so they
+        are still open (with their deadlines) after the restart."""
+        puts = []
+        for c in self.coordinators:
+            with c.lock:
+                for meta in c.txns.values():
+                    if meta.new_record is not None and meta.state is OPEN:
+                        puts.append((c.db, meta, meta.new_record))
+        if not puts or self.storage.closed:
+            return
+
+        def apply(txn) -> None:
+            for db, _, (key, value) in puts:
+                txn.put(key, value, db=db)
+
+        try:
+            self.storage.write(apply, nbytes=64 * len(puts))
+        except Exception:  # noqa: BLE001 - they wrote nothing: losing them loses nothing
+            return
+        for c in self.coordinators:
+            with c.lock:
+                for _, meta, record in puts:
+                    if meta.new_record is record:
+                        meta.new_record = None
 
     def _store_count(self, n: int) -> None:
         value = struct.pack("<I", n)
         self.storage.write(lambda txn: txn.put(log.COORDINATORS_KEY, value, db=self.storage.meta))
 
     def close(self) -> None:
+        if not self.closed:
+            self._log_begun()
         self.closed = True
         self.timer.stop()
         for c in self.coordinators:

@@ -139,7 +139,7 @@ class Transaction(TransactionContext):
         partitions = self.partitions
 
         def landed(ok: bool) -> None:
-            done()
+            done(ok)
             if ok:
                 partitions.add(topic)
 

@@ -50,17 +50,25 @@ def test_round_robin_ids_and_explicit_coordinator(open_broker):
         client.new_transaction(coordinator_id=4)
 
 
-def test_commit_and_abort_are_logged_then_the_log_is_emptied(open_broker):
-    broker = open_broker()
+@pytest.mark.parametrize("durable_begin", [True, False])
+def test_commit_and_abort_are_logged_then_the_log_is_emptied(open_broker, durable_begin):
+    broker = open_broker(durable_begin=durable_begin)
     client = broker.client()
     t = client.new_transaction(coordinator_id=0)
-    assert len(log_keys(broker, 0)) == 1  # the NEW record, before new_transaction returned
+    if durable_begin:
+        assert len(log_keys(broker, 0)) == 1  # the NEW record, before new_transaction returned
+    else:
+        assert log_keys(broker, 0) == []  # it rides with the first write
     broker.txn.add_partitions(t.id, [P1, P2])
+    assert len(log_keys(broker, 0)) == 2
     broker.txn.add_subscriptions(t.id, [(P1, "sub")])
     assert len(log_keys(broker, 0)) == 3
     t.commit()
     assert t.state is TxnState.COMMITTED
     assert wait_for(lambda: log_keys(broker, 0) == [])
+    empty = client.new_transaction(coordinator_id=0)
+    empty.commit()  # nothing written, nothing to delete
+    assert empty.state is TxnState.COMMITTED and log_keys(broker, 0) == []
     calls = broker.txn.participant("partition", P1).calls
     assert [(c[0], c[1]) for c in calls] == [(t.id, True)]
     a = client.new_transaction(coordinator_id=0)

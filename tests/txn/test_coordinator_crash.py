@@ -82,16 +82,24 @@ def test_sigkill_during_begin_and_end(tmp_path, seed):
     data, outcomes = str(tmp_path / "data"), str(tmp_path / "outcomes")
     reported: list = []
     for round_ in range(2):
-        child = subprocess.Popen(
-            [sys.executable, str(script), data, outcomes, str(seed * 10 + round_)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        time.sleep(0.6 + rng.random() * 0.8)
+        out_path = tmp_path / f"stdout{round_}"
+        with open(out_path, "w") as out:
+            child = subprocess.Popen(
+                [sys.executable, str(script), data, outcomes, str(seed * 10 + round_)],
+                stdout=out,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        # Kill it at a random moment once it is at work (a loaded machine starts it slowly).
+        started = time.monotonic() + 30
+        while "\nC " not in "\n" + out_path.read_text() and time.monotonic() < started:
+            assert child.poll() is None, child.stderr.read()
+            time.sleep(0.01)
+        time.sleep(rng.random() * 0.8)
         child.kill()
-        stdout, stderr = child.communicate()
+        _, stderr = child.communicate()
         assert child.returncode == -9, stderr
+        stdout = out_path.read_text()
         pairs = [tuple(line.split(" ")) for line in stdout.splitlines() if line.count(" ") == 1]
         assert any(k == "C" for k, _ in pairs), stderr  # it got some work done
         reported.extend(pairs)

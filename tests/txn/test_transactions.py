@@ -522,7 +522,8 @@ def test_restart_while_committing_or_aborting(env, commit, stuck):
 _LOSE_ACKS = r"""
 import os, sys
 import pulsartxn
-broker = pulsartxn.Broker(sys.argv[1], sync=True, batching_max_publish_delay_ms=60_000)
+broker = pulsartxn.Broker(sys.argv[1], sync=True, batching_max_publish_delay_ms=60_000,
+                          durable_begin=sys.argv[2] == "1")
 client = broker.client()
 producer = client.create_producer("t", batching_enabled=False)
 for i in range(3):
@@ -536,18 +537,31 @@ os._exit(0)  # the broker dies with the acks answered but not yet in the log
 """
 
 
-def test_a_commit_refuses_when_acks_were_lost_in_a_restart(tmp_path):
+@pytest.mark.parametrize("durable_begin", [True, False])
+def test_a_commit_refuses_when_acks_were_lost_in_a_restart(tmp_path, durable_begin):
     import subprocess
     import sys
 
     script = tmp_path / "child.py"
     script.write_text(_LOSE_ACKS)
     data = tmp_path / "data"
-    run = subprocess.run([sys.executable, str(script), str(data)], capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, str(script), str(data), str(int(durable_begin))],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     txn_id = TxnID.parse(run.stdout.strip())
     with pulsartxn.Broker(data, sync=False) as broker:
         client = broker.client()
+        if not durable_begin:
+            # Its first record rode with the acks that were lost: no trace of it is left,
+            # and its messages are delivered again.
+            with pytest.raises(TransactionNotFound):
+                client.transaction(txn_id)
+            consumer = client.subscribe("t", "s")
+            assert [m.data() for m in drain(consumer)] == [b"m0", b"m1", b"m2"]
+            return
         txn = client.transaction(txn_id)
         partition = broker.topic_partitions("t")[0]
         with pytest.raises(InvalidTxnStatus, match="lost in a broker restart"):
