@@ -3,7 +3,8 @@
 Each iteration starts a child process that runs a consume-process-produce workload on the
 public API with ``sync=True`` (two worker threads; each transaction receives a few messages of
 ``in`` on a Shared subscription, produces 1-4 messages spread over the partitions of ``out``
-and ``out2``, acknowledges what it received, then commits or aborts; some plain sends, some
+and ``out2``, acknowledges what it received, then commits or aborts, alone or by a group
+decision (``commit_group`` with a loser, ``abort_group``); some plain sends, some
 transactions abandoned to a short timeout; transaction buffer snapshots every few
 transactions). The child keeps a journal, every line fsynced: ``B`` after a transaction began,
 ``K`` before commit() is called (with what it produced and acknowledged), ``C`` after commit()
@@ -92,14 +93,21 @@ def _worker(broker, journal: Journal, w: int, seed: int) -> None:
             journal.write(f"P {payload}")
             continue
         abandon = rng.random() < 0.05
-        txn = client.new_transaction(timeout_ms=200 if abandon else 60_000)
+        # Some transactions end by a group decision, with a loser that must never show.
+        group = f"g{seed}-{w}-{n}" if not abandon and rng.random() < 0.15 else None
+        txn = client.new_transaction(timeout_ms=200 if abandon else 60_000, group=group)
         journal.write(f"B {txn.id}")
+        loser = None
+        if group is not None:
+            loser = client.new_transaction(group=group)
+            journal.write(f"B {loser.id}")
+            producers[OUT].send(f"T|{loser.id}|0|1".encode(), partition_key=key, txn=loser)
         msgs = consumer.batch_receive(max_num_messages=rng.randint(1, 4), timeout_millis=20)
         k = rng.randint(1, 4)
         for i in range(k):
             producer = producers[rng.choice((OUT, OUT2))]
             payload = f"T|{txn.id}|{i}|{k}".encode()
-            if rng.random() < 0.5:
+            if rng.random() < 0.5 and group is None:
                 producer.send_async(payload, partition_key=f"k{rng.randrange(1000)}", txn=txn)
             else:
                 producer.send(payload, partition_key=f"k{rng.randrange(1000)}", txn=txn)
@@ -108,7 +116,16 @@ def _worker(broker, journal: Journal, w: int, seed: int) -> None:
         acked = ",".join(m.data().decode() for m in msgs) or "-"
         if abandon:
             continue  # left to its 200 ms timeout, never committed
-        if rng.random() < 0.7:
+        if group is not None:
+            if rng.random() < 0.7:
+                journal.write(f"K {txn.id} {k} {acked}")
+                client.commit_group(group, [txn])
+                journal.write(f"C {txn.id}")
+            else:
+                client.abort_group(group)
+                journal.write(f"X {txn.id}")
+            journal.write(f"X {loser.id}")
+        elif rng.random() < 0.7:
             journal.write(f"K {txn.id} {k} {acked}")
             txn.commit()
             journal.write(f"C {txn.id}")
