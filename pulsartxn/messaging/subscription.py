@@ -255,7 +255,12 @@ class Subscription:
             for bi in indexes:
                 key = (entry_id, bi)
                 self._redelivery_counts[key] = self._redelivery_counts.get(key, 0) + 1
-        if lowest is not None and lowest < self.read_position:
+        if lowest is None:
+            return
+        if self._buffer:
+            # Read ahead but not yet delivered: dropping the buffer must not skip them.
+            lowest = min(lowest, self._buffer[0][0][0])
+        if lowest < self.read_position:
             self.read_position = lowest
             self._buffer.clear()
 
