@@ -441,14 +441,20 @@ class Coordinator:
             else:
                 ops = self._decision_ops(meta, index, expected_acks, lwm, done)
                 if first is not None:
-                    key, value, db = first[0], first[1], self.db
-                    ops.insert(0, WriteOp(lambda t: t.put(key, value, db=db), nbytes=len(value)))
+                    ops.insert(0, self._put_op(first[0], first[1]))
                 try:
                     decision = combine(ops)
                 except BaseException as exc:
                     _fail_ops(ops, exc)
                     raise
-                self.storage.run(decision)
+                try:
+                    self.storage.run(decision)
+                except Exception:  # noqa: BLE001 - decided below without the participants
+                    # A participant's part failed with it (nothing was written): decide
+                    # alone, then finalize every participant the slow way, retried until
+                    # each succeeds.
+                    done.clear()
+                    self._decide_alone(meta, index, expected_acks, first)
         except BaseException:
             self.reopen(meta)
             raise
@@ -457,6 +463,20 @@ class Coordinator:
         else:
             self.finalize(meta, done)
         return meta
+
+    def _put_op(self, key: bytes, value: bytes) -> WriteOp:
+        db = self.db
+        return WriteOp(lambda t: t.put(key, value, db=db), nbytes=len(value))
+
+    def _decide_alone(self, meta: TxnMeta, index: int, expected_acks, first) -> None:
+        if meta.commit:
+            self.prepare(meta, expected_acks)
+        ops = [
+            self._put_op(log.record_key(meta.seq, index), log.encode_end(meta.commit, meta.reason))
+        ]
+        if first is not None:
+            ops.insert(0, self._put_op(first[0], first[1]))
+        self.storage.run(combine(ops))
 
     def _decision_ops(self, meta: TxnMeta, index: int, expected_acks, lwm: int, done: set):
         """The END record and what local participants write with it; `done` gets the
@@ -475,9 +495,9 @@ class Coordinator:
                             ops.append(o)
                     elif hasattr(participant, "prepare"):
                         participant.prepare(meta.txn_id, expected_acks.get(tuple(name)))
-            record = log.encode_end(commit, meta.reason)
-            key, db = log.record_key(meta.seq, index), self.db
-            ops.append(WriteOp(lambda t: t.put(key, record, db=db), nbytes=len(record)))
+            ops.append(
+                self._put_op(log.record_key(meta.seq, index), log.encode_end(commit, meta.reason))
+            )
             for name in sorted(meta.partitions):
                 try:
                     participant = self.service.participant("partition", name)

@@ -248,9 +248,9 @@ def test_pending_ack_failing_on_abort_keeps_messages_until_it_succeeds(tmp_path)
         pending = sub.pending_ack
         original = pending.end_txn
 
-        def end_txn(txn_id, commit, low_watermark):
+        def end_txn(txn_id, commit, low_watermark, **kwargs):
             fault.hit()
-            return original(txn_id, commit, low_watermark)
+            return original(txn_id, commit, low_watermark, **kwargs)
 
         pending.end_txn = end_txn
         retries_before = broker.admin.coordinator_stats(txn.id.coordinator_id)["finalize_retries"]
