@@ -200,6 +200,8 @@ class Client:
         """Commit the transactions as one atomic unit: one log record decides all of them;
         if any one is not OPEN, the call fails and nothing is committed."""
         self._check_open()
+        txns = list(txns)
+        _flush_for_commit(txns)
         self.broker.txn.commit_all([as_txn_id(t) for t in txns])
 
     def commit_group(self, group: str, winners, idempotency_key=None) -> dict:
@@ -207,6 +209,8 @@ class Client:
         decision. With idempotency_key=(app_id, version), a key whose version was already
         decided for app_id is a no-op success (``{"duplicate": True}``)."""
         self._check_open()
+        winners = list(winners)
+        _flush_for_commit(winners)
         return self.broker.txn.commit_group(group, [as_txn_id(t) for t in winners], idempotency_key)
 
     def abort_group(self, group: str) -> dict:
@@ -252,6 +256,14 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _flush_for_commit(txns) -> None:
+    """Handles' messages still waiting in producers are written before a decision commits
+    them (as txn.commit() does); a handle whose send failed makes the decision fail."""
+    for t in txns:
+        if isinstance(t, Transaction):
+            t.flush_for_commit()
 
 
 def as_txn_id(value) -> TxnID:

@@ -30,6 +30,13 @@ from .protocol import frame, unframe
 from .service import SessionLost
 
 
+def _flush_handles(txns) -> None:
+    """Handles' messages still batched client-side land before a decision commits them."""
+    for t in txns:
+        if isinstance(t, RemoteTransaction):
+            t.flush_for_commit()
+
+
 def _txn_str(txn) -> str | None:
     if txn is None:
         return None
@@ -172,9 +179,13 @@ class RemoteClient:
         return t
 
     def commit_all(self, txns) -> None:
+        txns = list(txns)
+        _flush_handles(txns)
         self._json("commit_all", {"txns": [_txn_str(t) for t in txns]})
 
     def commit_group(self, group: str, winners, idempotency_key=None) -> dict:
+        winners = list(winners)
+        _flush_handles(winners)
         out = self._json(
             "commit_group",
             {
@@ -604,10 +615,13 @@ class RemoteTransaction(TransactionContext):
     def state(self) -> TxnState:
         return TxnState(self._client._json("txn_state", {"txn": str(self.id)})["state"])
 
+    def flush_for_commit(self) -> None:
+        for producer in list(self.producers):
+            producer.flush()  # everything sent in the transaction lands before its end
+
     def _end(self, commit: bool, timeout_ms) -> None:
         if commit:
-            for producer in list(self.producers):
-                producer.flush()  # everything sent in the transaction lands before its end
+            self.flush_for_commit()
         retries = self._client._retries
         try:
             self._client._json(

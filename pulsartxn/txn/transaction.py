@@ -101,17 +101,7 @@ class Transaction(TransactionContext):
     def _end(self, commit: bool, timeout_ms, expected_acks=None) -> None:
         self._client._check_open()
         if commit:
-            for producer in list(self._producers):
-                producer._txn_flush(self)
-            if self._error is not None:
-                cls = (
-                    TransactionConflict
-                    if isinstance(self._error, TransactionConflict)
-                    else InvalidTxnStatus
-                )
-                raise cls(
-                    f"transaction {self.id} cannot commit, only abort: {self._error}"
-                ) from self._error
+            self.flush_for_commit()
         else:
             for producer in list(self._producers):
                 producer._txn_drop(self)
@@ -152,6 +142,21 @@ class Transaction(TransactionContext):
             return None
         apply, _ = self._service.stage_subscriptions(self.id, [name])
         return apply
+
+    def flush_for_commit(self) -> None:
+        """Write what producers still hold of this transaction and wait until it is in the
+        ledger; raise if a send or an ack of it failed (it can only abort then)."""
+        for producer in list(self._producers):
+            producer._txn_flush(self)
+        if self._error is not None:
+            cls = (
+                TransactionConflict
+                if isinstance(self._error, TransactionConflict)
+                else InvalidTxnStatus
+            )
+            raise cls(
+                f"transaction {self.id} cannot commit, only abort: {self._error}"
+            ) from self._error
 
     def register_partitions(self, partitions) -> None:
         """Log the partitions this transaction produces to (cached: once per partition)."""

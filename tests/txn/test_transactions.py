@@ -354,6 +354,23 @@ def test_commit_group_over_produce_and_acks(env):
     assert scanned(client, "t") == [b"attempt1"] * 3
 
 
+def test_decisions_over_handles_write_what_their_producers_still_hold(env):
+    broker = env()
+    client = broker.client()
+    producer = client.create_producer("t")  # batching: sends wait in the producer
+    attempts = [client.new_transaction(group="job") for _ in range(2)]
+    for i, txn in enumerate(attempts):
+        for k in range(5):
+            producer.send_async(b"a%d-%d" % (i, k), txn=txn)
+    assert client.commit_group("job", [attempts[0]])["committed"] == [attempts[0].id]
+    both = [client.new_transaction() for _ in range(2)]
+    for i, txn in enumerate(both):
+        producer.send_async(b"b%d" % i, txn=txn)
+    client.commit_all(both)
+    expected = [b"a0-%d" % k for k in range(5)] + [b"b0", b"b1"]
+    assert sorted(scanned(client, "t")) == sorted(expected)
+
+
 def test_bad_input_changes_nothing(env):
     broker = env()
     client = broker.client()
