@@ -411,7 +411,10 @@ class Producer:
         )
         if staged is not None:
             op.prepend(staged[0])
-        fut = partition.storage.submit(op)
+        # Lazy: it rides with the next group commit, or in the transaction's decision when
+        # that comes first (then data, decision and markers are one LMDB transaction).
+        fut = partition.storage.submit(op, lazy=True)
+        txn._riding.append((op, staged is not None, partition.topic))
         batch.inflight = fut
 
         def failed(f):
@@ -426,9 +429,9 @@ class Producer:
 
         fut.add_done_callback(failed)
 
-    def _txn_flush(self, txn) -> None:
-        """Send this transaction's waiting batches and wait until they are durable (before a
-        commit: everything sent in a transaction is in the ledger before it ends)."""
+    def _txn_flush(self, txn, wait: bool = True) -> None:
+        """Send this transaction's waiting batches; with `wait`, until they are durable.
+        Without, they ride with the next group commit or in the transaction's decision."""
         sent = []
         for key, batch in list(self._txn_batches.items()):
             if batch.txn is not txn and batch.txn.id != txn.id:
@@ -437,11 +440,15 @@ class Producer:
                 if self._txn_batches.get(key) is batch:
                     self._txn_send_locked(key)
             sent.append(batch)
-        for batch in sent:
-            inflight = batch.inflight
-            if inflight is not None:
+        if not wait:
+            return
+        inflight = [b.inflight for b in sent if b.inflight is not None]
+        if inflight:
+            storage = sent[0].part.partition.storage
+            storage.commits.flush_lazy()
+            for fut in inflight:
                 try:
-                    batch.part.partition.storage.wait(inflight)
+                    storage.wait(fut)
                 except Exception:  # noqa: BLE001 - recorded on the transaction
                     pass
 

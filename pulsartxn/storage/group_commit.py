@@ -133,6 +133,19 @@ class GroupCommit:
             except AlreadyClosed:
                 pass
 
+    def take_lazy(self, ops) -> list[WriteOp]:
+        """Take back those of `ops` that are still waiting as lazy ops (in their order): the
+        caller commits them in a write of its own. The others are committed or being so."""
+        wanted = {id(op) for op in ops}
+        if not wanted:
+            return []
+        with self._lazy_lock:
+            taken = [op for op in self._lazy if id(op) in wanted]
+            if taken:
+                ids = {id(op) for op in taken}
+                self._lazy = [op for op in self._lazy if id(op) not in ids]
+        return taken
+
     def _with_lazy(self, group: list[WriteOp]) -> list[WriteOp]:
         """The lazy ops (submitted earlier) first, then the group."""
         if not self._lazy:

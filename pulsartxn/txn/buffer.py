@@ -122,19 +122,22 @@ class TransactionBuffer:
             storage = self.partition.storage
             storage.wait(storage.submit(op))
 
-    def end_op(self, txn_id: TxnID, commit: bool, low_watermark: int):
+    def end_op(self, txn_id: TxnID, commit: bool, low_watermark: int, riding: int = 0):
         """``end_txn`` as a group-commit operation for the caller to write (its markers), or
         None when there is nothing to write here. Appends of these transactions are refused
         from now on; the rest of the state changes when the markers are published, so an op
-        that never lands changes nothing else, and ending again writes the markers again."""
+        that never lands changes nothing else, and ending again writes the markers again.
+
+        `riding`: appends of txn_id written in the same LMDB transaction, before these markers
+        (counted in flight, not waited for; they make the transaction ongoing here)."""
         cid = txn_id.coordinator_id
         with self.lock:
             if low_watermark > self.low_watermarks.get(cid, 0):
                 self.low_watermarks[cid] = low_watermark
             self.ended[txn_id] = commit
-            while self.inflight.get(txn_id):
+            while self.inflight.get(txn_id, 0) > riding:
                 self.cond.wait()
-            todo = [(txn_id, commit)] if txn_id in self.ongoing else []
+            todo = [(txn_id, commit)] if txn_id in self.ongoing or riding else []
             for t in list(self.ongoing):
                 if t.coordinator_id == cid and t.sequence < low_watermark and t != txn_id:
                     self.ended[t] = False

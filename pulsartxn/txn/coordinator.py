@@ -399,29 +399,41 @@ class Coordinator:
 
         return apply, done
 
-    def end(self, seq: int, commit: bool, reason: int, expected_acks=None) -> TxnMeta:
+    def end(self, seq: int, commit: bool, reason: int, expected_acks=None, riding=()) -> TxnMeta:
         """Decide the end of one transaction (logged), then finalize its participants.
 
         The decision is one write: the END record, with what the participants that live in
         this broker can write in the same LMDB transaction (the pending acks a commit needs
-        durable, and the partitions' markers). Only the subscriptions' cursor updates
-        follow, deferred: the END record stays until they have landed, so a crash before
-        that finalizes them again."""
+        durable, and the partitions' markers), after the transaction's own data batches that
+        were still waiting to ride with a group commit (`riding`: (op, carries a staged
+        registration, partition)). Only the subscriptions' cursor updates follow, deferred:
+        the END record stays until they have landed, so a crash before that finalizes them
+        again."""
         op = "commit" if commit else "abort"
-        with self.lock:
-            meta = self.live(seq, op)
-            if meta.state is not OPEN or not meta.durable:
-                raise status_error(meta.txn_id, meta.state, meta.reason, meta.timeout_ms, op)
-            meta.state = COMMITTING if commit else ABORTING
-            meta.reason = reason
-            while meta.inflight:
-                self.cond.wait()
-            empty = not meta.partitions and not meta.subscriptions
-            index = meta.records
-            if not empty:
-                meta.records += 1
-            lwm = self._lwm()
-            first = meta.new_record
+        taken = self.storage.commits.take_lazy([r[0] for r in riding]) if riding else []
+        if taken and not commit:
+            # An abort does not need them written: they never are.
+            _fail_ops(taken, InvalidTxnStatus(f"transaction {self.id}:{seq} was aborted"))
+            taken = []
+        try:
+            per_partition, staged = self._riding(riding, taken, commit)
+            with self.lock:
+                meta = self.live(seq, op)
+                if meta.state is not OPEN or not meta.durable:
+                    raise status_error(meta.txn_id, meta.state, meta.reason, meta.timeout_ms, op)
+                meta.state = COMMITTING if commit else ABORTING
+                meta.reason = reason
+                while meta.inflight > staged:  # the taken ones land with the decision
+                    self.cond.wait()
+                empty = not meta.partitions and not meta.subscriptions and not taken
+                index = meta.records
+                if not empty:
+                    meta.records += 1
+                lwm = self._lwm()
+                first = meta.new_record
+        except BaseException as exc:
+            _fail_ops(taken, exc)
+            raise
         done: set = set()
         try:
             if commit:
@@ -439,7 +451,12 @@ class Coordinator:
                 # Nothing to finalize: deleting the records is the whole end.
                 self._write(self._delete_records(meta, index), 16 * index)
             else:
-                ops = self._decision_ops(meta, index, expected_acks, lwm, done)
+                try:
+                    ops = self._decision_ops(meta, index, expected_acks, lwm, done, per_partition)
+                except BaseException as exc:
+                    _fail_ops(taken, exc)
+                    raise
+                ops[:0] = taken
                 if first is not None:
                     ops.insert(0, self._put_op(first[0], first[1]))
                 try:
@@ -450,6 +467,8 @@ class Coordinator:
                 try:
                     self.storage.run(decision)
                 except Exception:  # noqa: BLE001 - decided below without the participants
+                    if taken:
+                        raise  # its data failed with it: it cannot commit
                     # A participant's part failed with it (nothing was written): decide
                     # alone, then finalize every participant the slow way, retried until
                     # each succeeds.
@@ -463,6 +482,29 @@ class Coordinator:
         else:
             self.finalize(meta, done)
         return meta
+
+    def _riding(self, riding, taken, commit: bool) -> tuple[dict, int]:
+        """Of the transaction's lazily submitted batches: wait for those not taken back (they
+        are being committed); return the taken ones per partition and how many of those
+        carry a staged registration (counted in the transaction's inflight writes)."""
+        taken_ids = {id(o) for o in taken}
+        for o, _, topic in riding:
+            if id(o) in taken_ids:
+                continue
+            try:
+                o.future.result()
+            except Exception as exc:  # noqa: BLE001 - a failed send: abort only
+                if commit:
+                    raise InvalidTxnStatus(
+                        f"cannot commit: a send of the transaction to {topic} failed: {exc}"
+                    ) from exc
+        per_partition: dict = {}
+        staged = 0
+        for o, carries, topic in riding:
+            if id(o) in taken_ids:
+                per_partition[topic] = per_partition.get(topic, 0) + 1
+                staged += bool(carries)
+        return per_partition, staged
 
     def _put_op(self, key: bytes, value: bytes) -> WriteOp:
         db = self.db
@@ -478,7 +520,9 @@ class Coordinator:
             ops.insert(0, self._put_op(first[0], first[1]))
         self.storage.run(combine(ops))
 
-    def _decision_ops(self, meta: TxnMeta, index: int, expected_acks, lwm: int, done: set):
+    def _decision_ops(
+        self, meta: TxnMeta, index: int, expected_acks, lwm: int, done: set, riding=None
+    ):
         """The END record and what local participants write with it; `done` gets the
         participants whose part is in those ops."""
         ops: list[WriteOp] = []
@@ -506,7 +550,8 @@ class Coordinator:
                 end_op = getattr(participant, "end_op", None)
                 if end_op is None:
                     continue
-                o = end_op(meta.txn_id, commit, lwm)
+                n = (riding or {}).get(name, 0)
+                o = end_op(meta.txn_id, commit, lwm, n) if n else end_op(meta.txn_id, commit, lwm)
                 if o is not None:
                     ops.append(o)
                 done.add(("partition", name))

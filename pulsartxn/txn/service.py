@@ -207,10 +207,10 @@ class Coordinators:
         return self.of(txn_id).stage(txn_id.sequence, log.SUBSCRIPTIONS, pairs, False)
 
     def end(
-        self, txn_id, commit: bool, timeout_s: float | None = None, expected_acks=None
+        self, txn_id, commit: bool, timeout_s: float | None = None, expected_acks=None, riding=()
     ) -> TxnState:
         c = self.of(txn_id)
-        meta = c.end(txn_id.sequence, commit, EndReason.CLIENT, expected_acks)
+        meta = c.end(txn_id.sequence, commit, EndReason.CLIENT, expected_acks, riding)
         c.wait(meta, timeout_s)
         return meta.state
 

@@ -44,6 +44,7 @@ class Transaction(TransactionContext):
         "_producers",
         "_error",
         "ack_counts",
+        "_riding",
         "__weakref__",
     )
 
@@ -60,6 +61,9 @@ class Transaction(TransactionContext):
         # Acks made through this handle per (partition, subscription): the commit checks the
         # broker still holds them all.
         self.ack_counts: dict = {}
+        # (op, carries a staged registration, partition) of batches submitted lazily: the
+        # decision takes those still waiting into its own write.
+        self._riding: list = []
 
     @property
     def state(self) -> TxnState:
@@ -101,7 +105,9 @@ class Transaction(TransactionContext):
     def _end(self, commit: bool, timeout_ms, expected_acks=None) -> None:
         self._client._check_open()
         if commit:
-            self.flush_for_commit()
+            for producer in list(self._producers):
+                producer._txn_flush(self, wait=False)
+            self._check_sendable()
         else:
             for producer in list(self._producers):
                 producer._txn_drop(self)
@@ -111,7 +117,8 @@ class Transaction(TransactionContext):
             expected = dict(self.ack_counts)
             for key, n in (expected_acks or {}).items():
                 expected[tuple(key)] = max(n, expected.get(tuple(key), 0))
-        state = self._service.end(self.id, commit, timeout_s, expected)
+        riding, self._riding = self._riding, []
+        state = self._service.end(self.id, commit, timeout_s, expected, riding)
         if state in FINAL:
             self._final = state
             return
@@ -148,6 +155,9 @@ class Transaction(TransactionContext):
         ledger; raise if a send or an ack of it failed (it can only abort then)."""
         for producer in list(self._producers):
             producer._txn_flush(self)
+        self._check_sendable()
+
+    def _check_sendable(self) -> None:
         if self._error is not None:
             cls = (
                 TransactionConflict
