@@ -326,6 +326,9 @@ cdef class PartitionProducer:
     cdef bint batching
     cdef double publish_delay
     cdef object flusher
+    cdef object txn_type     # the embedded Transaction class
+    cdef object txn_service  # this broker's coordinators
+    cdef dict txn_batches    # the producer's (id(partition producer), TxnID) -> its batch
 
     def __init__(self, producer, partition):
         self.producer = producer
@@ -342,6 +345,11 @@ cdef class PartitionProducer:
         self.batching = producer.batching_enabled
         self.publish_delay = producer.publish_delay
         self.flusher = producer.client.broker._flusher
+        from ..txn.transaction import Transaction
+
+        self.txn_type = Transaction
+        self.txn_service = producer.client.broker.txn
+        self.txn_batches = producer._txn_batches
 
     def send_async(self, content, properties=None, partition_key=None, sequence_id=None,
                    txn=None, callback=None):
@@ -358,8 +366,57 @@ cdef class PartitionProducer:
             and not self.closed
         ):
             return self._add(<bytes>content, None, None, -1, False)
+        if (
+            type(content) is bytes
+            and type(txn) is self.txn_type
+            and properties is None
+            and partition_key is None
+            and sequence_id is None
+            and callback is None
+            and PyBytes_GET_SIZE(content) <= self.max_message_size
+            and not self.closed
+            and self.batching
+            and txn._final is None
+            and txn._service is self.txn_service
+        ):
+            fut = self._txn_append(<bytes>content, txn)
+            if fut is not None:
+                return fut
         return self.producer._send_async(content, properties, partition_key, sequence_id, txn,
                                          callback)
+
+    cdef object _txn_append(self, bytes content, object txn):
+        """A plain message of `txn` into that transaction's open batch here, when it has one
+        that takes it; None for the producer's path (a new batch, a full one, ...)."""
+        cdef Py_ssize_t n, size = PyBytes_GET_SIZE(content)
+        cdef MessageFuture fut
+        key = (id(self), txn.id)
+        self.lock.take()
+        try:
+            batch = self.txn_batches.get(key)
+            if batch is None:
+                return None
+            values = batch.values
+            n = len(values)
+            if (
+                n + 1 >= self.max_messages
+                or batch.nbytes + size > self.max_bytes
+                or self.last_sequence + 1 != batch.first_sequence + n
+            ):
+                return None
+            values.append(content)
+            if batch.keys is not None:
+                batch.keys.append(None)
+            if batch.props is not None:
+                batch.props.append(None)
+            batch.nbytes += size
+            self.last_sequence += 1
+            fut = MessageFuture.__new__(MessageFuture)
+            fut._outcome = <Outcome>batch.outcome
+            fut._index = n
+            return fut
+        finally:
+            self.lock.give()
 
     def add(self, bytes content not None, properties, key, sequence_id):
         if sequence_id is None:

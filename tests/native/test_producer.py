@@ -72,6 +72,65 @@ def test_native_and_twin_producers_agree(tmp_path_factory, workload):
     assert run(NATIVE, tmp, workload, "n") == run(REFERENCE, tmp, workload, "r")
 
 
+txn_sends = st.lists(
+    st.tuples(
+        st.binary(max_size=40),
+        st.integers(0, 2),  # which of three transactions
+        st.one_of(st.none(), st.sampled_from(["a", "b"])),  # a key leaves the fast path
+        st.sampled_from(["none", "flush", "commit", "abort"]),  # what follows this send
+    ),
+    max_size=40,
+)
+
+
+def run_txns(impl, tmp_path, workload, name):
+    old = producer_module.PartitionProducer
+    producer_module.PartitionProducer = impl.PartitionProducer
+    try:
+        with pulsartxn.Broker(tmp_path / name, sync=False) as broker:
+            client = broker.client()
+            p = client.create_producer(
+                "t",
+                producer_name="p",
+                batching_max_messages=4,
+                batching_max_publish_delay_ms=60_000,
+            )
+            txns = [client.new_transaction() for _ in range(3)]
+            outcomes = []
+            sent: dict = {}  # transaction -> values sent in it
+            committed = []
+            for value, which, key, then in workload:
+                fut = p.send_async(value, partition_key=key, txn=txns[which])
+                outcomes.append(fut)
+                sent.setdefault(txns[which].id, []).append(value)
+                if then == "flush":
+                    p.flush()
+                elif then in ("commit", "abort"):
+                    getattr(txns[which], then)()
+                    if then == "commit":
+                        committed.extend(sent.get(txns[which].id, []))
+                    txns[which] = client.new_transaction()
+            for t in txns:
+                t.commit()
+                committed.extend(sent.get(t.id, []))
+            answers = []
+            for f in outcomes:
+                exc = f.exception()
+                answers.append(type(exc).__name__ if exc else f.result().batch_index())
+            stored = [(r["key"], r["value"]) for b in client.scan("t") for r in b.to_pylist()]
+            assert sorted(v for _, v in stored) == sorted(committed)  # read committed
+            return answers, stored
+    finally:
+        producer_module.PartitionProducer = old
+
+
+@settings(max_examples=25, deadline=None)
+@given(txn_sends)
+def test_native_and_twin_agree_on_transactional_sends(tmp_path_factory, workload):
+    tmp = tmp_path_factory.mktemp("prodtxn")
+    assert run_txns(NATIVE, tmp, workload, "n") == run_txns(REFERENCE, tmp, workload, "r")
+
+
 @pytest.mark.parametrize("impl", [NATIVE, REFERENCE], ids=["native", "reference"])
 def test_duplicate_of_a_message_still_in_its_batch(impl, tmp_path):
     _, _, last = run(

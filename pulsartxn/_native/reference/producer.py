@@ -265,7 +265,48 @@ class PartitionProducer:
             and not self.closed
         ):
             return self.add(content, None, None, None)
+        if (
+            type(content) is bytes
+            and txn is not None
+            and properties is None
+            and partition_key is None
+            and sequence_id is None
+            and callback is None
+            and len(content) <= producer.max_message_size
+            and not self.closed
+            and producer.batching_enabled
+            and type(txn) is self._txn_type()
+            and txn._final is None
+            and txn._service is producer.client.broker.txn
+        ):
+            fut = self._txn_append(content, txn)
+            if fut is not None:
+                return fut
         return producer._send_async(content, properties, partition_key, sequence_id, txn, callback)
+
+    @staticmethod
+    def _txn_type():
+        from ...txn.transaction import Transaction
+
+        return Transaction
+
+    def _txn_append(self, content: bytes, txn):
+        """A plain message of `txn` into that transaction's open batch here, when it has one
+        that takes it; None for the producer's path (a new batch, a full one, ...)."""
+        producer = self.producer
+        with self.lock:
+            batch = producer._txn_batches.get((id(self), txn.id))
+            if batch is None:
+                return None
+            n = len(batch.values)
+            if (
+                n + 1 >= producer.batching_max_messages
+                or batch.nbytes + len(content) > producer.batching_max_bytes
+                or self.last_sequence + 1 != batch.first_sequence + n
+            ):
+                return None
+            self.last_sequence += 1
+            return batch.add(content, None, None)
 
     def add(self, content: bytes, properties, key, sequence_id) -> Future:
         producer = self.producer
