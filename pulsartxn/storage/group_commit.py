@@ -43,6 +43,7 @@ class WriteOp:
     on_commit: Callable[[Any], None] | None = None
     on_abort: Callable[[], None] | None = None
     future: Future = field(default_factory=Future)
+    lazy: bool = False  # submitted lazily: nobody waits for it
 
     def prepend(self, first: Callable[[lmdb.Transaction], Any]) -> None:
         """Run ``first(txn)`` before this op's own writes, in the same LMDB transaction."""
@@ -104,6 +105,7 @@ class GroupCommit:
         if self._closed:
             raise AlreadyClosed("the broker's storage is closed")
         if lazy:
+            op.lazy = True
             # From an on_commit callback too: it rides with the next group rather than
             # starting one (and an fsync) of its own while the commit lock is held.
             with self._lazy_lock:
@@ -376,7 +378,8 @@ class GroupCommit:
             return
         self.groups += 1
         self.records += sum(op.records for op in group)
-        self._last_group = len(group)
+        # Callers that waited for this group: about as many will queue again (_gather).
+        self._last_group = sum(1 for op in group if not op.lazy and op.records)
         for op, result in zip(group, results):
             try:
                 if op.on_commit is not None:
