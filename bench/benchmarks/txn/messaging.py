@@ -188,3 +188,42 @@ class TxnMessagingRecovery:
             for _ in txn.cursor():
                 pass
         env.close()
+
+
+class TxnPipeline:
+    """Exactly-once consume-process-produce with every commit fsynced (sync=True): receive 100,
+    write 100 results, acknowledge the 100 inputs, commit. The results by send_batch (durable
+    when it returns: two group commits per transaction) or by send_async (they ride in the
+    commit: one)."""
+
+    timeout = 300
+    params = ["send_batch", "send_async"]
+    param_names = ["results"]
+    number = 1
+    repeat = 5
+
+    def setup(self, results):
+        self.tmp = tempfile.mkdtemp()
+        self.broker = pulsartxn.Broker(os.path.join(self.tmp, "d"), sync=True)
+        self.client = self.broker.client()
+        self.client.create_producer("in").send_batch([os.urandom(100) for _ in range(20_000)])
+        self.consumer = self.client.subscribe("in", "fn")
+        self.out = self.client.create_producer("out")
+
+    def teardown(self, results):
+        self.broker.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def time_10_transactions_of_100(self, results):
+        client, consumer, out = self.client, self.consumer, self.out
+        for _ in range(10):
+            msgs = consumer.batch_receive(100, 1000)
+            t = client.new_transaction()
+            if results == "send_batch":
+                out.send_batch([m.data() for m in msgs], txn=t)
+            else:
+                for m in msgs:
+                    out.send_async(m.data(), txn=t)
+            for m in msgs:
+                consumer.acknowledge(m, txn=t)
+            t.commit()
