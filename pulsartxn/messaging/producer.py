@@ -328,7 +328,8 @@ class Producer:
             )
             if staged is not None:
                 op.prepend(staged[0])
-            return part.partition.storage.submit(op)
+            # Quiet: send_batch commits it itself when it waits (no writer wake-up).
+            return part.partition.storage.submit(op, quiet=True)
 
     # -- transactions ----------------------------------------------------------------------
 

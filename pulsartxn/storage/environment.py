@@ -119,8 +119,8 @@ class Storage:
             raise AlreadyClosed("the broker's storage is closed")
         return self.env.begin(buffers=True)
 
-    def submit(self, op: WriteOp, lazy: bool = False):
-        return self.commits.submit(op, lazy)
+    def submit(self, op: WriteOp, lazy: bool = False, quiet: bool = False):
+        return self.commits.submit(op, lazy, quiet)
 
     def write(self, apply, **kwargs):
         return self.commits.write(apply, **kwargs)
@@ -132,7 +132,7 @@ class Storage:
     def wait(self, fut):
         """The result of a submitted write, committing the queue in this thread if idle."""
         if not fut.done():
-            self.commits.help()
+            self.commits.wait_for(fut)
         return fut.result()
 
     def close(self) -> None:

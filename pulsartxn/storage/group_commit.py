@@ -15,6 +15,7 @@ Groups are committed one at a time, under one lock, whoever commits them.
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
@@ -57,7 +58,49 @@ class WriteOp:
 
 
 _STOP = object()
-_LAZY = object()  # queued when lazy ops wait: the writer commits them by their deadline
+
+
+class _OpQueue:
+    """The group commit's queue: a deque, plus a Condition for the writer thread's sleep only.
+    ``put_quiet`` queues without waking the writer, for a caller that commits its op itself
+    (``GroupCommit.wait_for``): no thread hand-off, no wake-up on the latency path."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque = collections.deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._sleeping = False
+
+    def put(self, item) -> None:
+        self._items.append(item)
+        if self._sleeping:  # read after the append: a writer about to sleep sees the item
+            with self._cond:
+                self._cond.notify()
+
+    def put_quiet(self, item) -> None:
+        self._items.append(item)
+
+    def get_nowait(self):
+        try:
+            return self._items.popleft()
+        except IndexError:
+            raise queue.Empty from None
+
+    def get(self, timeout: float | None = None):
+        try:
+            return self._items.popleft()
+        except IndexError:
+            pass
+        with self._cond:
+            self._sleeping = True
+            try:
+                if not self._items:
+                    self._cond.wait(timeout)
+            finally:
+                self._sleeping = False
+        return self.get_nowait()
+
+    def qsize(self) -> int:
+        return len(self._items)
 
 
 class GroupCommit:
@@ -76,7 +119,7 @@ class GroupCommit:
         self._max_records = max_records
         self._max_bytes = max_bytes
         self._linger = linger_ms / 1000.0
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue = _OpQueue()
         self._closed = False
         self._close_lock = threading.Lock()
         self.groups = 0
@@ -87,8 +130,7 @@ class GroupCommit:
         self._last_commit_s = 0.0
         self._lazy: list[WriteOp] = []
         self._lazy_lock = threading.Lock()
-        self._lazy_armed = False  # a _LAZY token is queued for the lazy ops waiting
-        self._lazy_since = 0.0
+        self._lazy_since = 0.0  # when the oldest lazy op waiting was submitted
         self._lazy_max = lazy_max_ms / 1000.0
         self._local = threading.local()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -98,32 +140,69 @@ class GroupCommit:
     def writer_thread(self) -> threading.Thread:
         return self._thread
 
-    def submit(self, op: WriteOp, lazy: bool = False) -> Future:
+    def submit(self, op: WriteOp, lazy: bool = False, quiet: bool = False) -> Future:
         """Queue `op`. A lazy op (background bookkeeping nobody waits for: log cleanup, cursor
         and snapshot writes) does not start a group, and so costs no fsync of its own: it rides
-        with the next group, or is committed within `lazy_max_ms` if none comes."""
+        with the next group, or is committed within `lazy_max_ms` if none comes. A quiet op
+        does not wake the writer thread: its caller commits it with ``wait_for``."""
         if self._closed:
             raise AlreadyClosed("the broker's storage is closed")
         if lazy:
             op.lazy = True
             # From an on_commit callback too: it rides with the next group rather than
             # starting one (and an fsync) of its own while the commit lock is held.
+            # The writer thread looks for lazy ops due every lazy_max_ms: no wake-up here.
             with self._lazy_lock:
-                self._lazy.append(op)
-                arm = not self._lazy_armed
-                if arm:
-                    self._lazy_armed = True
+                if not self._lazy:
                     self._lazy_since = time.monotonic()
-            if arm:
-                self._queue.put(_LAZY)  # the writer thread keeps the deadline
+                self._lazy.append(op)
             return op.future
         if getattr(self._local, "committing", False):
             # Called from an on_commit callback of a group this thread commits: run it in a
             # group of its own, now (the commit lock is ours).
             self._run_group([op])
             return op.future
-        self._queue.put(op)
+        if quiet:
+            self._queue.put_quiet(op)
+        else:
+            self._queue.put(op)
         return op.future
+
+    def wait_for(self, fut: Future) -> None:
+        """Until `fut` (of a submitted op) is done, commit what is queued in this thread, the
+        lazy ops too when nothing else is; when a group is being committed, wait for it and
+        look again."""
+        while not fut.done() and not self._closed:
+            if getattr(self._local, "committing", False):
+                return  # inside a commit callback: the op is committed after it
+            with self._commit_lock:
+                if fut.done():
+                    return
+                self._local.committing = True
+                try:
+                    ran = stop = False
+                    while not stop:
+                        try:
+                            first = self._queue.get_nowait()
+                        except queue.Empty:
+                            break
+                        if first is _STOP:
+                            stop = True
+                            break
+                        group, stop = self._collect(first, wait=False)
+                        self._run_group(self._with_lazy(group))
+                        ran = True
+                    if stop:
+                        self._queue.put(_STOP)
+                    elif not ran and not fut.done():
+                        group = self._with_lazy([])  # fut may be a lazy op's
+                        if group:
+                            self._run_group(group)
+                finally:
+                    self._local.committing = False
+            # Not done: the writer thread took it from the queue and waits for the lock.
+            if not fut.done():
+                time.sleep(0)
 
     def flush_lazy(self) -> None:
         """Commit the lazy ops now (a group of their own if nothing else is queued)."""
@@ -154,7 +233,6 @@ class GroupCommit:
             return group
         with self._lazy_lock:
             lazy, self._lazy = self._lazy, []
-            self._lazy_armed = False
         return lazy + group
 
     def help(self) -> None:
@@ -168,9 +246,6 @@ class GroupCommit:
                     first = self._queue.get_nowait()
                 except queue.Empty:
                     return
-                if first is _LAZY:
-                    self._rearm()
-                    continue
                 if first is _STOP:
                     self._queue.put(_STOP)  # leave it for the writer thread
                     return
@@ -229,9 +304,6 @@ class GroupCommit:
                 queued = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if queued is _LAZY:
-                self._rearm()
-                continue
             if queued is _STOP:
                 stop = True
                 break
@@ -274,9 +346,6 @@ class GroupCommit:
                     op = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if op is _LAZY:
-                self._rearm()
-                continue
             if op is _STOP:
                 stop = True
                 break
@@ -285,35 +354,15 @@ class GroupCommit:
             records += op.records
         return group, stop
 
-    def _rearm(self) -> None:
-        """A _LAZY token was taken by a committer that is not the writer thread: the lazy ops
-        ride with the group being committed; only those added after it need a token again."""
+    def _commit_due_lazy(self) -> None:
+        """Writer thread, idle: commit the lazy ops once the oldest is lazy_max_ms old."""
         with self._lazy_lock:
-            self._lazy_armed = False
-
-    def _await_lazy(self):
-        """Writer thread, after a _LAZY token: wait for an operation to commit the lazy ops
-        with, until the oldest of them is lazy_max_ms old; then commit them alone. Returns
-        the operation that came (or None)."""
-        while True:
-            with self._lazy_lock:
-                if not self._lazy:
-                    self._lazy_armed = False
-                    return None
-                deadline = self._lazy_since + self._lazy_max
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                with self._commit_lock:
-                    group = self._with_lazy([])
-                    if group:
-                        self._run_group(group)
-                return None
-            try:
-                op = self._queue.get(timeout=remaining)
-            except queue.Empty:
-                continue
-            if op is not _LAZY:
-                return op
+            due = self._lazy and time.monotonic() - self._lazy_since >= self._lazy_max
+        if due:
+            with self._commit_lock:
+                group = self._with_lazy([])
+                if group:
+                    self._run_group(group)
 
     def _gather(self, want: int) -> None:
         """With fsync on, wait briefly until `want` operations are queued.
@@ -332,11 +381,11 @@ class GroupCommit:
     def _run(self) -> None:
         self._local.committing = True
         while True:
-            first = self._queue.get()
-            if first is _LAZY:
-                first = self._await_lazy()
-                if first is None:
-                    continue
+            try:
+                first = self._queue.get(timeout=self._lazy_max)
+            except queue.Empty:
+                self._commit_due_lazy()
+                continue
             with self._commit_lock:
                 if first is not _STOP:
                     self._gather(self._last_group - 1)
@@ -358,7 +407,7 @@ class GroupCommit:
                             op = self._queue.get_nowait()
                         except queue.Empty:
                             return
-                        if op is not _STOP and op is not _LAZY:
+                        if op is not _STOP:
                             self._run_group([op])
 
     def _run_group(self, group: list[WriteOp]) -> None:
