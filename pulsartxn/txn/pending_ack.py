@@ -220,6 +220,8 @@ class PendingAck:
         """Commit (acks to the cursor) or abort (release, redeliver) txn_id here; abort what
         the low watermark says has finished. Idempotent."""
         sub = self.sub
+        if sub.error is not None:  # a damaged log: retried until it is repaired
+            raise sub.error
         with self.lock:
             todo = [(txn, commit)]
             cid = txn.coordinator_id
