@@ -143,6 +143,7 @@ class BrokerModel(RuleBasedStateMachine):
     def _record_send(self, topic, data, msg_id, txn: Txn | None) -> None:
         part = (topic, msg_id.partition())
         assert part in self._parts(topic), (part, msg_id)
+        assert data not in self.by_data, f"the model sent {data!r} twice"
         m = Msg(data, part, txn.n if txn else None)
         self.ledger.setdefault(part, []).append(m)
         self.by_data[data] = m
@@ -298,7 +299,7 @@ class BrokerModel(RuleBasedStateMachine):
             return
         data, msg = picked
         txn = self._open_txn(0)
-        result = b"out-" + data
+        result = self._next() + b"<-" + data  # unique: two subscriptions may process one input
         self._record_send(out, result, self.producers[out].send(result, txn=txn.handle), txn)
         self.consumers[sub].acknowledge(msg, txn=txn.handle)
         self.pending[sub][data] = txn.n
