@@ -56,7 +56,7 @@ def _fill(client, producer, size, make_txn):
     raise AssertionError("the map never filled")
 
 
-@pytest.mark.parametrize("size", [40, 3000])
+@pytest.mark.parametrize("size", [300, 3000])
 @pytest.mark.parametrize("transactional", [False, True])
 def test_map_full_is_storage_full_and_nothing_is_half_written(tmp_path, size, transactional):
     data = tmp_path / "data"
