@@ -130,6 +130,7 @@ class Admin:
             sub = p.subscriptions.get(subscription)
             if sub is not None:
                 per[p.topic] = sub.pending_ack.stats()
+                per[p.topic]["error"] = str(sub.error) if sub.error is not None else None
         if not per:
             raise PulsarTxnError(f"subscription {subscription!r} does not exist on {full}")
         if len(partitions) == 1:

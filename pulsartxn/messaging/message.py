@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 from functools import total_ordering
 
-from ..errors import PulsarTxnError
+from ..errors import InvalidMessageId
 
 _ID = struct.Struct("<2sQQiii")
 _ID_MAGIC = b"M1"
@@ -81,7 +81,7 @@ class MessageId:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"MessageId.deserialize takes bytes, not {type(data).__name__}")
         if len(data) != _ID.size or bytes(data[:2]) != _ID_MAGIC:
-            raise PulsarTxnError(f"not a serialized MessageId: {bytes(data)[:32]!r}")
+            raise InvalidMessageId(f"not a serialized MessageId: {bytes(data)[:32]!r}")
         _, ledger, entry, partition, batch_index, batch_size = _ID.unpack(bytes(data))
         return cls(ledger, entry, partition, batch_index, batch_size)
 

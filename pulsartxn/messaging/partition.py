@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .._native import EntryLog, TxnID, decode_header, header_columns
-from ..errors import InvalidMessageId
+from .._native import EntryLog, TxnID, decode_entries, decode_header, header_columns
+from ..errors import CorruptEntry, InvalidMessageId
 from ..storage import Storage, WriteOp
 from ..txn.buffer import TransactionBuffer
 from ..txn.snapshot import BufferSnapshots
@@ -92,7 +92,10 @@ class Partition:
                         break
                 more = len(keys) == chunk and cursor.next()
                 ids = np.frombuffer(b"".join(keys), dtype=">u8").astype(np.int64)
-                counts, markers, msb, lsb = header_columns(values)
+                try:
+                    counts, markers, msb, lsb = header_columns(values)
+                except CorruptEntry:
+                    raise self._corrupt_header(ids, values) from None
                 dense[ids - first] = counts
                 in_txn = ((msb != 0) | (lsb != 0)) & (ids >= replay_from)
                 for i in np.flatnonzero(in_txn).tolist():
@@ -277,7 +280,34 @@ class Partition:
     def read(self, start: int, end: int, limit: int | None = None):
         """Decoded entries start..end-1 (end exclusive), as the native codec gives them."""
         with self.storage.read() as txn:
-            return self.log.read(txn, start, end, limit)
+            try:
+                return self.log.read(txn, start, end, limit)
+            except CorruptEntry as exc:
+                error = exc
+            # The entries before the damaged one are good: return them; the error comes when
+            # the damaged entry is the first one asked for (it is never skipped).
+            ids, bufs = self.log.scan(txn, start, end, limit)
+            for i, (entry_id, buf) in enumerate(zip(ids, bufs)):
+                try:
+                    decode_entries([entry_id], [buf])
+                except CorruptEntry as exc:
+                    if i > 0:
+                        return self.log.read(txn, start, entry_id, limit)
+                    error = exc
+                    break
+        raise CorruptEntry(f"{self.topic} (ledger {self.ledger_id}): {error}")
+
+    def _corrupt_header(self, ids, values) -> CorruptEntry:
+        """The error naming the first entry of a recovery chunk whose header is damaged."""
+        for entry_id, value in zip(ids.tolist(), values):
+            try:
+                decode_header(value, verify=False)
+            except CorruptEntry as exc:
+                reason = str(exc).removeprefix("entry: ")
+                return CorruptEntry(
+                    f"{self.topic} (ledger {self.ledger_id}): entry {entry_id}: {reason}"
+                )
+        return CorruptEntry(f"{self.topic} (ledger {self.ledger_id}): a damaged entry header")
 
     def lookup_sequence(self, producer: str, sequence_id: int) -> tuple[int, int, int] | None:
         """(entry id, messages in entry, batch index) of a persisted (producer, sequence)."""

@@ -18,7 +18,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from .._native import TxnID
-from ..errors import ConsumerBusy, InvalidConfiguration
+from ..errors import ConsumerBusy, CorruptEntry, InvalidConfiguration
 from ..storage import WriteOp
 from ..txn.pending_ack import PendingAck
 from .cursor import Cursor
@@ -65,11 +65,22 @@ class Subscription:
         self.read_committed = True
         self.filtered = 0  # messages of aborted transactions acknowledged internally
         self.pending_ack = PendingAck(self)
-        self.pending_ack.replay()
+        self.error: CorruptEntry | None = None
+        try:
+            self.pending_ack.replay()
+        except CorruptEntry as exc:
+            # Its pending acks are unknown: this subscription may neither deliver nor finalize
+            # (consumers and commits get this error); the partition and its other
+            # subscriptions go on, as other coordinators do beside one with a damaged log.
+            self.error = CorruptEntry(
+                f"subscription {name!r} on {partition.topic} cannot be used: {exc}"
+            )
 
     # -- consumers -------------------------------------------------------------------------
 
     def attach(self, consumer: Consumer, sub_type: int, read_committed: bool = True) -> None:
+        if self.error is not None:
+            raise self.error
         with self.lock:
             if self.consumers:
                 if sub_type != self.type:

@@ -99,16 +99,27 @@ def encode_message(msg: Message) -> bytes:
 
 
 def decode_message(body) -> Message:
+    """The message of a receive answer; a malformed one is a ValueError."""
     head, data = unframe(body, 1 << 62)
-    return Message(
-        bytes(data),
-        head["props"],
-        head["key"],
-        MessageId.deserialize(bytes.fromhex(head["id"])),
-        head["topic"],
-        head["t"],
-        head["r"],
-    )
+    try:
+        props, key, topic, t, r = (head[k] for k in ("props", "key", "topic", "t", "r"))
+        mid = MessageId.deserialize(bytes.fromhex(head["id"]))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"malformed message: {type(exc).__name__}: {exc}") from None
+    if not (
+        isinstance(props, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in props.items())
+        and (key is None or isinstance(key, str))
+        and isinstance(topic, str)
+        and _is_int(t)
+        and _is_int(r)
+    ):
+        raise ValueError(f"malformed message: bad field types in {head!r}")
+    return Message(bytes(data), props, key, mid, topic, t, r)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def jsonable(value):
@@ -163,10 +174,21 @@ def messages_to_batch(msgs):
 
 
 def batch_to_messages(batch) -> list[Message]:
+    """The messages of a dispatch batch; a batch not of the dispatch schema is a ValueError."""
+    if not batch.schema.equals(dispatch_schema()):
+        raise ValueError(f"malformed dispatch batch: schema {batch.schema}")
     cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
-    return [
-        Message(
-            value, json.loads(props) if props else {}, key, MessageId.deserialize(mid), topic, t, r
-        )
-        for mid, value, key, props, topic, t, r in zip(*cols)
-    ]
+    out = []
+    for mid, value, key, props, topic, t, r in zip(*cols):
+        try:
+            props = json.loads(props) if props else {}
+            ok = isinstance(props, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in props.items()
+            )
+            mid = MessageId.deserialize(mid)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"malformed dispatch batch: {type(exc).__name__}: {exc}") from None
+        if not ok or None in (mid, value, topic, t, r):
+            raise ValueError("malformed dispatch batch: a missing or ill-typed field")
+        out.append(Message(value, props, key, mid, topic, t, r))
+    return out

@@ -128,8 +128,8 @@ class BrokerServer(flight.FlightServerBase):
         s.last_seen = time.monotonic()
         return s
 
-    def _txn(self, s: _Session, value):
-        if value is None:
+    def _txn(self, s: _Session, value, required: bool = False):
+        if value is None and not required:
             return None
         if not isinstance(value, str):
             raise TypeError(f"txn must be a TxnID string, not {value!r}")
@@ -145,7 +145,13 @@ class BrokerServer(flight.FlightServerBase):
             if handler is None:
                 raise ValueError(f"unknown action {action.type!r}")
             args, payload = unframe(action.body.to_pybytes(), self.max_request_bytes)
-            out = handler(args, payload)
+            try:
+                out = handler(args, payload)
+            except KeyError as exc:
+                name = exc.args[0] if exc.args else None
+                if isinstance(name, str) and name not in args:  # args["topic"] of a bad call
+                    raise ValueError(f"{action.type}: missing argument {name!r}") from None
+                raise
         except flight.FlightError:
             raise
         except Exception as exc:  # noqa: BLE001 - every error goes back to the caller
@@ -369,11 +375,11 @@ class BrokerServer(flight.FlightServerBase):
 
     def _on_txn_state(self, args, payload):
         s = self._session(args)
-        return {"state": self._txn(s, args["txn"]).state.value}
+        return {"state": self._txn(s, args["txn"], required=True).state.value}
 
     def _on_end(self, args, payload):
         s = self._session(args)
-        txn = self._txn(s, args["txn"])
+        txn = self._txn(s, args["txn"], required=True)
         if args.get("commit"):
             expected = {tuple(k): n for k, n in args.get("expected_acks") or []}
             txn.commit(args.get("timeout_ms"), expected)

@@ -19,7 +19,6 @@ from ..errors import (
     AlreadyClosed,
     DataDirectoryLocked,
     InvalidConfiguration,
-    PulsarTxnError,
     StorageFull,
 )
 from .group_commit import GroupCommit, WriteOp
@@ -42,12 +41,7 @@ class Storage:
         group_linger_ms: float = 0.0,
     ) -> None:
         self.data_dir = os.path.abspath(data_dir)
-        try:
-            os.makedirs(self.data_dir, exist_ok=True)
-        except OSError as exc:
-            raise PulsarTxnError(f"cannot create data directory {self.data_dir}: {exc}") from exc
-        if not os.access(self.data_dir, os.W_OK):
-            raise PulsarTxnError(f"data directory {self.data_dir} is not writable")
+        _check_directory(self.data_dir)
         self._lock_fd = _lock_directory(self.data_dir)
         try:
             self.env = lmdb.open(
@@ -63,14 +57,22 @@ class Storage:
             )
         except lmdb.Error as exc:
             os.close(self._lock_fd)
-            raise PulsarTxnError(f"cannot open LMDB environment in {self.data_dir}: {exc}") from exc
+            raise InvalidConfiguration(
+                f"cannot open the LMDB environment in {self.data_dir}: {exc}"
+            ) from exc
         self.sync = sync
         self._max_dbs = max_dbs
         self._dbs: dict[bytes, Any] = {}
         self._db_lock = threading.Lock()
         self._closed = False
-        self.meta = self.open_db(b"meta")
-        self._check_format()
+        try:
+            self._check_format()
+            self.meta = self.open_db(b"meta")
+        except BaseException:
+            # Nothing of a refused directory stays open: neither LMDB nor the lock.
+            self.env.close()
+            os.close(self._lock_fd)
+            raise
         self.commits = GroupCommit(
             self.env,
             max_records=group_max_records,
@@ -80,14 +82,35 @@ class Storage:
         )
 
     def _check_format(self) -> None:
-        with self.env.begin(write=True, db=self.meta) as txn:
-            found = txn.get(FORMAT_KEY)
-            if found is None:
-                txn.put(FORMAT_KEY, FORMAT)
-            elif found != FORMAT:
-                raise PulsarTxnError(
-                    f"{self.data_dir} holds data of format {found!r}, not {FORMAT!r}"
-                )
+        """Stamp a new store with FORMAT; refuse an LMDB environment that another program (or
+        another format) wrote, before writing anything into it."""
+        try:
+            with self.env.begin(write=True) as txn:
+                names = {bytes(k) for k, _ in txn.cursor()}
+                meta = None
+                if not names or b"meta" in names:
+                    meta = self.env.open_db(b"meta", txn=txn, create=True)
+                found = txn.get(FORMAT_KEY, db=meta) if meta is not None else None
+                if found is None:
+                    # New: an empty environment, or one that a crash stopped right after it
+                    # created the meta database (that database is then empty).
+                    if meta is None or names - {b"meta"} or txn.stat(meta)["entries"]:
+                        raise InvalidConfiguration(
+                            f"{self.data_dir} holds an LMDB environment that is not a pulsartxn "
+                            "store (no format marker): refusing to write into it"
+                        )
+                    txn.put(FORMAT_KEY, FORMAT, db=meta)
+                elif bytes(found) != FORMAT:
+                    raise InvalidConfiguration(
+                        f"{self.data_dir} holds data of format {bytes(found)!r}, not {FORMAT!r}"
+                    )
+        except lmdb.IncompatibleError as exc:
+            # "meta" is a key of the foreign environment's main database, not a database.
+            raise InvalidConfiguration(
+                f"{self.data_dir} holds an LMDB environment that is not a pulsartxn store: {exc}"
+            ) from None
+        except lmdb.MapFullError as exc:
+            raise StorageFull(f"LMDB map is full: {exc}") from None
 
     def open_db(self, name: bytes):
         """The handle of a named database, created on first use (thread-safe, cached)."""
@@ -150,10 +173,48 @@ class Storage:
         return self._closed
 
 
+# Files of a store; anything else (dot files and lost+found aside) in a directory without a
+# store makes it someone else's directory.
+_STORE_FILES = frozenset({"data.mdb", "lock.mdb", LOCK_FILE})
+
+
+def _check_directory(path: str) -> None:
+    """Create the data directory if missing; refuse a file, an unwritable directory, or a
+    directory that holds other things and no store."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise InvalidConfiguration(f"data directory {path} is not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise InvalidConfiguration(f"cannot create data directory {path}: {exc}") from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise InvalidConfiguration(f"data directory {path} is not writable")
+    for name in ("data.mdb", "lock.mdb"):
+        file = os.path.join(path, name)
+        if os.path.exists(file) and not os.access(file, os.R_OK | os.W_OK):
+            raise InvalidConfiguration(f"{file} is not writable")
+    if os.path.exists(os.path.join(path, "data.mdb")):
+        return
+    foreign = sorted(
+        n
+        for n in os.listdir(path)
+        if n not in _STORE_FILES and not n.startswith(".") and n != "lost+found"
+    )
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise InvalidConfiguration(
+            f"data directory {path} holds no pulsartxn store but other files ({shown}): "
+            "give an empty or a new directory"
+        )
+
+
 def _lock_directory(path: str) -> int:
     """Take an exclusive flock on <data_dir>/broker.lock, or fail at once."""
     lock_path = os.path.join(path, LOCK_FILE)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise InvalidConfiguration(f"cannot open {lock_path}: {exc}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

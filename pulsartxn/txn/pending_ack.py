@@ -274,6 +274,8 @@ class PendingAck:
         future is returned (None when there is nothing to write): for a caller whose decision
         is already durable, so that a crash before it lands only means doing it again."""
         sub = self.sub
+        if sub.error is not None:  # a damaged log: retried until it is repaired
+            raise sub.error
         with self.lock:
             todo = [(txn, commit)]
             cid = txn.coordinator_id
