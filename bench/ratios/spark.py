@@ -63,6 +63,7 @@ def measure(quick: bool = False) -> list[Row]:
         SparkSession.builder.master("local[2]")
         .appName("pulsartxn-bench")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.pulsartxn.dataDir", os.path.join(tmp, "broker"))
         .getOrCreate()
