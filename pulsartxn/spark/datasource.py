@@ -30,7 +30,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from .read import DEFAULT_ROWS_PER_SPLIT, READ_DDL, plan_splits, to_spark_arrow
+from .read import DEFAULT_ROWS_PER_SPLIT, READ_DDL, plan_splits, scan_ahead
 from .write import DEFAULT_TXN_TIMEOUT_MS, write_attempt
 
 
@@ -107,9 +107,7 @@ def _read_split(options, split):
     from ._service import executor_client
 
     client = executor_client(options["service_url"], options.get("token"))
-    for chunk in client.scan(split.partition, split.start, split.end):
-        if chunk.num_rows:
-            yield to_spark_arrow(chunk)
+    yield from scan_ahead(client, split.partition, split.start, split.end)
 
 
 class _Reader(DataSourceReader):

@@ -112,3 +112,16 @@ def test_split_reads_have_exactly_the_committed_rows(spark, client, service_url,
     assert default.rdd.getNumPartitions() == ptx.read_topic(spark, single).rdd.getNumPartitions()
     assert default.rdd.getNumPartitions() == spark.sparkContext.defaultParallelism == 2
     assert sorted(bytes(r.value) for r in default.select("value").collect()) == expected
+
+
+def test_scan_ahead_in_small_calls_has_exactly_the_committed_rows(client, topic):
+    from pulsartxn.spark.read import scan_ahead
+
+    expected = _fill_mixed(client, topic)
+    ((part, lo, hi),) = plan_splits(client, topic)
+    for rows in (1, 50, 10_000):  # one entry per call, a few, all at once
+        got = [v for b in scan_ahead(client, part, lo, hi, rows) for v in b.column("value")]
+        assert sorted(v.as_py() for v in got) == expected
+    taken = scan_ahead(client, part, lo, hi, 1)
+    assert next(taken).num_rows > 0
+    taken.close()  # a reader that stops early stops the helper thread
