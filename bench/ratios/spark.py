@@ -2,7 +2,8 @@
 ``write_topic`` (exactly-once, through the embedded default broker's network service) against
 a pass that moves the same rows to Python workers as Arrow and drops them; rows/s of
 ``read_topic`` (drained by Spark's ``noop`` sink) against a pass-through ``mapInArrow`` that
-emits the same rows into Spark; ``df.write.parquet`` of the same data as a reference line.
+emits the same rows into Spark; ``write_topic`` to a broker with sync=False, to show what the
+disk costs; ``df.write.parquet`` of the same data as a reference line.
 local[2] Spark, UI off; the DataFrame is cached before timing. The machine is noisy: after a
 warm-up, rounds alternate between the baseline and ours, and each row gives our median time and
 the median over rounds of the pair ratio (baseline round / our round)."""
@@ -86,10 +87,14 @@ def measure(quick: bool = False) -> list[Row]:
 
         topics = iter(range(1000))
         noop(df)()  # warm up: Python workers started, caches filled
-        ours, base = [], []
+        # The same write to a second embedded broker that does not fsync: how much of the
+        # durable write's time is the disk.
+        nosync = ptx.start_embedded(spark, os.path.join(tmp, "broker-nosync"), sync=False)
+        ours, base, fast = [], [], []
         for _ in range(ROUNDS):  # alternate, so both see the same machine state
             base.append(_timed(noop(df)))
             ours.append(_timed(lambda: ptx.write_topic(df, f"bench-{next(topics)}")))
+            fast.append(_timed(lambda: ptx.write_topic(df, f"bench-{next(topics)}", nosync)))
         rows.append(
             _paired(
                 f"spark write_topic, {n // 1000}k rows x 100 B, exactly-once, local[2]",
@@ -99,6 +104,17 @@ def measure(quick: bool = False) -> list[Row]:
                 base,
                 "no-op mapInArrow pass",
                 0.5,
+            )
+        )
+        rows.append(
+            _paired(
+                "spark write_topic, same, broker with sync=False (not durable), local[2]",
+                n,
+                "rows",
+                fast,
+                base,
+                "no-op mapInArrow pass",
+                None,
             )
         )
         # Reading emits the rows into Spark: compare with a Python stage that emits the same
