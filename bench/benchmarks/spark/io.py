@@ -60,7 +60,9 @@ class SparkIO:
         root = os.path.dirname(os.path.dirname(os.path.abspath(pulsartxn.__file__)))
         python_path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
         if not hasattr(SparkIO, "_state"):
-            tmp = tempfile.mkdtemp(prefix="pulsartxn-asv-spark-")
+            # In the working directory, which asv removes after the run (its benchmark
+            # processes end with os._exit: no atexit there).
+            tmp = tempfile.mkdtemp(prefix="pulsartxn-asv-spark-", dir=os.getcwd())
             spark = (
                 SparkSession.builder.master("local[2]")
                 .appName("pulsartxn-asv")
