@@ -272,6 +272,77 @@ class _Handle:
         return self._handle
 
 
+class BatchStream:
+    """See ``RemoteProducer.batch_stream``."""
+
+    def __init__(self, producer: RemoteProducer, txn) -> None:
+        self._producer = producer
+        self._txn = _txn_str(txn)
+        self._writer = self._reader = None
+        self._schema = None
+        self.count = 0  # messages stored, known once closed
+
+    def write(self, values: pa.Array, keys: pa.Array | None = None) -> None:
+        """Queue one batch (`values` binary, `keys` string or None; the first batch fixes
+        whether the stream has keys)."""
+        cols, names = [values], ["value"]
+        if keys is not None:
+            cols.append(keys)
+            names.append("key")
+        batch = pa.RecordBatch.from_arrays(cols, names=names)
+        try:
+            if self._writer is None:
+                client = self._producer._client
+                command = frame(
+                    {
+                        "handle": self._producer._ensure(),
+                        "txn": self._txn,
+                        "session": client._session,
+                    }
+                )
+                self._schema = batch.schema
+                self._writer, self._reader = client._flight.do_put(
+                    flight.FlightDescriptor.for_command(command), batch.schema, client._options
+                )
+            elif batch.schema != self._schema:
+                raise ValueError(f"batch schema {batch.schema} differs from the stream's")
+            self._writer.write_batch(batch)
+        except flight.FlightError as exc:
+            raise protocol.from_flight_error(exc) from None
+
+    def close(self) -> int:
+        """End the stream; returns the messages stored once all of them are durable."""
+        if self._writer is None:
+            return self.count
+        writer, self._writer = self._writer, None
+        try:
+            writer.done_writing()
+            meta = self._reader.read()
+            writer.close()
+        except flight.FlightError as exc:
+            raise protocol.from_flight_error(exc) from None
+        self.count = json.loads(meta.to_pybytes())["count"]
+        return self.count
+
+    def cancel(self) -> None:
+        """Drop the stream (after an error: what was sent stays in the transaction)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            except Exception:  # noqa: BLE001 - the caller's error matters more
+                pass
+
+    def __enter__(self) -> BatchStream:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.cancel()
+
+
 class RemoteProducer(_Handle):
     def __init__(self, client, topic, producer_name, options) -> None:
         super().__init__(client)
@@ -467,6 +538,13 @@ class RemoteProducer(_Handle):
         except flight.FlightError as exc:
             raise protocol.from_flight_error(exc) from None
         return json.loads(meta.to_pybytes())["count"]
+
+    def batch_stream(self, txn=None) -> BatchStream:
+        """Many ``send_batch`` calls on one DoPut stream: each batch goes out as it is written
+        and the server stores each as one ``send_batch``, in order, while the caller prepares
+        the next; ``close()`` waits until the last one is durable and returns the count."""
+        self.flush()
+        return BatchStream(self, txn)
 
     def flush(self) -> None:
         with self._cond:

@@ -16,6 +16,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ._service import (
     DATA_DIR_CONF,
     DEFAULT_DATA_DIR,
+    SYNC_CONF,
     embedded_data_dir,
     ensure_python,
     start_embedded,
@@ -33,6 +34,7 @@ __all__ = [
     "DEFAULT_DATA_DIR",
     "PulsarTxnDataSource",
     "READ_DDL",
+    "SYNC_CONF",
     "embedded_data_dir",
     "ensure_python",
     "process_exactly_once",

@@ -4,7 +4,8 @@
 loopback (executors are separate processes and reach it like any remote client). Its data
 directory is kept: ``spark.pulsartxn.dataDir`` in the Spark conf, else ``$PULSARTXN_DATA_DIR``,
 else ``./pulsartxn-data`` (the ``pulsartxn`` command's default), so what a job committed is
-still there for the next session and for ``pulsartxn serve``.
+still there for the next session and for ``pulsartxn serve``. It fsyncs every group commit
+(durable) unless ``spark.pulsartxn.sync`` is ``false`` (faster, not crash-safe).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import threading
 
 DEFAULT_DATA_DIR = "pulsartxn-data"
 DATA_DIR_CONF = "spark.pulsartxn.dataDir"
+SYNC_CONF = "spark.pulsartxn.sync"
 
 _lock = threading.Lock()
 _embedded: dict[str, _Embedded] = {}  # realpath of the data directory -> its server
@@ -25,12 +27,12 @@ _executor_clients: dict[tuple, object] = {}  # (url, token) -> RemoteClient, per
 class _Embedded:
     """A broker and its network service, started in the driver, closed at exit."""
 
-    def __init__(self, data_dir: str) -> None:
+    def __init__(self, data_dir: str, sync: bool = True) -> None:
         from ..broker import Broker
         from ..server.service import BrokerServer
 
         self.data_dir = data_dir
-        self.broker = Broker(data_dir)
+        self.broker = Broker(data_dir, sync=sync)
         try:
             self.server = BrokerServer(self.broker, "127.0.0.1", 0)
         except BaseException:
@@ -52,14 +54,18 @@ def embedded_data_dir(spark=None) -> str:
     return os.path.abspath(configured or os.environ.get("PULSARTXN_DATA_DIR") or DEFAULT_DATA_DIR)
 
 
-def start_embedded(spark=None, data_dir: str | None = None) -> str:
+def start_embedded(spark=None, data_dir: str | None = None, sync: bool | None = None) -> str:
     """Start (once per driver process and data directory) the embedded broker and its server
-    on 127.0.0.1; return its ``pulsartxn://`` URL."""
+    on 127.0.0.1; return its ``pulsartxn://`` URL. `sync` (default: ``spark.pulsartxn.sync``,
+    else True) applies when this call starts it."""
     path = os.path.realpath(data_dir or embedded_data_dir(spark))
+    if sync is None:
+        conf = spark.conf.get(SYNC_CONF, None) if spark is not None else None
+        sync = str(conf).strip().lower() not in ("false", "0", "no") if conf else True
     with _lock:
         found = _embedded.get(path)
         if found is None:
-            found = _embedded[path] = _Embedded(path)
+            found = _embedded[path] = _Embedded(path, sync)
             if len(_embedded) == 1:
                 atexit.register(stop_embedded)
         return found.url

@@ -30,7 +30,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from .read import DEFAULT_ROWS_PER_SPLIT, READ_DDL, plan_splits, to_spark_arrow
+from .read import DEFAULT_ROWS_PER_SPLIT, READ_DDL, plan_splits, scan_ahead
 from .write import DEFAULT_TXN_TIMEOUT_MS, write_attempt
 
 
@@ -60,6 +60,13 @@ class PulsarTxnDataSource(DataSource):
     """The ``pulsartxn`` format."""
 
     default_service_url: str | None = None
+    # Reads are cut into at least this many pieces unless the ``min_splits`` option says
+    # otherwise; ``register`` sets it to the session's defaultParallelism (planning runs in a
+    # Python worker, which cannot ask the SparkContext).
+    default_min_splits: int = 1
+    # Tests: called as inject(partition_id, attempt, batches_sent) after each batch a write
+    # task attempt sends (as ``write_topic``'s ``_inject``).
+    _inject = None
 
     @classmethod
     def name(cls) -> str:
@@ -72,10 +79,12 @@ class PulsarTxnDataSource(DataSource):
         return READ_DDL
 
     def reader(self, schema):
-        return _Reader(self._opts())
+        opts = self._opts()
+        opts.setdefault("min_splits", str(self.default_min_splits))
+        return _Reader(opts)
 
     def writer(self, schema, overwrite: bool):
-        return _Writer(self._opts(), schema, overwrite)
+        return _Writer(self._opts(), schema, overwrite, type(self)._inject)
 
     def streamReader(self, schema):
         return _StreamReader(self._opts())
@@ -98,9 +107,7 @@ def _read_split(options, split):
     from ._service import executor_client
 
     client = executor_client(options["service_url"], options.get("token"))
-    for chunk in client.scan(split.partition, split.start, split.end):
-        if chunk.num_rows:
-            yield to_spark_arrow(chunk)
+    yield from scan_ahead(client, split.partition, split.start, split.end)
 
 
 class _Reader(DataSourceReader):
@@ -112,7 +119,7 @@ class _Reader(DataSourceReader):
         client = _client(self.options)
         try:
             rows = int(self.options.get("rows_per_split", DEFAULT_ROWS_PER_SPLIT))
-            min_splits = int(self.options.get("min_splits", 1))
+            min_splits = int(self.options.get("min_splits") or 1)
             splits = plan_splits(client, self.options["topic"], rows, min_splits)
         finally:
             client.close()
@@ -189,10 +196,11 @@ def _check_schema(schema) -> tuple[str, str | None]:
 
 
 class _Writer(DataSourceArrowWriter):
-    def __init__(self, options, schema, overwrite: bool) -> None:
+    def __init__(self, options, schema, overwrite: bool, inject=None) -> None:
         if overwrite:
             raise ValueError("a pulsartxn topic is append-only: use mode('append')")
         self.options = options
+        self.inject = inject
         self.value, self.key = _check_schema(schema)
         self.label = f"spark-write-{uuid.uuid4().hex}"
         self.timeout_ms = int(options.get("txn_timeout_ms", DEFAULT_TXN_TIMEOUT_MS))
@@ -223,6 +231,7 @@ class _Writer(DataSourceArrowWriter):
             iterator,
             self.value,
             self.key,
+            self.inject,
         )
         return _Attempt(TaskContext.get().partitionId(), str(txn) if txn else None, rows)
 
@@ -292,6 +301,10 @@ def register(spark, service_url: str | None = None) -> None:
 
     url = service_url_for(spark, service_url)
     # A class made here (not importable by name) travels by value to the Python workers,
-    # default URL included.
-    source = type("PulsarTxnSessionSource", (PulsarTxnDataSource,), {"default_service_url": url})
+    # defaults included.
+    defaults = {
+        "default_service_url": url,
+        "default_min_splits": spark.sparkContext.defaultParallelism,
+    }
+    source = type("PulsarTxnSessionSource", (PulsarTxnDataSource,), defaults)
     spark.dataSource.register(source)

@@ -4,7 +4,8 @@ The driver fixes one consistent point per topic partition when the read is plann
 read position (everything below it is decided, so a scan up to it sees exactly the committed
 messages, and later commits do not show). One Spark partition per topic partition, split into
 entry ranges when a partition is large. Each task scans its range through the network service,
-which decodes entries straight into Arrow record batches of API.md's read schema.
+which decodes entries straight into Arrow record batches of API.md's read schema; a helper
+thread reads the next batch while the task hands the previous one to Spark.
 """
 
 from __future__ import annotations
@@ -47,6 +48,62 @@ def plan_splits(
     return splits
 
 
+SCAN_AHEAD_ROWS = 65_536  # rows per scan call when an executor reads ahead
+
+
+def scan_ahead(client, part: str, start: int, end: int, rows: int = SCAN_AHEAD_ROWS):
+    """The committed batches of entries [start, end) of `part`, as Spark's Arrow types, read
+    by a helper thread in calls of about `rows` messages (sized from what earlier calls
+    returned) while the caller hands the previous ones to Spark."""
+    import queue
+    import threading
+
+    out: queue.Queue = queue.Queue(maxsize=2)
+    stop = threading.Event()
+    done = object()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            pos, step = start, 16
+            while pos < end and not stop.is_set():
+                hi = min(pos + step, end)
+                got = 0
+                for chunk in client.scan(part, pos, hi):
+                    if chunk.num_rows:
+                        got += chunk.num_rows
+                        if not put(to_spark_arrow(chunk)):
+                            return
+                # Entries hold from one to thousands of messages: aim the next call at `rows`.
+                step = max(1, (hi - pos) * rows // got) if got else min(step * 4, 1 << 20)
+                pos = hi
+            put(done)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller
+            put(exc)
+
+    thread = threading.Thread(target=work, name="pulsartxn-scan-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = out.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
 def to_spark_arrow(batch):
     """A scan batch as Spark's Arrow types (Spark takes timestamps in microseconds)."""
     import pyarrow as pa
@@ -64,9 +121,7 @@ def _task(service_url, token, splits):
         for batch in batches:
             for split_id in batch.column(0).to_pylist():
                 part, lo, hi = splits[split_id]
-                for chunk in client.scan(part, lo, hi):
-                    if chunk.num_rows:
-                        yield to_spark_arrow(chunk)
+                yield from scan_ahead(client, part, lo, hi)
 
     return run
 

@@ -60,11 +60,14 @@ def write_attempt(
 ):
     """One task attempt's write: its own transaction in `label`, one ``send_batch`` per
     non-empty Arrow batch (columns `value` and `key`, by index or name); not committed.
-    Returns (TxnID or None when there was nothing to write, rows written)."""
+    Returns (TxnID or None when there was nothing to write, rows written).
+
+    With the network client the batches go out on one stream (``batch_stream``), so the
+    broker stores one batch while this worker takes the next from Spark."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
-    txn = producer = None
+    txn = producer = stream = None
     rows = sent = 0
     try:
         for batch in batches:
@@ -75,13 +78,22 @@ def write_attempt(
                     timeout_ms=timeout_ms, coordinator_id=coordinator_id, group=label
                 )
                 producer = client.create_producer(topic)
+                if hasattr(producer, "batch_stream"):
+                    stream = producer.batch_stream(txn)
             values = _as_binary(batch.column(value))
             keys = _as_string(batch.column(key)) if key is not None else None
-            rows += producer.send_batch(values, keys=keys, txn=txn)
+            if stream is not None:
+                stream.write(values, keys)
+            else:
+                rows += producer.send_batch(values, keys=keys, txn=txn)
             sent += 1
             if inject is not None:
                 inject(ctx.partitionId(), ctx.attemptNumber(), sent)
+        if stream is not None:
+            rows = stream.close()  # every batch durable
     except BaseException:
+        if stream is not None:
+            stream.cancel()
         if txn is not None:
             try:
                 txn.abort()  # early: the driver's decision would abort it anyway

@@ -149,3 +149,30 @@ def test_sigterm_closes_cleanly(server):
     assert s.stop() == 0
     with pulsartxn.Broker(s.data_dir) as broker:
         assert broker.admin.topic_stats("t")["messages"] == 1
+
+
+def test_batch_stream_sends_many_batches_in_one_transaction(server):
+    s = server()
+    client = pulsartxn.Client(s.url)
+    producer = client.create_producer("bs")
+    txn = client.new_transaction()
+    with producer.batch_stream(txn) as stream:
+        for i in range(5):
+            stream.write(pa.array([b"%d-%d" % (i, j) for j in range(100)], pa.binary()))
+    assert stream.count == stream.close() == 500  # closed on leaving the block
+    before = client.scan("bs")
+    assert sum(b.num_rows for b in before) == 0  # not committed yet
+    txn.commit()
+    values = [v for b in client.scan("bs") for v in b.column("value").to_pylist()]
+    assert values == [b"%d-%d" % (i, j) for i in range(5) for j in range(100)]  # in order
+    stream = producer.batch_stream()
+    stream.write(pa.array([b"a"], pa.binary()), pa.array(["k"], pa.string()))
+    with pytest.raises(ValueError, match="differs"):
+        stream.write(pa.array([b"b"], pa.binary()))  # the first batch fixed the schema
+    assert stream.close() == 1
+    done = client.new_transaction()
+    done.abort()
+    with pytest.raises(InvalidTxnStatus):
+        with producer.batch_stream(done) as stream:
+            stream.write(pa.array([b"late"], pa.binary()))
+    client.close()

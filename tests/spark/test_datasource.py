@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from pulsartxn import spark as ptx
-from pulsartxn.spark.datasource import _Attempt, _Options, _StreamWriter
+from pulsartxn.spark.datasource import (
+    PulsarTxnDataSource,
+    _Attempt,
+    _Options,
+    _StreamWriter,
+    _Writer,
+)
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +99,79 @@ def test_stream_read_and_write_exactly_once(registered, client, topic, tmp_path)
     writer.commit([_Attempt(0, str(txn.id), 1)], 0)
     assert b"replayed" not in _values(spark, sink)
     assert len(_values(spark, sink)) == 500
+
+
+def _failing_once(mode):
+    """Fails partition 1's first attempt after it has sent two of its batches ("raise": an
+    exception; "crash": the Python worker dies and the attempt never aborts its transaction)."""
+
+    def inject(partition_id, attempt, sent):
+        import os
+
+        if partition_id == 1 and attempt == 0 and sent == 2:
+            if mode == "crash":
+                os._exit(1)
+            raise RuntimeError("injected failure in the middle of partition 1")
+
+    return inject
+
+
+@pytest.mark.parametrize("mode", ["raise", "crash"])
+def test_write_failure_mid_partition_is_retried_exactly_once(
+    registered, client, service_url, topic, mode
+):
+    spark = registered
+    # A source made here travels by value to the workers, its injected failure included.
+    source = type(
+        "FailingSource",
+        (PulsarTxnDataSource,),
+        {
+            "default_service_url": service_url,
+            "_inject": staticmethod(_failing_once(mode)),
+            "name": classmethod(lambda cls: "pulsartxn-failing"),
+        },
+    )
+    spark.dataSource.register(source)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
+    try:
+        _df(spark, 1500).write.format("pulsartxn-failing").option("topic", topic).mode(
+            "append"
+        ).save()
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert _values(spark, topic) == sorted(str(i).encode() for i in range(1500))
+    # The failed attempt did write part of its rows: stored, and filtered as aborted.
+    assert client.admin.topic_stats(topic)["messages"] > 1500
+    buffer = client.admin.transaction_buffer_stats(topic)
+    assert buffer["ongoing_txn_size"] == 0 and buffer["aborted_txn_count"] >= 1
+
+
+def test_write_simulated_speculation_only_the_committed_attempt_wins(
+    registered, client, service_url, topic
+):
+    """Two attempts of every partition run the data source writer's ``write`` (as speculative
+    duplicates would); ``commit`` gets one message per partition, as Spark gives it only the
+    winners, and every other attempt of the job is aborted."""
+    import pickle
+
+    spark = registered
+    df = _df(spark, 600)
+    writer = _Writer(_Options({"topic": topic}, service_url), df.schema, False)
+
+    def attempt(batches):
+        import pyarrow as pa
+
+        message = writer.write(batches)
+        yield pa.RecordBatch.from_pydict({"m": pa.array([pickle.dumps(message)], pa.binary())})
+
+    def run():
+        return [pickle.loads(r.m) for r in df.mapInArrow(attempt, "m binary").collect()]
+
+    first, second = run(), run()
+    assert {m.partition_id for m in first} == {0, 1, 2} and all(m.txn for m in first + second)
+    assert _values(spark, topic) == []  # nothing visible before the decision
+    winners = [m for m in second if m.partition_id == 0] + [m for m in first if m.partition_id != 0]
+    writer.commit(winners)
+    assert _values(spark, topic) == sorted(str(i).encode() for i in range(600))
+    buffer = client.admin.transaction_buffer_stats(topic)
+    assert buffer["ongoing_txn_size"] == 0 and buffer["aborted_txn_count"] == 3

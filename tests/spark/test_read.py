@@ -63,3 +63,65 @@ def test_large_partitions_are_split_by_entry_ranges(spark, client, topic):
 def test_unknown_topic_is_a_clear_error(spark):
     with pytest.raises(pulsartxn.TopicNotFound, match="no-such-topic"):
         ptx.read_topic(spark, "no-such-topic")
+
+
+def _fill_mixed(client, topic):
+    """Each partition gets plain batches and transactions, every third one aborted, so that
+    entry-range splits fall between and inside transactions. Returns the committed values."""
+    producer = client.create_producer(topic)
+    expected = []
+    for i in range(24):
+        values = [f"{i}-{j}".encode() for j in range(40)]
+        if i % 4 == 0:
+            producer.send_batch(values)
+            expected += values
+            continue
+        txn = client.new_transaction()
+        producer.send_batch(values[:20], txn=txn)
+        producer.send_batch(values[20:], txn=txn)
+        if i % 3 == 0:
+            txn.abort()
+        else:
+            txn.commit()
+            expected += values
+    producer.close()
+    return sorted(expected)
+
+
+def test_split_reads_have_exactly_the_committed_rows(spark, client, service_url, topic):
+    """read_topic and the data source cut large partitions the same way: several Spark
+    partitions per topic partition, no row twice at a boundary, aborted rows filtered."""
+    client.create_topic(topic, partitions=2)
+    expected = _fill_mixed(client, topic)
+    splits = plan_splits(client, topic, rows_per_split=100)
+    assert len(splits) >= 8
+
+    df = ptx.read_topic(spark, topic, rows_per_split=100)
+    assert df.rdd.getNumPartitions() == len(splits)
+    assert sorted(bytes(r.value) for r in df.select("value").collect()) == expected
+
+    ptx.register(spark)
+    ds = spark.read.format("pulsartxn").option("topic", topic).option("rows_per_split", 100).load()
+    assert ds.rdd.getNumPartitions() == len(splits)
+    assert sorted(bytes(r.value) for r in ds.select("value").collect()) == expected
+    # Without options, the data source cuts as read_topic does: at least defaultParallelism
+    # pieces, also from one topic partition.
+    single = f"{topic}-single"
+    expected = _fill_mixed(client, single)
+    default = spark.read.format("pulsartxn").option("topic", single).load()
+    assert default.rdd.getNumPartitions() == ptx.read_topic(spark, single).rdd.getNumPartitions()
+    assert default.rdd.getNumPartitions() == spark.sparkContext.defaultParallelism == 2
+    assert sorted(bytes(r.value) for r in default.select("value").collect()) == expected
+
+
+def test_scan_ahead_in_small_calls_has_exactly_the_committed_rows(client, topic):
+    from pulsartxn.spark.read import scan_ahead
+
+    expected = _fill_mixed(client, topic)
+    ((part, lo, hi),) = plan_splits(client, topic)
+    for rows in (1, 50, 10_000):  # one entry per call, a few, all at once
+        got = [v for b in scan_ahead(client, part, lo, hi, rows) for v in b.column("value")]
+        assert sorted(v.as_py() for v in got) == expected
+    taken = scan_ahead(client, part, lo, hi, 1)
+    assert next(taken).num_rows > 0
+    taken.close()  # a reader that stops early stops the helper thread
