@@ -24,7 +24,13 @@ if sys.platform == "win32":
     compile_args = ["/O2"]
     link_args: list[str] = []
 elif DEBUG:
-    compile_args = ["-O1", "-g", "-UNDEBUG", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
+    compile_args = [
+        "-O1",
+        "-g",
+        "-UNDEBUG",
+        "-fsanitize=address,undefined",
+        "-fno-omit-frame-pointer",
+    ]
     link_args = ["-fsanitize=address,undefined"]
 else:
     compile_args = ["-O3", "-DNDEBUG", "-fno-strict-aliasing"]
