@@ -180,21 +180,7 @@ class GroupCommit:
                     return
                 self._local.committing = True
                 try:
-                    ran = stop = False
-                    while not stop:
-                        try:
-                            first = self._queue.get_nowait()
-                        except queue.Empty:
-                            break
-                        if first is _STOP:
-                            stop = True
-                            break
-                        group, stop = self._collect(first, wait=False)
-                        self._run_group(self._with_lazy(group))
-                        ran = True
-                    if stop:
-                        self._queue.put(_STOP)
-                    elif not ran and not fut.done():
+                    if not self._drain() and not fut.done():
                         group = self._with_lazy([])  # fut may be a lazy op's
                         if group:
                             self._run_group(group)
@@ -241,22 +227,29 @@ class GroupCommit:
             return
         try:
             self._local.committing = True
-            while True:
-                try:
-                    first = self._queue.get_nowait()
-                except queue.Empty:
-                    return
-                if first is _STOP:
-                    self._queue.put(_STOP)  # leave it for the writer thread
-                    return
-                group, stop = self._collect(first, wait=False)
-                self._run_group(self._with_lazy(group))
-                if stop:
-                    self._queue.put(_STOP)
-                    return
+            self._drain()
         finally:
             self._local.committing = False
             self._commit_lock.release()
+
+    def _drain(self) -> bool:
+        """Commit lock held: commit the queue in groups, leaving a stop to the writer thread;
+        True when a group was committed."""
+        ran = False
+        while True:
+            try:
+                first = self._queue.get_nowait()
+            except queue.Empty:
+                return ran
+            if first is _STOP:
+                self._queue.put(_STOP)  # leave it for the writer thread
+                return ran
+            group, stop = self._collect(first, wait=False)
+            self._run_group(self._with_lazy(group))
+            ran = True
+            if stop:
+                self._queue.put(_STOP)
+                return ran
 
     def write(self, apply: Callable[[lmdb.Transaction], Any], **kwargs) -> Any:
         """Submit one operation and wait until it is durable; return its result.

@@ -219,27 +219,25 @@ class PendingAck:
         there are as many as the committer made (acks are answered before they are logged,
         so a broker restart in between loses them: then the transaction can only abort)."""
         with self.lock:
-            have = self.counts.get(txn, 0)
-            if expected is not None and have < expected:
-                raise InvalidTxnStatus(
-                    f"transaction {txn}: {expected - have} of its {expected} acknowledgements on "
-                    f"{self.sub.partition.topic} {self.sub.name} were lost in a broker restart; "
-                    "it can only abort"
-                )
+            self._check_count(txn, expected)
             taken = self._take_unlogged(txn)
         self._write_rows(taken, wait=True)
+
+    def _check_count(self, txn: TxnID, expected: int | None) -> None:
+        """Lock held: raise unless this holds every ack the committer made."""
+        have = self.counts.get(txn, 0)
+        if expected is not None and have < expected:
+            raise InvalidTxnStatus(
+                f"transaction {txn}: {expected - have} of its {expected} acknowledgements on "
+                f"{self.sub.partition.topic} {self.sub.name} were lost in a broker restart; "
+                "it can only abort"
+            )
 
     def prepare_op(self, txn: TxnID, expected: int | None = None) -> WriteOp | None:
         """``prepare`` as an operation for the caller to write with its commit decision (one
         LMDB transaction): if that write fails, the acks wait here to be logged again."""
         with self.lock:
-            have = self.counts.get(txn, 0)
-            if expected is not None and have < expected:
-                raise InvalidTxnStatus(
-                    f"transaction {txn}: {expected - have} of its {expected} acknowledgements on "
-                    f"{self.sub.partition.topic} {self.sub.name} were lost in a broker restart; "
-                    "it can only abort"
-                )
+            self._check_count(txn, expected)
             rows, regs = self._take_unlogged(txn)
         if not rows and not regs:
             return None
