@@ -486,15 +486,16 @@ cdef class PartitionProducer:
         return _done(MessageId(p.ledger_id, entry_id, p.index, batch_index if n > 1 else -1,
                                n if n > 1 else 0))
 
-    def flush(self):
+    def flush(self, quiet=False):
         """Send the waiting batch now; return the Outcome of every batch not yet ended
-        (``wait()`` on them to wait until they are durable)."""
+        (``wait()`` on them to wait until they are durable). `quiet`: the caller commits it
+        itself (the writer thread is not woken)."""
         self.lock.take()
         try:
             pending = [(<Batch>b).outcome for b in self.inflight]
             if self.batch is not None:
                 pending.append(self.batch.outcome)
-            self._flush()
+            self._flush(quiet)
             return pending
         finally:
             self.lock.give()
@@ -520,7 +521,7 @@ cdef class PartitionProducer:
     def _flush_locked(self):
         self._flush()
 
-    cdef int _flush(self) except -1:
+    cdef int _flush(self, bint quiet=False) except -1:
         if self.batch is None:
             return 0
         cdef Batch batch = self.batch
@@ -550,7 +551,7 @@ cdef class PartitionProducer:
 
         op = p.append_op([entry], [n], batch.nbytes, producer.name, batch.first_sequence,
                          on_published=published)
-        fut = p.storage.submit(op)
+        fut = p.storage.submit(op, False, quiet)
         fut.add_done_callback(lambda f: self._failed(f, batch))
         return 0
 

@@ -187,12 +187,15 @@ class Producer:
         if txn is not None:
             fut = self._txn_add(txn, content, properties, partition_key, sequence_id)
             self._txn_flush(txn)
+            if not fut.done():
+                # Its batch was sent when it filled (a lazy op): commit it now, here.
+                self._parts[0].partition.storage.wait(fut)
             return fut.result()
         part = self._part_for(partition_key)
         fut = part.add(content, properties, partition_key, sequence_id)
         if not fut.done():
-            part.flush()  # as Pulsar's client does for a synchronous send
-            part.partition.storage.commits.help()
+            part.flush(True)  # as Pulsar's client does for a synchronous send; committed here
+            part.partition.storage.wait(fut)
         return fut.result()
 
     def send_batch(self, values, keys=None, txn=None) -> int:

@@ -362,14 +362,15 @@ class PartitionProducer:
             p.ledger_id, entry_id, p.index, batch_index if n > 1 else -1, n if n > 1 else 0
         )
 
-    def flush(self) -> list[Outcome]:
+    def flush(self, quiet: bool = False) -> list[Outcome]:
         """Send the waiting batch now; return the Outcome of every batch not yet ended
-        (``wait()`` on them to wait until they are durable)."""
+        (``wait()`` on them to wait until they are durable). `quiet`: the caller commits it
+        itself (the writer thread is not woken)."""
         with self.lock:
             pending = [b.outcome for b in self.inflight]
             if self.batch is not None:
                 pending.append(self.batch.outcome)
-            self._flush_locked()
+            self._flush_locked(quiet)
             return pending
 
     def flush_if_older(self, seconds: float) -> bool:
@@ -387,7 +388,7 @@ class PartitionProducer:
                 return True
             return False
 
-    def _flush_locked(self) -> None:
+    def _flush_locked(self, quiet: bool = False) -> None:
         batch = self.batch
         if batch is None:
             return
@@ -423,7 +424,7 @@ class PartitionProducer:
             batch.first_sequence,
             on_published=published,
         )
-        fut = p.storage.submit(op)
+        fut = p.storage.submit(op, False, quiet)
         fut.add_done_callback(lambda f: self._failed(f, batch))
 
     def _landed(self, batch: Batch) -> None:
