@@ -104,6 +104,21 @@ class Consumer:
                 return msg
         return None
 
+    def _poll_many(self, n: int) -> list[Message]:
+        """Up to n messages available now, partition after partition from the next in turn."""
+        out: list[Message] = []
+        subs = self._subs
+        k = len(subs)
+        start = self._next
+        for i in range(k):
+            got = subs[(start + i) % k].take_many(self, n - len(out))
+            if got:
+                out.extend(got)
+                self._next = (start + i + 1) % k
+                if len(out) >= n:
+                    break
+        return out
+
     def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; raises Timeout when none arrives within timeout_millis."""
         self._check_open()
@@ -142,9 +157,9 @@ class Consumer:
         deadline = time.monotonic() + timeout_millis / 1000.0
         out: list[Message] = []
         while len(out) < max_num_messages:
-            msg = self._poll()
-            if msg is not None:
-                out.append(msg)
+            got = self._poll_many(max_num_messages - len(out))
+            if got:
+                out.extend(got)
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -129,22 +129,30 @@ class Subscription:
     # -- dispatch --------------------------------------------------------------------------
 
     def take(self, consumer) -> Message | None:
+        got = self.take_many(consumer, 1)
+        return got[0] if got else None
+
+    def take_many(self, consumer, n: int) -> list[Message]:
+        """Up to n messages for `consumer`: redeliveries first, then read-ahead entries (one
+        lock acquisition for all of them)."""
+        out: list[Message] = []
         with self.lock:
             if not self.may_receive(consumer):
-                return None
+                return out
             self._due_nacks()
             cursor = self.cursor
             held = self.pending_ack.holds
-            while self._redeliver:
+            while self._redeliver and len(out) < n:
                 key, payload = heapq.heappop(self._redeliver)
                 if key in self._pending or cursor.is_acked(*key) or held(*key):
                     continue
                 count = self._redelivery_counts.get(key, 0) + 1
                 self._redelivery_counts[key] = count
-                return self._deliver(consumer, key, payload, count)
-            while True:
+                out.append(self._deliver(consumer, key, payload, count))
+            counts = self._redelivery_counts
+            while len(out) < n:
                 if not self._buffer and not self._fill():
-                    return None
+                    break
                 key, payload = self._buffer.popleft()
                 if key in self._pending or cursor.is_acked(*key) or held(*key):
                     continue
@@ -153,7 +161,8 @@ class Subscription:
                     # Read uncommitted, aborted since it was read: never delivered.
                     self._ack_internally(key[0])
                     continue
-                return self._deliver(consumer, key, payload, self._redelivery_counts.get(key, 0))
+                out.append(self._deliver(consumer, key, payload, counts.get(key, 0)))
+        return out
 
     def _deliver(self, consumer, key, payload, count) -> Message:
         self._pending[key] = _Pending(payload, consumer, count)
