@@ -200,6 +200,14 @@ class Producer:
 
     def send_batch(self, values, keys=None, txn=None) -> int:
         """Bulk send: a list of bytes or a pyarrow binary/string array; durable when it returns."""
+        n, futures, txn = self._submit_batch(values, keys, txn, quiet=True)
+        self._wait_batches(futures, txn)
+        return n
+
+    def _submit_batch(self, values, keys, txn, quiet: bool):
+        """send_batch without the wait: (count, futures of its writes, the Transaction). Quiet
+        writes are committed by whoever waits for them; the server's streamed send_batch
+        submits them for the writer thread and waits at the end of the stream."""
         self._check_open()
         n, sizes = _sizes(values)
         if keys is not None and len(keys) != n:
@@ -211,7 +219,7 @@ class Producer:
                 f"{self.max_message_size}"
             )
         if n == 0:
-            return 0
+            return 0, [], self.client._txn_for(txn)
         key_list = None
         if keys is not None:
             key_list = keys.to_pylist() if hasattr(keys, "to_pylist") else list(keys)
@@ -251,20 +259,26 @@ class Producer:
         try:
             for i, rows in plan.items():
                 futures.append(
-                    self._send_rows(self._parts[i], values, key_list, rows, n, sizes, txn)
+                    self._send_rows(self._parts[i], values, key_list, rows, n, sizes, txn, quiet)
                 )
-        finally:
-            errors = []
-            for fut in futures:
-                try:
-                    self._parts[0].partition.storage.wait(fut)
-                except Exception as exc:  # noqa: BLE001 - the first one is raised below
-                    errors.append(exc)
-            if errors:
-                if txn is not None:
-                    txn._failed(errors[0])
-                raise errors[0]
-        return n
+        except BaseException:
+            self._wait_batches(futures, txn)  # a write's error first, as it is the cause
+            raise
+        return n, futures, txn
+
+    def _wait_batches(self, futures, txn) -> None:
+        """Until the writes are durable; raise the first failure (a transaction's send
+        failure leaves it able only to abort)."""
+        errors = []
+        for fut in futures:
+            try:
+                self._parts[0].partition.storage.wait(fut)
+            except Exception as exc:  # noqa: BLE001 - the first one is raised below
+                errors.append(exc)
+        if errors:
+            if txn is not None:
+                txn._failed(errors[0])
+            raise errors[0]
 
     def _send_rows(
         self,
@@ -275,6 +289,7 @@ class Producer:
         n: int,
         sizes: np.ndarray,
         txn=None,
+        quiet: bool = True,
     ) -> Future:
         if len(rows) == n:
             sub_values = values
@@ -297,7 +312,7 @@ class Producer:
                     staged[1](False)
                 raise
         try:
-            fut = self._submit_rows(part, sub_values, sub_keys, rows, sizes, txn, staged)
+            fut = self._submit_rows(part, sub_values, sub_keys, rows, sizes, txn, staged, quiet)
         except BaseException:
             if txn is not None:
                 buffer.append_failed(txn.id)
@@ -311,7 +326,7 @@ class Producer:
                 fut.add_done_callback(lambda f: landed(f.exception() is None))
         return fut
 
-    def _submit_rows(self, part, sub_values, sub_keys, rows, sizes, txn, staged) -> Future:
+    def _submit_rows(self, part, sub_values, sub_keys, rows, sizes, txn, staged, quiet) -> Future:
         with part.lock:
             part._flush_locked()
             first_seq = part.last_sequence + 1
@@ -332,7 +347,7 @@ class Producer:
             if staged is not None:
                 op.prepend(staged[0])
             # Quiet: send_batch commits it itself when it waits (no writer wake-up).
-            return part.partition.storage.submit(op, quiet=True)
+            return part.partition.storage.submit(op, quiet=quiet)
 
     # -- transactions ----------------------------------------------------------------------
 

@@ -27,6 +27,8 @@ from ..messaging.message import MessageId
 from . import protocol
 from .protocol import frame, jsonable, unframe
 
+STREAM_INFLIGHT = 4  # send_batch writes of one DoPut stream in flight before the next waits
+
 log = logging.getLogger(__name__)
 
 
@@ -262,15 +264,26 @@ class BrokerServer(flight.FlightServerBase):
             txn = self._txn(s, args.get("txn"))
             total = 0
             size = 0
-            for chunk in reader:
-                batch = chunk.data
-                size += batch.nbytes
-                if size > self.max_request_bytes * 16:
-                    raise ValueError("send_batch stream exceeds the server's limit")
-                if "value" not in batch.schema.names:
-                    raise ValueError("send_batch batches need a 'value' column")
-                keys = batch.column("key") if "key" in batch.schema.names else None
-                total += p.send_batch(batch.column("value"), keys=keys, txn=txn)
+            # A stream's batches are written as they come (the writer thread commits one while
+            # the next is read), and the answer waits until all are durable; a few in flight.
+            inflight: list = []
+            try:
+                for chunk in reader:
+                    batch = chunk.data
+                    size += batch.nbytes
+                    if size > self.max_request_bytes * 16:
+                        raise ValueError("send_batch stream exceeds the server's limit")
+                    if "value" not in batch.schema.names:
+                        raise ValueError("send_batch batches need a 'value' column")
+                    keys = batch.column("key") if "key" in batch.schema.names else None
+                    n, futures, t = p._submit_batch(batch.column("value"), keys, txn, False)
+                    total += n
+                    inflight.append((futures, t))
+                    while len(inflight) > STREAM_INFLIGHT:
+                        p._wait_batches(*inflight.pop(0))
+            finally:
+                for futures, t in inflight:
+                    p._wait_batches(futures, t)
             writer.write(pa.py_buffer(json.dumps({"count": total}).encode()))
         except flight.FlightError:
             raise
