@@ -80,6 +80,7 @@ class Partition:
         (Values are copied out as bytes: a memoryview per value costs several times more.)"""
         dense = np.zeros(last - first + 1, np.int64)
         chunk = 65536
+        replay: list = []  # (ids, markers, msb, lsb) of the transactional entries, per chunk
         with self.storage.env.begin(buffers=False) as txn:
             cursor = txn.cursor(db=self.log.db)
             more = cursor.first()
@@ -98,8 +99,10 @@ class Partition:
                     raise self._corrupt_header(ids, values) from None
                 dense[ids - first] = counts
                 in_txn = ((msb != 0) | (lsb != 0)) & (ids >= replay_from)
-                for i in np.flatnonzero(in_txn).tolist():
-                    self.buffer.replay(int(ids[i]), int(markers[i]), int(msb[i]), int(lsb[i]))
+                if in_txn.any():
+                    replay.append((ids[in_txn], markers[in_txn], msb[in_txn], lsb[in_txn]))
+        if replay:
+            self.buffer.replay_columns(*(np.concatenate(c) for c in zip(*replay)))
         self._counts = array("q", dense.tobytes())
         cumulative = np.zeros(len(dense) + 1, np.int64)
         np.cumsum(dense, out=cumulative[1:])

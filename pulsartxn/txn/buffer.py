@@ -23,6 +23,8 @@ import threading
 import time
 from collections import OrderedDict
 
+import numpy as np
+
 from .._native import AbortSet, TxnID, encode_entry
 from .._native.types import MarkerType
 from ..errors import InvalidTxnStatus
@@ -78,6 +80,46 @@ class TransactionBuffer:
             self.abort_positions[txn] = entry_id
             if self.snapshot is not None:
                 self.snapshot.aborted(txn, entry_id)
+
+    def replay_columns(self, ids, markers, msb, lsb) -> None:
+        """``replay`` of many transactional entries at once (ascending entry ids, columns as
+        numpy arrays): the same state, with Python work per transaction rather than per
+        entry. A transaction's entries all come before its marker (late appends are
+        refused), so its first data entry and whether a marker follows say it all."""
+        n = len(ids)
+        if not n:
+            return
+        # A code per transaction: sort by (msb, lsb), number the runs.
+        order = np.lexsort((lsb, msb))
+        sorted_hi, sorted_lo = msb[order], lsb[order]
+        starts = np.empty(n, bool)
+        starts[0] = True
+        np.not_equal(sorted_hi[1:], sorted_hi[:-1], out=starts[1:])
+        starts[1:] |= sorted_lo[1:] != sorted_lo[:-1]
+        code = np.empty(n, np.int64)
+        code[order] = np.cumsum(starts) - 1
+        his, los = sorted_hi[starts].tolist(), sorted_lo[starts].tolist()
+        data = markers == MarkerType.NONE
+        first = np.full(len(his), -1, np.int64)
+        d = np.flatnonzero(data)[::-1]
+        first[code[d]] = ids[d]  # written last to first: the earliest entry of each stays
+        ended = np.zeros(len(his), bool)
+        m = np.flatnonzero(~data)
+        ended[code[m]] = True
+        live = np.flatnonzero((first >= 0) & ~ended)
+        live = live[np.argsort(first[live], kind="stable")]
+        ongoing = self.ongoing
+        for c in live.tolist():
+            ongoing.setdefault(TxnID.from_halves(his[c], los[c]), int(first[c]))
+        abort = MarkerType.TXN_ABORT
+        for c, marker, entry_id in zip(code[m].tolist(), markers[m].tolist(), ids[m].tolist()):
+            txn = TxnID.from_halves(his[c], los[c])
+            ongoing.pop(txn, None)  # one the snapshot had open, ended here
+            if marker == abort:
+                self.aborts.add(txn)
+                self.abort_positions[txn] = entry_id
+                if self.snapshot is not None:
+                    self.snapshot.aborted(txn, entry_id)
 
     # -- appends ---------------------------------------------------------------------------
 
