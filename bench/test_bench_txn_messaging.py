@@ -13,9 +13,9 @@ import lmdb
 import pytest
 
 import pulsartxn
+from bench.benchmarks.txn._recovery import TOPIC, build_recovery, drop_snapshots, reopen
 
 PER_TXN = 1000
-RECOVERY_TOPIC = "recovery"
 
 
 @pytest.fixture
@@ -146,46 +146,10 @@ def test_receive_acknowledge(benchmark, client, values, txn):
 N_RECOVERY = 2000  # transactions of 5 one-message entries, every other one aborted
 
 
-def build_recovery(path: str, n_txns: int) -> int:
-    """n_txns transactions of 5 one-message entries, every other one aborted; the number of
-    entries in the ledger (markers included)."""
-    values = [os.urandom(100) for _ in range(5)]
-    with pulsartxn.Broker(path, sync=False) as broker:
-        client = broker.client()
-        producer = client.create_producer(RECOVERY_TOPIC, batching_max_messages=1)
-        for i in range(n_txns):
-            t = client.new_transaction()
-            producer.send_batch(values, txn=t)
-            if i % 2:
-                t.abort()
-            else:
-                t.commit()
-        return broker.admin.transaction_buffer_stats(RECOVERY_TOPIC)["max_read_position"]
-
-
-def drop_snapshots(path: str) -> None:
-    """Delete the transaction buffer snapshots (broker closed): recovery replays the ledger."""
-    env = lmdb.open(path, max_dbs=16_384, map_size=1 << 40)
-    try:
-        with env.begin(write=True) as txn:
-            txn.drop(env.open_db(b"tbsnapshot", txn=txn), delete=False)
-    finally:
-        env.close()
-
-
-def reopen(path: str) -> dict:
-    """Open the broker, read the partition's buffer stats (max read position), close."""
-    broker = pulsartxn.Broker(path, sync=False)
-    try:
-        return broker.admin.transaction_buffer_stats(RECOVERY_TOPIC)
-    finally:
-        broker.close()
-
-
 def raw_iterate(path: str) -> int:
     env = lmdb.open(path, max_dbs=16_384, map_size=1 << 40, readonly=True, lock=False)
     try:
-        db = env.open_db(b"ledger/persistent://public/default/" + RECOVERY_TOPIC.encode())
+        db = env.open_db(b"ledger/persistent://public/default/" + TOPIC.encode())
         with env.begin(db=db) as txn:
             return sum(1 for _ in txn.cursor())
     finally:
@@ -209,7 +173,7 @@ def test_recovery_reopen(benchmark, recovery_dir, snapshot):
         return (), {}
 
     def run():
-        return reopen(path)
+        return reopen(path)[1]
 
     stats = benchmark.pedantic(run, setup=setup, rounds=5)
     assert stats["max_read_position"] == entries

@@ -28,10 +28,9 @@ import tempfile
 import time
 from statistics import median
 
-import lmdb
-
 import pulsartxn
 
+from ..benchmarks.txn._recovery import build_recovery, drop_snapshots, raw_iterate, reopen
 from ._harness import Row
 
 PAYLOAD = 100
@@ -295,64 +294,6 @@ def _ack_rows(client, values: list[bytes], n_acks: int, rounds: int) -> list[Row
 
 
 # -- d. transaction buffer recovery --------------------------------------------------------
-
-RECOVERY_TOPIC = "recovery"
-RECOVERY_PER_TXN = 5
-
-
-def build_recovery(path: str, n_txns: int) -> int:
-    """A partition of n_txns transactions of RECOVERY_PER_TXN one-message entries, every other
-    one aborted (n_txns/2 aborted). Returns the entries in its ledger (markers included)."""
-    values = [os.urandom(PAYLOAD) for _ in range(RECOVERY_PER_TXN)]
-    with pulsartxn.Broker(path, sync=False) as broker:
-        client = broker.client()
-        # batching_max_messages=1: send_batch writes one entry per message.
-        producer = client.create_producer(RECOVERY_TOPIC, batching_max_messages=1)
-        for i in range(n_txns):
-            txn = client.new_transaction()
-            producer.send_batch(values, txn=txn)
-            if i % 2:
-                txn.abort()
-            else:
-                txn.commit()
-        stats = broker.admin.transaction_buffer_stats(RECOVERY_TOPIC)
-        assert stats["aborted_txn_count"] == n_txns // 2, stats
-        return stats["max_read_position"]
-
-
-def drop_snapshots(path: str) -> None:
-    """Delete the transaction buffer snapshots (the broker is closed): recovery then replays
-    the whole ledger, as after a crash before the first snapshot or with a damaged one."""
-    env = lmdb.open(path, max_dbs=16_384, map_size=1 << 40)
-    try:
-        with env.begin(write=True) as txn:
-            txn.drop(env.open_db(b"tbsnapshot", txn=txn), delete=False)
-    finally:
-        env.close()
-
-
-def reopen(path: str) -> tuple[float, dict]:
-    """Seconds to open the broker and get the partition's max read position."""
-    start = time.perf_counter()
-    broker = pulsartxn.Broker(path, sync=False)
-    stats = broker.admin.transaction_buffer_stats(RECOVERY_TOPIC)
-    elapsed = time.perf_counter() - start
-    broker.close()
-    return elapsed, stats
-
-
-def raw_iterate(path: str) -> float:
-    """Raw py-lmdb: iterate every key and value of the partition's ledger database."""
-    env = lmdb.open(path, max_dbs=16_384, map_size=1 << 40, readonly=True, lock=False)
-    try:
-        db = env.open_db(b"ledger/persistent://public/default/" + RECOVERY_TOPIC.encode())
-        start = time.perf_counter()
-        with env.begin(db=db) as txn:
-            for _key, _value in txn.cursor():
-                pass
-        return time.perf_counter() - start
-    finally:
-        env.close()
 
 
 def _recovery_rows(tmp: str, n_txns: int, rounds: int) -> list[Row]:

@@ -12,6 +12,7 @@ import pytest
 import pulsartxn
 from pulsartxn._native import header_columns
 from pulsartxn.txn.buffer import TransactionBuffer
+from pulsartxn.txn.snapshot import DB as SNAPSHOT_DB
 
 
 def _state(buffer):
@@ -26,7 +27,7 @@ def _drop_snapshots(path) -> None:
     env = lmdb.open(str(path), max_dbs=16_384, map_size=1 << 40)
     try:
         with env.begin(write=True) as txn:
-            txn.drop(env.open_db(b"tbsnapshot", txn=txn), delete=False)
+            txn.drop(env.open_db(SNAPSHOT_DB, txn=txn), delete=False)
     finally:
         env.close()
 

@@ -13,10 +13,11 @@ import lmdb
 
 import pulsartxn
 
+from ._recovery import TOPIC, build_recovery, drop_snapshots
+
 PER_TXN = 1000
 N_TXNS = 20  # transactions of 1000 messages in the read-committed ledgers
 N_RECOVERY = 20_000  # transactions of 5 one-message entries, every other one aborted
-RECOVERY_TOPIC = "recovery"
 
 
 def _fill(client, topic, values, abort_every):
@@ -156,34 +157,21 @@ class TxnMessagingRecovery:
     def setup_cache(self):
         # asv keeps files written to the working directory for the benchmarks of this class.
         path = os.path.abspath("txn-recovery")
-        values = [os.urandom(100) for _ in range(5)]
-        with pulsartxn.Broker(path, sync=False) as broker:
-            client = broker.client()
-            producer = client.create_producer(RECOVERY_TOPIC, batching_max_messages=1)
-            for i in range(N_RECOVERY):
-                t = client.new_transaction()
-                producer.send_batch(values, txn=t)
-                if i % 2:
-                    t.abort()
-                else:
-                    t.commit()
+        build_recovery(path, N_RECOVERY)
         return path
 
     def setup(self, path, snapshot):
         if not snapshot:
-            env = lmdb.open(path, max_dbs=16_384, map_size=1 << 40)
-            with env.begin(write=True) as txn:
-                txn.drop(env.open_db(b"tbsnapshot", txn=txn), delete=False)
-            env.close()
+            drop_snapshots(path)
 
     def time_reopen_max_read_position(self, path, snapshot):
         broker = pulsartxn.Broker(path, sync=False)
-        broker.admin.transaction_buffer_stats(RECOVERY_TOPIC)["max_read_position"]
+        broker.admin.transaction_buffer_stats(TOPIC)["max_read_position"]
         broker.close()
 
     def time_raw_lmdb_iterate(self, path, snapshot):
         env = lmdb.open(path, max_dbs=16_384, map_size=1 << 40, readonly=True, lock=False)
-        db = env.open_db(b"ledger/persistent://public/default/" + RECOVERY_TOPIC.encode())
+        db = env.open_db(b"ledger/persistent://public/default/" + TOPIC.encode())
         with env.begin(db=db) as txn:
             for _ in txn.cursor():
                 pass

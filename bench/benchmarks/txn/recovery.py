@@ -11,24 +11,13 @@ transactions) keep their single sizes for their history.
 
 import os
 
-import lmdb
-
 import pulsartxn
 
-TOPIC = "recovery"
-PER_TXN = 5
+from ._recovery import TOPIC, build_recovery, drop_snapshots
+
 BUFFER_SIZES = [2_000, 20_000, 100_000]  # transactions: 10k, 100k, 500k data entries
 OPEN_SIZES = [1_000, 10_000]
 DAY_MS = 86_400_000  # open transactions must not time out between samples
-
-
-def _drop_snapshots(path: str) -> None:
-    env = lmdb.open(path, max_dbs=16_384, map_size=1 << 40)
-    try:
-        with env.begin(write=True) as txn:
-            txn.drop(env.open_db(b"tbsnapshot", txn=txn), delete=False)
-    finally:
-        env.close()
 
 
 class BufferRecovery:
@@ -42,27 +31,15 @@ class BufferRecovery:
 
     def setup_cache(self):
         # asv keeps files written to the working directory for this class's benchmarks.
-        values = [os.urandom(100) for _ in range(PER_TXN)]
         paths = {}
         for n in BUFFER_SIZES:
-            path = paths[n] = os.path.abspath(f"buffer-recovery-{n}")
-            with pulsartxn.Broker(path, sync=False) as broker:
-                client = broker.client()
-                producer = client.create_producer(TOPIC, batching_max_messages=1)
-                for i in range(n):
-                    t = client.new_transaction()
-                    producer.send_batch(values, txn=t)
-                    if i % 2:
-                        t.abort()
-                    else:
-                        t.commit()
-                stats = broker.admin.transaction_buffer_stats(TOPIC)
-                assert stats["aborted_txn_count"] == n // 2, stats
+            paths[n] = os.path.abspath(f"buffer-recovery-{n}")
+            build_recovery(paths[n], n)  # asserts its n/2 aborted transactions
         return paths
 
     def setup(self, paths, txns, snapshot):
         if not snapshot:
-            _drop_snapshots(paths[txns])
+            drop_snapshots(paths[txns])
 
     def time_reopen_max_read_position(self, paths, txns, snapshot):
         broker = pulsartxn.Broker(paths[txns], sync=False)
