@@ -271,6 +271,23 @@ class _Handle:
             self._generation = generation
         return self._handle
 
+    # Subclasses define close(), which a with-block calls on exit.
+
+    def _close_remote(self, action: str, handle) -> None:
+        """Close the server-side object, if it belongs to the live session (one of a lost
+        session went with it); the server's errors are not the caller's concern here."""
+        if handle is not None and self._generation == self._client._generation:
+            try:
+                self._client._raw(action, {"handle": handle})
+            except errors.PulsarTxnError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 class BatchStream:
     """See ``RemoteProducer.batch_stream``."""
@@ -566,17 +583,7 @@ class RemoteProducer(_Handle):
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        if handle is not None and self._generation == self._client._generation:
-            try:
-                self._client._raw("close_producer", {"handle": handle})
-            except errors.PulsarTxnError:
-                pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        self._close_remote("close_producer", handle)
 
 
 class RemoteConsumer(_Handle):
@@ -669,17 +676,7 @@ class RemoteConsumer(_Handle):
             return
         handle = self._handle
         self._closed = True
-        if handle is not None and self._generation == self._client._generation:
-            try:
-                self._client._raw("close_consumer", {"handle": handle})
-            except errors.PulsarTxnError:
-                pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        self._close_remote("close_consumer", handle)
 
 
 class RemoteTransaction(TransactionContext):
