@@ -328,34 +328,17 @@ class Coordinator:
             new = list(dict.fromkeys(n for n in names if n not in target))
             if not new:
                 return
-            index = meta.records
-            meta.records += 1
-            target.update(new)
-            meta.inflight += 1
-            first = meta.new_record
+        # A staged record written on its own, waited for.
+        apply, done = self.stage(seq, kind, new, inflight=True)
         try:
-            record = log.encode_names(kind, new)
-            key, db = log.record_key(seq, index), self.db
-
-            def apply(t) -> None:
-                if first is not None:
-                    t.put(first[0], first[1], db=db)
-                t.put(key, record, db=db)
-
-            self._write(apply, len(record))
-            with self.lock:
-                if meta.new_record is first:
-                    meta.new_record = None
+            self._write(apply, 64 * len(new))
         except BaseException:
+            done(False)
             with self.lock:
                 if meta.state is OPEN:
                     target.difference_update(new)
             raise
-        finally:
-            with self.lock:
-                meta.inflight -= 1
-                if meta.inflight == 0:
-                    self.cond.notify_all()
+        done(True)
 
     def stage(self, seq: int, kind: int, names: list, inflight: bool):
         """Register partitions or subscriptions in a record that rides in the caller's own
