@@ -273,22 +273,9 @@ class _StreamWriter(_Writer, DataSourceStreamWriter):
         self.label = f"spark-stream-{self.query}"
 
     def commit(self, messages, batchId) -> None:
-        winners: dict[int, str | None] = {}
-        for m in messages:
-            if m is not None:
-                winners.setdefault(m.partition_id, m.txn)
-        client = _client(self.options)
-        try:
-            out = client.commit_group(
-                self.label,
-                [t for t in winners.values() if t],
-                idempotency_key=(self.query, int(batchId)),
-            )
-            if out["duplicate"]:
-                # A replay of a micro-batch already decided: its new attempts go.
-                client.abort_group(self.label)
-        finally:
-            client.close()
+        if self._decide(messages, idempotency_key=(self.query, int(batchId)))["duplicate"]:
+            # A replay of a micro-batch already decided: its new attempts go.
+            _Writer.abort(self, messages)
 
     def abort(self, messages, batchId) -> None:
         _Writer.abort(self, messages)
