@@ -34,6 +34,7 @@ NAMES = (
     "crc32c",
     "value_sizes",
     "PartitionProducer",
+    "TxnBatch",
     "Outcome",
     "MessageFuture",
     "HEADER_SIZE",

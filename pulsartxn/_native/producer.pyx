@@ -33,7 +33,7 @@ from pulsartxn.messaging.message import MessageId
 
 from .entrylog import encode_entry
 
-__all__ = ["PartitionProducer", "MessageFuture", "Outcome", "Batch", "Lock"]
+__all__ = ["PartitionProducer", "MessageFuture", "Outcome", "Batch", "TxnBatch", "Lock"]
 
 # The states concurrent.futures.wait() and as_completed() read from a future's _state.
 _RUNNING = "RUNNING"
@@ -311,6 +311,56 @@ cdef class Batch:
         return self.first_sequence <= sequence_id < self.first_sequence + len(self.values)
 
 
+@cython.final
+cdef class TxnBatch:
+    """Messages of one transaction waiting to become one entry on one partition; their
+    futures share the batch's Outcome, as the plain path's do. ``sealed`` once the batch is
+    taken from its producer (sent or dropped): the send path then appends no more."""
+
+    cdef public object part        # the PartitionProducer
+    cdef public object txn         # the Transaction
+    cdef public list values
+    cdef public object keys        # list, created at the first keyed message
+    cdef public object props       # list, created at the first message with properties
+    cdef public int64_t first_sequence
+    cdef public Py_ssize_t nbytes
+    cdef public Outcome outcome
+    cdef public object inflight    # the future of its write, once sent
+    cdef public bint sealed
+
+    def __init__(self, part, txn, int64_t first_sequence):
+        self.part = part
+        self.txn = txn
+        self.first_sequence = first_sequence
+        self.values = []
+        self.keys = None
+        self.props = None
+        self.outcome = Outcome()
+        self.nbytes = 0
+        self.inflight = None
+        self.sealed = False
+
+    def add(self, bytes content not None, properties, key):
+        cdef Py_ssize_t n = len(self.values)
+        if key is not None and self.keys is None:
+            self.keys = [None] * n
+        if properties and self.props is None:
+            self.props = [None] * n
+        self.values.append(content)
+        if self.keys is not None:
+            self.keys.append(key)
+        if self.props is not None:
+            self.props.append(properties)
+        self.nbytes += PyBytes_GET_SIZE(content)
+        return MessageFuture(self.outcome, n)
+
+    def landed(self, int64_t entry_id):
+        self.outcome.landed(self.part.partition, entry_id, len(self.values))
+
+    def fail(self, exc):
+        self.outcome.failed(exc)
+
+
 cdef class PartitionProducer:
     """A producer's state on one partition: its batch container and sequence ids."""
 
@@ -328,7 +378,8 @@ cdef class PartitionProducer:
     cdef object flusher
     cdef object txn_type     # the embedded Transaction class
     cdef object txn_service  # this broker's coordinators
-    cdef dict txn_batches    # the producer's (id(partition producer), TxnID) -> its batch
+    cdef object txn_last     # the transaction whose open batch here is txn_batch
+    cdef TxnBatch txn_batch
 
     def __init__(self, producer, partition):
         self.producer = producer
@@ -349,7 +400,8 @@ cdef class PartitionProducer:
 
         self.txn_type = Transaction
         self.txn_service = producer.client.broker.txn
-        self.txn_batches = producer._txn_batches
+        self.txn_last = None
+        self.txn_batch = None
 
     def send_async(self, content, properties=None, partition_key=None, sequence_id=None,
                    txn=None, callback=None):
@@ -367,17 +419,16 @@ cdef class PartitionProducer:
         ):
             return self._add(<bytes>content, None, None, -1, False)
         if (
-            type(content) is bytes
-            and type(txn) is self.txn_type
+            txn is self.txn_last
+            and txn is not None
+            and type(content) is bytes
             and properties is None
             and partition_key is None
             and sequence_id is None
             and callback is None
             and PyBytes_GET_SIZE(content) <= self.max_message_size
             and not self.closed
-            and self.batching
             and txn._final is None
-            and txn._service is self.txn_service
         ):
             fut = self._txn_append(<bytes>content, txn)
             if fut is not None:
@@ -386,25 +437,25 @@ cdef class PartitionProducer:
                                          callback)
 
     cdef object _txn_append(self, bytes content, object txn):
-        """A plain message of `txn` into that transaction's open batch here, when it has one
-        that takes it; None for the producer's path (a new batch, a full one, ...)."""
+        """A plain message of `txn` into that transaction's open batch here (the one the
+        producer's path opened last), when it takes it; None for the producer's path (no
+        open batch, a full one, another transaction's, ...)."""
         cdef Py_ssize_t n, size = PyBytes_GET_SIZE(content)
         cdef MessageFuture fut
-        key = (id(self), txn.id)
+        cdef TxnBatch batch
         self.lock.take()
         try:
-            batch = self.txn_batches.get(key)
-            if batch is None:
+            batch = self.txn_batch
+            if batch is None or batch.sealed or self.txn_last is not txn:
                 return None
-            values = batch.values
-            n = len(values)
+            n = len(batch.values)
             if (
                 n + 1 >= self.max_messages
                 or batch.nbytes + size > self.max_bytes
                 or self.last_sequence + 1 != batch.first_sequence + n
             ):
                 return None
-            values.append(content)
+            batch.values.append(content)
             if batch.keys is not None:
                 batch.keys.append(None)
             if batch.props is not None:
@@ -412,11 +463,27 @@ cdef class PartitionProducer:
             batch.nbytes += size
             self.last_sequence += 1
             fut = MessageFuture.__new__(MessageFuture)
-            fut._outcome = <Outcome>batch.outcome
+            fut._outcome = batch.outcome
             fut._index = n
             return fut
         finally:
             self.lock.give()
+
+    def txn_opened(self, txn, TxnBatch batch):
+        """The producer's path opened `batch` for `txn` here (lock held): the send path appends
+        the transaction's next plain messages to it while it stays open. A producer with
+        batching off opens none."""
+        if self.batching and type(txn) is self.txn_type and txn._service is self.txn_service:
+            self.txn_last = txn
+            self.txn_batch = batch
+
+    def txn_sealed(self, TxnBatch batch):
+        """`batch` is taken from the producer (sent or dropped; lock held): no more appends,
+        and this container lets go of it and of its transaction."""
+        batch.sealed = True
+        if self.txn_batch is batch:
+            self.txn_batch = None
+            self.txn_last = None
 
     def add(self, bytes content not None, properties, key, sequence_id):
         if sequence_id is None:

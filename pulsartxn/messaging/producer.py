@@ -17,7 +17,7 @@ from concurrent.futures import Future
 import numpy as np
 import pyarrow as pa
 
-from .._native import MessageFuture, Outcome, PartitionProducer, encode_entry, value_sizes
+from .._native import PartitionProducer, TxnBatch, encode_entry, value_sizes
 from ..errors import AlreadyClosed, InvalidTxnStatus, MessageTooBig
 from .message import MessageId
 from .partition import Partition
@@ -72,7 +72,7 @@ class Producer:
         self.max_message_size = max_message_size
         self._closed = False
         self._round_robin = itertools.count()
-        self._txn_batches: dict = {}  # (partition producer, TxnID) -> _TxnBatch
+        self._txn_batches: dict = {}  # (partition producer, TxnID) -> TxnBatch
         self._parts: list[PartitionProducer] = []
         for partition in partitions:
             self._parts.append(PartitionProducer(self, partition))
@@ -381,7 +381,8 @@ class Producer:
                 self._txn_send_locked(key)
                 batch = None
             if batch is None:
-                batch = self._txn_batches[key] = _TxnBatch(part, txn, sequence_id)
+                batch = self._txn_batches[key] = TxnBatch(part, txn, sequence_id)
+                part.txn_opened(txn, batch)
                 txn._producers.add(self)
             fut = batch.add(content, properties, partition_key)
             if not self.batching_enabled or len(batch.values) >= self.batching_max_messages:
@@ -392,6 +393,7 @@ class Producer:
         """Encode one transaction batch into an entry and append it (part lock held)."""
         batch = self._txn_batches.pop(key)
         part, txn = batch.part, batch.txn
+        part.txn_sealed(batch)
         partition = part.partition
         staged = None
         try:
@@ -477,6 +479,7 @@ class Producer:
             if batch.txn.id == txn.id:
                 with batch.part.lock:
                     if self._txn_batches.pop(key, None) is batch:
+                        batch.part.txn_sealed(batch)
                         batch.fail(InvalidTxnStatus(f"transaction {txn.id} was aborted"))
 
     def flush(self) -> None:
@@ -517,51 +520,3 @@ def _sizes(values) -> tuple[int, np.ndarray]:
         raise ValueError("values must not contain nulls")
     sizes = value_sizes(values)
     return len(sizes), sizes
-
-
-class _TxnBatch:
-    """Messages of one transaction waiting to become one entry on one partition; their futures
-    share the batch's Outcome, as the plain path's do."""
-
-    __slots__ = (
-        "part",
-        "txn",
-        "first_sequence",
-        "values",
-        "keys",
-        "props",
-        "outcome",
-        "nbytes",
-        "inflight",
-    )
-
-    def __init__(self, part, txn, first_sequence: int) -> None:
-        self.part = part
-        self.txn = txn
-        self.first_sequence = first_sequence
-        self.values: list[bytes] = []
-        self.keys: list | None = None
-        self.props: list | None = None
-        self.outcome = Outcome()
-        self.nbytes = 0
-        self.inflight: Future | None = None
-
-    def add(self, content: bytes, properties, key):
-        n = len(self.values)
-        if key is not None and self.keys is None:
-            self.keys = [None] * n
-        if properties and self.props is None:
-            self.props = [None] * n
-        self.values.append(content)
-        if self.keys is not None:
-            self.keys.append(key)
-        if self.props is not None:
-            self.props.append(properties)
-        self.nbytes += len(content)
-        return MessageFuture(self.outcome, n)
-
-    def landed(self, entry_id: int) -> None:
-        self.outcome.landed(self.part.partition, entry_id, len(self.values))
-
-    def fail(self, exc: BaseException) -> None:
-        self.outcome.failed(exc)

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import pulsartxn
 from pulsartxn._native import load
+from pulsartxn.errors import InvalidTxnStatus
 from pulsartxn.messaging import producer as producer_module
 
 NATIVE, REFERENCE = load("native"), load("reference")
@@ -83,10 +84,22 @@ txn_sends = st.lists(
 )
 
 
-def run_txns(impl, tmp_path, workload, name):
-    old = producer_module.PartitionProducer
-    producer_module.PartitionProducer = impl.PartitionProducer
+@contextmanager
+def producers_of(impl):
+    """The producer module on `impl`'s batch containers and transaction batches."""
+    old = producer_module.PartitionProducer, producer_module.TxnBatch
+    producer_module.PartitionProducer, producer_module.TxnBatch = (
+        impl.PartitionProducer,
+        impl.TxnBatch,
+    )
     try:
+        yield
+    finally:
+        producer_module.PartitionProducer, producer_module.TxnBatch = old
+
+
+def run_txns(impl, tmp_path, workload, name):
+    with producers_of(impl):
         with pulsartxn.Broker(tmp_path / name, sync=False) as broker:
             client = broker.client()
             p = client.create_producer(
@@ -120,8 +133,6 @@ def run_txns(impl, tmp_path, workload, name):
             stored = [(r["key"], r["value"]) for b in client.scan("t") for r in b.to_pylist()]
             assert sorted(v for _, v in stored) == sorted(committed)  # read committed
             return answers, stored
-    finally:
-        producer_module.PartitionProducer = old
 
 
 @settings(max_examples=25, deadline=None)
@@ -129,6 +140,43 @@ def run_txns(impl, tmp_path, workload, name):
 def test_native_and_twin_agree_on_transactional_sends(tmp_path_factory, workload):
     tmp = tmp_path_factory.mktemp("prodtxn")
     assert run_txns(NATIVE, tmp, workload, "n") == run_txns(REFERENCE, tmp, workload, "r")
+
+
+@pytest.mark.parametrize("impl", [NATIVE, REFERENCE], ids=["native", "reference"])
+def test_transactional_fast_path_ends_with_its_batch(impl, tmp_path):
+    """The send path appends a transaction's plain messages to the batch the producer opened
+    for it last; another transaction's send, a commit or an abort closes that, and a send
+    with a finished transaction raises without storing anything."""
+    with producers_of(impl), pulsartxn.Broker(tmp_path / "b", sync=False) as broker:
+        client = broker.client()
+        p = client.create_producer("t", batching_max_publish_delay_ms=60_000)
+        part = p._parts[0]
+        a, b = client.new_transaction(), client.new_transaction()
+        fa = [p.send_async(b"a%d" % i, txn=a) for i in range(3)]
+        fb = [p.send_async(b"b%d" % i, txn=b) for i in range(3)]  # b's batch is the open one
+        # a's next sequence id is not next in a's batch: that one is sent, a new one opened.
+        fa.append(p.send_async(b"a3", txn=a))
+        assert [len(x.values) for x in p._txn_batches.values()] == [3, 1]
+        fa.append(p.send_async(b"a4", txn=a))  # the open batch is a's again
+        a.commit()
+        assert [f.result().batch_index() for f in fa] == [0, 1, 2, 0, 1]
+        with pytest.raises(InvalidTxnStatus):
+            p.send_async(b"late", txn=a)
+        b.abort()
+        assert all(isinstance(f.exception(), InvalidTxnStatus) for f in fb)
+        with pytest.raises(InvalidTxnStatus):
+            p.send_async(b"late", txn=b)
+        # Nothing of a finished transaction is held: no open batch, no transaction.
+        assert not p._txn_batches
+        c = client.new_transaction()
+        p.send_async(b"c0", txn=c)
+        batch = next(iter(p._txn_batches.values()))
+        c.commit()
+        assert batch.sealed and not p._txn_batches
+        with pytest.raises(InvalidTxnStatus):
+            part.send_async(b"c1", txn=c)
+        values = [r["value"] for x in client.scan("t") for r in x.to_pylist()]
+        assert values == [b"a0", b"a1", b"a2", b"a3", b"a4", b"c0"]
 
 
 @pytest.mark.parametrize("impl", [NATIVE, REFERENCE], ids=["native", "reference"])

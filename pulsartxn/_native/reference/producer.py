@@ -18,7 +18,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from ...messaging.message import MessageId
 from . import entrylog
 
-__all__ = ["PartitionProducer", "MessageFuture", "Outcome", "Batch", "Lock"]
+__all__ = ["PartitionProducer", "MessageFuture", "Outcome", "Batch", "TxnBatch", "Lock"]
 
 # The states concurrent.futures.wait() and as_completed() read from a future's _state.
 _RUNNING = "RUNNING"
@@ -229,6 +229,57 @@ class Batch:
         return self.first_sequence <= sequence_id < self.first_sequence + len(self.values)
 
 
+class TxnBatch:
+    """Messages of one transaction waiting to become one entry on one partition; their
+    futures share the batch's Outcome, as the plain path's do. ``sealed`` once the batch is
+    taken from its producer (sent or dropped): the send path then appends no more."""
+
+    __slots__ = (
+        "part",
+        "txn",
+        "first_sequence",
+        "values",
+        "keys",
+        "props",
+        "outcome",
+        "nbytes",
+        "inflight",
+        "sealed",
+    )
+
+    def __init__(self, part, txn, first_sequence: int) -> None:
+        self.part = part
+        self.txn = txn
+        self.first_sequence = first_sequence
+        self.values: list[bytes] = []
+        self.keys: list | None = None
+        self.props: list | None = None
+        self.outcome = Outcome()
+        self.nbytes = 0
+        self.inflight: Future | None = None
+        self.sealed = False
+
+    def add(self, content: bytes, properties, key) -> MessageFuture:
+        n = len(self.values)
+        if key is not None and self.keys is None:
+            self.keys = [None] * n
+        if properties and self.props is None:
+            self.props = [None] * n
+        self.values.append(content)
+        if self.keys is not None:
+            self.keys.append(key)
+        if self.props is not None:
+            self.props.append(properties)
+        self.nbytes += len(content)
+        return MessageFuture(self.outcome, n)
+
+    def landed(self, entry_id: int) -> None:
+        self.outcome.landed(self.part.partition, entry_id, len(self.values))
+
+    def fail(self, exc: BaseException) -> None:
+        self.outcome.failed(exc)
+
+
 class PartitionProducer:
     """A producer's state on one partition: its batch container and sequence ids."""
 
@@ -241,6 +292,8 @@ class PartitionProducer:
         self.inflight: list[Batch] = []  # sent, not yet durable
         self.closed = False  # set by the producer's close()
         self.watched = False  # the broker's flusher will look at this container again
+        self._txn_last = None  # the transaction whose open batch here is _txn_batch
+        self._txn_batch: TxnBatch | None = None
 
     def send_async(
         self,
@@ -266,37 +319,30 @@ class PartitionProducer:
         ):
             return self.add(content, None, None, None)
         if (
-            type(content) is bytes
+            txn is self._txn_last
             and txn is not None
+            and type(content) is bytes
             and properties is None
             and partition_key is None
             and sequence_id is None
             and callback is None
             and len(content) <= producer.max_message_size
             and not self.closed
-            and producer.batching_enabled
-            and type(txn) is self._txn_type()
             and txn._final is None
-            and txn._service is producer.client.broker.txn
         ):
             fut = self._txn_append(content, txn)
             if fut is not None:
                 return fut
         return producer._send_async(content, properties, partition_key, sequence_id, txn, callback)
 
-    @staticmethod
-    def _txn_type():
-        from ...txn.transaction import Transaction
-
-        return Transaction
-
     def _txn_append(self, content: bytes, txn):
-        """A plain message of `txn` into that transaction's open batch here, when it has one
-        that takes it; None for the producer's path (a new batch, a full one, ...)."""
+        """A plain message of `txn` into that transaction's open batch here (the one the
+        producer's path opened last), when it takes it; None for the producer's path (no
+        open batch, a full one, another transaction's, ...)."""
         producer = self.producer
         with self.lock:
-            batch = producer._txn_batches.get((id(self), txn.id))
-            if batch is None:
+            batch = self._txn_batch
+            if batch is None or batch.sealed or self._txn_last is not txn:
                 return None
             n = len(batch.values)
             if (
@@ -307,6 +353,29 @@ class PartitionProducer:
                 return None
             self.last_sequence += 1
             return batch.add(content, None, None)
+
+    def txn_opened(self, txn, batch: TxnBatch) -> None:
+        """The producer's path opened `batch` for `txn` here (lock held): the send path appends
+        the transaction's next plain messages to it while it stays open. A producer with
+        batching off opens none."""
+        from ...txn.transaction import Transaction
+
+        producer = self.producer
+        if (
+            producer.batching_enabled
+            and type(txn) is Transaction
+            and txn._service is producer.client.broker.txn
+        ):
+            self._txn_last = txn
+            self._txn_batch = batch
+
+    def txn_sealed(self, batch: TxnBatch) -> None:
+        """`batch` is taken from the producer (sent or dropped; lock held): no more appends,
+        and this container lets go of it and of its transaction."""
+        batch.sealed = True
+        if self._txn_batch is batch:
+            self._txn_batch = None
+            self._txn_last = None
 
     def add(self, content: bytes, properties, key, sequence_id) -> Future:
         producer = self.producer
