@@ -1,11 +1,13 @@
 """Transactional messaging vs the same work without transactions, in one run.
 
 The figures the transaction-buffer issue asks for, each against a baseline measured in the same
-run on the same broker (sync=False, 100-byte messages):
+run on the same broker (sync=False unless a row says otherwise, 100-byte messages):
 
 a. produce at 1000 messages per transaction vs plain produce of the same messages in the same
    send style (per-message send_async then commit vs send_async then flush; send_batch in a
-   transaction then commit vs plain send_batch);
+   transaction then commit vs plain send_batch); then the same on a synced broker (sync=True,
+   the default): a transaction's send_async batches ride in its commit's one fsync, while a
+   transactional send_batch is durable on return and the commit adds a second;
 b. read-committed reads of a ledger where 10% of the transactions aborted vs one where none
    did. Both ledgers hold the same number of data messages; the rate is messages read from the
    ledger per second (aborted ones included, markers not), so the ratio is plain time over
@@ -67,8 +69,13 @@ def _per_call(fn, min_time: float = 0.2) -> float:
 # -- a. produce --------------------------------------------------------------------------------
 
 
-def _produce_rows(client, values: list[bytes], n_txns: int, rounds: int) -> list[Row]:
+def _produce_rows(
+    client, values: list[bytes], n_txns: int, rounds: int, durable: bool = False
+) -> list[Row]:
+    """sync=False isolates the CPU cost of a transaction; `durable` runs the same on a synced
+    broker (the default), where each side waits for its fsyncs."""
     chunks = [values[i * PER_TXN : (i + 1) * PER_TXN] for i in range(n_txns)]
+    suffix = ", sync=True" if durable else ""
     p_plain = client.create_producer("produce-plain")
     p_txn = client.create_producer("produce-txn")
     b_plain = client.create_producer("produce-batch-plain")
@@ -110,7 +117,7 @@ def _produce_rows(client, values: list[bytes], n_txns: int, rounds: int) -> list
     n = n_txns * PER_TXN
     return [
         _paired(
-            f"send_async x1000 + commit, {n_txns} txns (vs send_async x1000 + flush)",
+            f"send_async x1000 + commit, {n_txns} txns{suffix} (vs send_async x1000 + flush)",
             n,
             "msgs",
             times["at"],
@@ -119,7 +126,7 @@ def _produce_rows(client, values: list[bytes], n_txns: int, rounds: int) -> list
             0.95,
         ),
         _paired(
-            f"send_batch(1000, txn) + commit, {n_txns} txns (vs plain send_batch(1000))",
+            f"send_batch(1000, txn) + commit, {n_txns} txns{suffix} (vs plain send_batch(1000))",
             n,
             "msgs",
             times["bt"],
@@ -340,6 +347,9 @@ def measure(quick: bool = False) -> list[Row]:
             rows += _produce_rows(client, values, n_txns, rounds)
             rows += _read_rows(client, values, n_txns, rounds)
             rows += _ack_rows(client, values, n_acks, rounds)
+        with pulsartxn.Broker(os.path.join(tmp, "durable"), sync=True) as broker:
+            n = n_txns // 4
+            rows += _produce_rows(broker.client(), values[: n * PER_TXN], n, rounds, True)
         rows += _recovery_rows(tmp, n_recovery, rounds)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -16,17 +16,109 @@ Groups are committed one at a time, under one lock, whoever commits them.
 from __future__ import annotations
 
 import collections
+import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
 import lmdb
 
 from ..errors import AlreadyClosed, StorageFull
+
+_FUTURE_LOCK = threading.Lock()  # state changes of every OpFuture: each holds it briefly
+_LOG = logging.getLogger("pulsartxn.storage")
+
+
+class OpFuture:
+    """The answer to one write: a result or an error, once. The part of
+    ``concurrent.futures.Future`` the storage's callers use (result, exception, done,
+    add_done_callback, set_result, set_exception), without a Condition per future: a write
+    costs the group commit a few of these, and a caller that commits its own write finds it
+    done and never waits. Waiting creates an Event, only then."""
+
+    __slots__ = ("_done", "_result", "_error", "_callbacks", "_event")
+
+    def __init__(self) -> None:
+        self._done = False
+        self._result = None
+        self._error: BaseException | None = None
+        self._callbacks: list | None = None
+        self._event: threading.Event | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def running(self) -> bool:
+        return False
+
+    def cancelled(self) -> bool:
+        return False
+
+    def _wait(self, timeout: float | None) -> None:
+        if self._done:
+            return
+        with _FUTURE_LOCK:
+            if self._done:
+                return
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        if not event.wait(timeout):
+            raise TimeoutError(f"the write was not answered within {timeout} s")
+
+    def result(self, timeout: float | None = None):
+        self._wait(timeout)
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._wait(timeout)
+        return self._error
+
+    def add_done_callback(self, fn) -> None:
+        if not self._done:
+            with _FUTURE_LOCK:
+                if not self._done:
+                    if self._callbacks is None:
+                        self._callbacks = []
+                    self._callbacks.append(fn)
+                    return
+        self._call(fn)
+
+    def set_result(self, result) -> None:
+        self._finish(result, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._finish(None, error)
+
+    def _finish(self, result, error) -> None:
+        with _FUTURE_LOCK:
+            if self._done:
+                raise InvalidStateError(f"{self!r} is answered already")
+            self._result, self._error = result, error
+            self._done = True
+            event, callbacks = self._event, self._callbacks
+            self._callbacks = None
+        if event is not None:
+            event.set()
+        if callbacks:
+            for fn in callbacks:
+                self._call(fn)
+
+    def _call(self, fn) -> None:
+        try:
+            fn(self)
+        except Exception:  # as Future does: a failing callback is logged, not raised
+            _LOG.exception("a callback of %r raised", self)
+
+    def __repr__(self) -> str:
+        state = "pending" if not self._done else ("failed" if self._error else "done")
+        return f"<OpFuture at {id(self):#x} {state}>"
 
 
 @dataclass(eq=False)
@@ -43,7 +135,7 @@ class WriteOp:
     records: int = 1
     on_commit: Callable[[Any], None] | None = None
     on_abort: Callable[[], None] | None = None
-    future: Future = field(default_factory=Future)
+    future: OpFuture = field(default_factory=OpFuture)
     lazy: bool = False  # submitted lazily: nobody waits for it
 
     def prepend(self, first: Callable[[lmdb.Transaction], Any]) -> None:
@@ -140,7 +232,7 @@ class GroupCommit:
     def writer_thread(self) -> threading.Thread:
         return self._thread
 
-    def submit(self, op: WriteOp, lazy: bool = False, quiet: bool = False) -> Future:
+    def submit(self, op: WriteOp, lazy: bool = False, quiet: bool = False) -> OpFuture:
         """Queue `op`. A lazy op (background bookkeeping nobody waits for: log cleanup, cursor
         and snapshot writes) does not start a group, and so costs no fsync of its own: it rides
         with the next group, or is committed within `lazy_max_ms` if none comes. A quiet op
@@ -168,7 +260,7 @@ class GroupCommit:
             self._queue.put(op)
         return op.future
 
-    def wait_for(self, fut: Future) -> None:
+    def wait_for(self, fut: OpFuture) -> None:
         """Until `fut` (of a submitted op) is done, commit what is queued in this thread, the
         lazy ops too when nothing else is; when a group is being committed, wait for it and
         look again."""

@@ -148,3 +148,40 @@ def test_acknowledged_sends_survive_kill_9(tmp_path):
     for t in range(3):
         mine = [int(v.split("-")[1]) for v in stored if v.startswith(f"{t}-")]
         assert mine == list(range(len(mine)))  # per producer: in order, no holes
+
+
+def test_op_future_answers_once_wakes_waiters_and_runs_callbacks(caplog):
+    from concurrent.futures import InvalidStateError
+
+    from pulsartxn.storage.group_commit import OpFuture
+
+    fut = OpFuture()
+    with pytest.raises(TimeoutError):
+        fut.result(timeout=0.01)
+    seen = []
+    fut.add_done_callback(lambda f: seen.append(("early", f.result())))
+    fut.add_done_callback(lambda f: 1 / 0)  # logged, and the others still run
+    fut.add_done_callback(lambda f: seen.append(("late", f.done())))
+    got = []
+    waiters = [
+        threading.Thread(target=lambda: got.append(fut.result(timeout=10))) for _ in range(3)
+    ]
+    for t in waiters:
+        t.start()
+    fut.set_result(7)
+    for t in waiters:
+        t.join(10)
+    assert got == [7, 7, 7]
+    assert seen == [("early", 7), ("late", True)]
+    assert "ZeroDivisionError" in caplog.text
+    fut.add_done_callback(lambda f: seen.append(("after", f.exception())))
+    assert seen[-1] == ("after", None)  # called at once once done
+    with pytest.raises(InvalidStateError):
+        fut.set_exception(ValueError("twice"))
+    assert fut.result() == 7
+
+    failed = OpFuture()
+    failed.set_exception(ValueError("no room"))
+    assert isinstance(failed.exception(), ValueError) and failed.done()
+    with pytest.raises(ValueError, match="no room"):
+        failed.result()
