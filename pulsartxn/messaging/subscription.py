@@ -253,10 +253,16 @@ class Subscription:
     def _forget_acked(self) -> None:
         """Drop bookkeeping of messages the cursor now covers (lock held)."""
         cursor = self.cursor
-        for key in [k for k in self._pending if cursor.is_acked(*k)]:
-            del self._pending[key]
-        for key in [k for k in self._redelivery_counts if cursor.is_acked(*k)]:
-            del self._redelivery_counts[key]
+        for held in (self._pending, self._redelivery_counts):
+            if not held:
+                continue
+            if cursor.acked or cursor.batch_acks:
+                gone = [k for k in held if cursor.is_acked(*k)]
+            else:  # only the mark-delete position (cumulative acks, acks in order)
+                mark = cursor.mark_delete
+                gone = [k for k in held if k[0] <= mark]
+            for key in gone:
+                del held[key]
 
     def _release_held(self, released) -> None:
         """An aborted transaction's held messages are delivered again, their redelivery count
