@@ -1,4 +1,4 @@
-"""One transaction coordinator: its transactions, log, deadlines, low watermark and finalize.
+"""One transaction coordinator: its transactions, log, deadlines and low watermark.
 
 Every operation is in the log before it is answered: the caller builds a record, the group
 commit writes it (with the records of other callers and other coordinators, one LMDB write
@@ -7,12 +7,12 @@ while waiting for a write, except for the rare reservation of a block of sequenc
 
 States (seeds, TC deep dive): OPEN -> COMMITTING -> COMMITTED, OPEN -> ABORTING -> ABORTED,
 OPEN -> (deadline) -> ABORTING -> ABORTED. COMMITTED/ABORTED are not records: the end of a
-transaction is the deletion of its records, so the log holds only live transactions.
+transaction is the deletion of its records, so the log holds only live transactions. The end
+itself (decision and finalize) is in :mod:`pulsartxn.txn.decision`.
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import threading
 import time
@@ -26,91 +26,26 @@ from ..errors import (
     InvalidTxnStatus,
     TooManyTransactions,
     TransactionNotFound,
-    TransactionTimeout,
 )
-from ..storage import WriteOp, combine
 from . import log
+from .decision import TransactionEnd
+from .meta import (
+    ABORTED,
+    ABORTING,
+    COMMITTED,
+    COMMITTING,
+    HISTOGRAM_MS,
+    OPEN,
+    RESERVE_BLOCK,
+    TxnMeta,
+    status_error,
+)
 from .state import EndReason, TxnState
 
-# Pulsar's pulsar_txn_execution_latency buckets (ms); the last bucket is "overflow".
-HISTOGRAM_MS = (10, 20, 50, 100, 500, 1000, 5000, 15000, 30000, 60000, 300000, 1500000, 3000000)
-RECENT_FINISHED = 100_000  # outcomes kept in memory after a transaction's records are gone
-RESERVE_BLOCK = 4096  # sequences reserved per durable high-water mark write
-MAX_BACKOFF_S = 5.0
-
-OPEN, COMMITTING, ABORTING = TxnState.OPEN, TxnState.COMMITTING, TxnState.ABORTING
-COMMITTED, ABORTED = TxnState.COMMITTED, TxnState.ABORTED
+__all__ = ["Coordinator", "TxnMeta", "status_error", "OPEN", "COMMITTED", "ABORTED"]
 
 
-class TxnMeta:
-    """A live transaction as its coordinator knows it."""
-
-    __slots__ = (
-        "txn_id",
-        "seq",
-        "state",
-        "reason",
-        "timeout_ms",
-        "open_ms",
-        "deadline",
-        "group",
-        "partitions",
-        "subscriptions",
-        "records",
-        "durable",
-        "inflight",
-        "pending",
-        "decision",
-        "started",
-        "retries",
-        "last_error",
-        "writes",
-        "new_record",
-    )
-
-    def __init__(self, txn_id, seq, timeout_ms, open_ms, deadline, group) -> None:
-        self.txn_id = txn_id
-        self.seq = seq
-        self.state = OPEN
-        self.reason = 0
-        self.timeout_ms = timeout_ms
-        self.open_ms = open_ms
-        self.deadline = deadline  # time.monotonic() seconds
-        self.group = group
-        self.partitions: set = set()
-        self.subscriptions: set = set()
-        self.records = 1  # the NEW record is index 0
-        self.durable = False  # begun: its NEW record written, or riding with its first write
-        self.inflight = 0  # add-participant writes not yet answered
-        self.pending: set | None = None  # participants not yet finalized
-        self.decision: int | None = None
-        self.started = time.monotonic()
-        self.retries = 0
-        self.last_error: str | None = None
-        self.writes: list | None = None  # participants' deferred writes (futures)
-        # (key, value) of the NEW record while it is not known to be in the log: every write
-        # of the transaction carries it until one has landed (Coordinator.stage).
-        self.new_record: tuple | None = None
-
-    @property
-    def commit(self) -> bool:
-        return self.state in (COMMITTING, COMMITTED)
-
-    def participants(self) -> list:
-        return [("partition", p) for p in sorted(self.partitions)] + [
-            ("subscription", s) for s in sorted(self.subscriptions)
-        ]
-
-
-def status_error(txn_id, state: TxnState, reason: int, timeout_ms: int, op: str):
-    if state in (ABORTING, ABORTED) and reason == EndReason.TIMEOUT:
-        return TransactionTimeout(
-            f"cannot {op} transaction {txn_id}: it timed out after {timeout_ms} ms and was aborted"
-        )
-    return InvalidTxnStatus(f"cannot {op} transaction {txn_id}: it is {state.value}")
-
-
-class Coordinator:
+class Coordinator(TransactionEnd):
     def __init__(self, service, coordinator_id: int) -> None:
         self.service = service
         self.id = coordinator_id
@@ -382,329 +317,6 @@ class Coordinator:
 
         return apply, done
 
-    def end(self, seq: int, commit: bool, reason: int, expected_acks=None, riding=()) -> TxnMeta:
-        """Decide the end of one transaction (logged), then finalize its participants.
-
-        The decision is one write: the END record, with what the participants that live in
-        this broker can write in the same LMDB transaction (the pending acks a commit needs
-        durable, and the partitions' markers), after the transaction's own data batches that
-        were still waiting to ride with a group commit (`riding`: (op, carries a staged
-        registration, partition)). Only the subscriptions' cursor updates follow, deferred:
-        the END record stays until they have landed, so a crash before that finalizes them
-        again."""
-        op = "commit" if commit else "abort"
-        taken = self.storage.commits.take_lazy([r[0] for r in riding]) if riding else []
-        if taken and not commit:
-            # An abort does not need them written: they never are.
-            _fail_ops(taken, InvalidTxnStatus(f"transaction {self.id}:{seq} was aborted"))
-            taken = []
-        try:
-            per_partition, staged = self._riding(riding, taken, commit)
-            with self.lock:
-                meta = self.live(seq, op)
-                if meta.state is not OPEN or not meta.durable:
-                    raise status_error(meta.txn_id, meta.state, meta.reason, meta.timeout_ms, op)
-                meta.state = COMMITTING if commit else ABORTING
-                meta.reason = reason
-                while meta.inflight > staged:  # the taken ones land with the decision
-                    self.cond.wait()
-                empty = not meta.partitions and not meta.subscriptions and not taken
-                index = meta.records
-                if not empty:
-                    meta.records += 1
-                lwm = self._lwm()
-                first = meta.new_record
-        except BaseException as exc:
-            _fail_ops(taken, exc)
-            raise
-        done: set = set()
-        try:
-            if commit:
-                for name, n in (expected_acks or {}).items():
-                    if n and tuple(name) not in meta.subscriptions:
-                        # Its registration rode with acks that never reached the log.
-                        raise InvalidTxnStatus(
-                            f"transaction {meta.txn_id}: its {n} acknowledgements on "
-                            f"{name[0]} {name[1]} were lost in a broker restart; it can only "
-                            "abort"
-                        )
-            if empty and first is not None:
-                pass  # it never wrote anything: there is nothing to decide or undo
-            elif empty:
-                # Nothing to finalize: deleting the records is the whole end.
-                self._write(self._delete_records(meta, index), 16 * index)
-            else:
-                try:
-                    ops = self._decision_ops(meta, index, expected_acks, lwm, done, per_partition)
-                except BaseException as exc:
-                    _fail_ops(taken, exc)
-                    raise
-                ops[:0] = taken
-                if first is not None:
-                    ops.insert(0, self._put_op(first[0], first[1]))
-                try:
-                    decision = combine(ops)
-                except BaseException as exc:
-                    _fail_ops(ops, exc)
-                    raise
-                try:
-                    self.storage.run(decision)
-                except Exception:  # noqa: BLE001 - decided below without the participants
-                    if taken:
-                        raise  # its data failed with it: it cannot commit
-                    # A participant's part failed with it (nothing was written): decide
-                    # alone, then finalize every participant the slow way, retried until
-                    # each succeeds.
-                    done.clear()
-                    self._decide_alone(meta, index, expected_acks, first)
-        except BaseException:
-            self.reopen(meta)
-            raise
-        if empty:
-            self._finished(meta)
-        else:
-            self.finalize(meta, done)
-        return meta
-
-    def _riding(self, riding, taken, commit: bool) -> tuple[dict, int]:
-        """Of the transaction's lazily submitted batches: wait for those not taken back (they
-        are being committed); return the taken ones per partition and how many of those
-        carry a staged registration (counted in the transaction's inflight writes)."""
-        taken_ids = {id(o) for o in taken}
-        for o, _, topic in riding:
-            if id(o) in taken_ids:
-                continue
-            try:
-                o.future.result()
-            except Exception as exc:  # noqa: BLE001 - a failed send: abort only
-                if commit:
-                    raise InvalidTxnStatus(
-                        f"cannot commit: a send of the transaction to {topic} failed: {exc}"
-                    ) from exc
-        per_partition: dict = {}
-        staged = 0
-        for o, carries, topic in riding:
-            if id(o) in taken_ids:
-                per_partition[topic] = per_partition.get(topic, 0) + 1
-                staged += bool(carries)
-        return per_partition, staged
-
-    def _put_op(self, key: bytes, value: bytes) -> WriteOp:
-        db = self.db
-        return WriteOp(lambda t: t.put(key, value, db=db), nbytes=len(value))
-
-    def _decide_alone(self, meta: TxnMeta, index: int, expected_acks, first) -> None:
-        if meta.commit:
-            self.prepare(meta, expected_acks)
-        ops = [
-            self._put_op(log.record_key(meta.seq, index), log.encode_end(meta.commit, meta.reason))
-        ]
-        if first is not None:
-            ops.insert(0, self._put_op(first[0], first[1]))
-        self.storage.run(combine(ops))
-
-    def _decision_ops(
-        self, meta: TxnMeta, index: int, expected_acks, lwm: int, done: set, riding=None
-    ):
-        """The END record and what local participants write with it; `done` gets the
-        participants whose part is in those ops."""
-        ops: list[WriteOp] = []
-        commit = meta.commit
-        try:
-            if commit:
-                expected_acks = expected_acks or {}
-                for name in sorted(meta.subscriptions):
-                    participant = self.service.participant("subscription", name)
-                    prepare_op = getattr(participant, "prepare_op", None)
-                    if prepare_op is not None:
-                        o = prepare_op(meta.txn_id, expected_acks.get(tuple(name)))
-                        if o is not None:
-                            ops.append(o)
-                    elif hasattr(participant, "prepare"):
-                        participant.prepare(meta.txn_id, expected_acks.get(tuple(name)))
-            ops.append(
-                self._put_op(log.record_key(meta.seq, index), log.encode_end(commit, meta.reason))
-            )
-            for name in sorted(meta.partitions):
-                try:
-                    participant = self.service.participant("partition", name)
-                except Exception:  # noqa: BLE001 - finalize retries it
-                    continue
-                end_op = getattr(participant, "end_op", None)
-                if end_op is None:
-                    continue
-                n = (riding or {}).get(name, 0)
-                o = end_op(meta.txn_id, commit, lwm, n) if n else end_op(meta.txn_id, commit, lwm)
-                if o is not None:
-                    ops.append(o)
-                done.add(("partition", name))
-        except BaseException as exc:
-            _fail_ops(ops, exc)
-            raise
-        return ops
-
-    def prepare(self, meta: TxnMeta, expected_acks: dict | None = None) -> None:
-        """Before a commit is decided: participants that batch their own logs (pending acks)
-        make this transaction's part durable, so the decision never outruns them, and check
-        that they hold every ack the committer made (expected_acks: (partition, subscription)
-        -> count)."""
-        expected_acks = expected_acks or {}
-        for name in sorted(meta.subscriptions):
-            prepare = getattr(self.service.participant("subscription", name), "prepare", None)
-            if prepare is not None:
-                prepare(meta.txn_id, expected_acks.get(tuple(name)))
-
-    def reopen(self, meta: TxnMeta) -> None:
-        """Undo a decision whose record could not be written (nothing was decided)."""
-        with self.lock:
-            meta.state = OPEN
-            meta.reason = 0
-            meta.decision = None
-            heapq.heappush(self._deadlines, (meta.deadline, meta.seq))
-            self.append_failures += 1
-
-    def _write(self, apply, nbytes: int) -> None:
-        self.storage.write(apply, nbytes=nbytes)
-
-    def _delete_records(self, meta: TxnMeta, count: int):
-        db = self.db
-        keys = [log.record_key(meta.seq, i) for i in range(count)]
-
-        def apply(txn):
-            for key in keys:
-                txn.delete(key, db=db)
-
-        return apply
-
-    # -- finalize --------------------------------------------------------------------------
-
-    def finalize(self, meta: TxnMeta, done=()) -> None:
-        """Tell every participant the outcome (but those in `done`, whose part was written
-        with the decision); retry failures with backoff until they succeed. One failing
-        participant does not hold back the others."""
-        with self.lock:
-            parts = [p for p in meta.participants() if p not in done]
-            meta.pending = set(parts)
-        if not parts:
-            self._complete(meta)
-            return
-        deferred, waiting = [], []
-        for part in parts:
-            try:
-                participant = self.service.participant(*part)
-            except Exception:  # noqa: BLE001 - _call retries it
-                participant = None
-            (deferred if getattr(participant, "deferred_end", False) else waiting).append(part)
-        # Participants that write synchronously are told at once (all but one on the pool):
-        # their writes (markers, cursors) then share one group commit instead of one fsync
-        # after the other. Those that defer their write are quick: told here.
-        for part in waiting[1:]:
-            self.service.timer.submit(self._call, meta, part, 0)
-        for part in deferred:
-            self._call(meta, part, 0)
-        if waiting:
-            self._call(meta, waiting[0], 0)
-
-    def _call(self, meta: TxnMeta, part, attempt: int) -> None:
-        service = self.service
-        if service.closed:
-            return  # recovery finishes it after a restart
-        write = None
-        try:
-            with self.lock:
-                lwm = self._lwm()
-            participant = service.participant(*part)
-            if getattr(participant, "deferred_end", False):
-                # The decision is durable: the participant's write may ride with the next
-                # group; the records stay until it has landed (_complete).
-                write = participant.end_txn(meta.txn_id, meta.commit, lwm, wait=False)
-            else:
-                participant.end_txn(meta.txn_id, meta.commit, lwm)
-        except Exception as exc:  # noqa: BLE001 - retried until it succeeds
-            with self.lock:
-                meta.retries += 1
-                meta.last_error = f"{part[0]} {part[1]}: {exc!r}"
-                self.finalize_retries += 1
-            delay = min(0.01 * (2**attempt), MAX_BACKOFF_S)
-            service.timer.call_later(delay, self._call, meta, part, attempt + 1)
-            return
-        with self.lock:
-            if write is not None:
-                if meta.writes is None:
-                    meta.writes = []
-                meta.writes.append(write)
-            meta.pending.discard(part)
-            done = not meta.pending
-        if done:
-            self._complete(meta)
-
-    def _complete(self, meta: TxnMeta) -> None:
-        """All participants are done: the transaction is COMMITTED or ABORTED. Its records
-        (and its share of a decision record) are deleted once the participants' deferred
-        writes have landed."""
-        with self.lock:
-            writes, meta.writes = meta.writes or [], None
-        if not writes:
-            self._cleanup(meta)
-        else:
-            left = [len(writes)]
-            failed: list = []
-            count_lock = threading.Lock()  # not self.lock: this runs in commit callbacks
-
-            def landed(fut) -> None:
-                with count_lock:
-                    if fut.exception() is not None:
-                        failed.append(fut.exception())
-                    left[0] -= 1
-                    last = left[0] == 0
-                if last and not failed:
-                    self._cleanup(meta)
-                elif last:
-                    # The records stay: after a restart, recovery finalizes it again.
-                    meta.last_error = f"a participant's write failed: {failed[0]!r}"
-                    self.append_failures += 1
-
-            for fut in writes:
-                fut.add_done_callback(landed)
-        self._finished(meta)
-
-    def _cleanup(self, meta: TxnMeta) -> None:
-        storage = self.storage
-        if not storage.closed:
-            try:
-                storage.submit(
-                    WriteOp(self._delete_records(meta, meta.records), nbytes=16), lazy=True
-                )
-            except AlreadyClosed:
-                pass  # recovery finalizes it again (participants treat that as success)
-        self.service.release_decision(meta)
-
-    def _finished(self, meta: TxnMeta) -> None:
-        elapsed_ms = (time.monotonic() - meta.started) * 1000.0
-        with self.lock:
-            commit = meta.commit
-            meta.state = COMMITTED if commit else ABORTED
-            self.txns.pop(meta.seq, None)
-            self.finished[meta.seq] = (meta.state, meta.reason, meta.timeout_ms)
-            if len(self.finished) > RECENT_FINISHED:
-                self.finished.popitem(last=False)
-            if commit:
-                self.committed += 1
-            else:
-                self.aborted += 1
-                if meta.reason == EndReason.TIMEOUT:
-                    self.timed_out += 1
-            self.histogram[bisect.bisect_left(HISTOGRAM_MS, elapsed_ms)] += 1
-            self.cond.notify_all()
-        self.service.on_finished(meta)
-
-    def wait(self, meta: TxnMeta, timeout_s: float | None) -> bool:
-        """Wait until the transaction is COMMITTED or ABORTED; False on timeout."""
-        with self.lock:
-            return self.cond.wait_for(
-                lambda: meta.state in (COMMITTED, ABORTED) or self.service.closed, timeout_s
-            ) and meta.state in (COMMITTED, ABORTED)
-
     # -- deadlines -------------------------------------------------------------------------
 
     def expire(self, now: float) -> list[int]:
@@ -793,13 +405,6 @@ class Coordinator:
             "finalize_retries": meta.retries,
             "last_error": meta.last_error,
         }
-
-
-def _fail_ops(ops, exc) -> None:
-    """Ops built but never submitted: answer them with `exc` (their callbacks undo)."""
-    for op in ops:
-        if not op.future.done():
-            op.future.set_exception(exc)
 
 
 def _raise(exc):
