@@ -1,19 +1,5 @@
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
-
-
-cdef enum:
-    ENTRY_HEADER_SIZE = 56
-    NO_KEY = 0xFFFFFFFF
-
-
-cdef struct EntryHead:
-    uint8_t marker_type
-    uint64_t txn_msb
-    uint64_t txn_lsb
-    uint64_t producer_id
-    uint64_t sequence_id
-    int64_t publish_time
-    uint32_t message_count
+# The entry codec's C types, cimportable from here as before the codec had its own module.
+from .entrycodec cimport ENTRY_HEADER_SIZE, NO_KEY, EntryHead
 
 
 cdef class EntryLog:

@@ -1,45 +1,19 @@
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
+from .entrycodec import CRC32C_HARDWARE as CRC32C_HARDWARE
+from .entrycodec import crc32c as crc32c
+from .entrycodec import decode_entries as decode_entries
+from .entrycodec import decode_header as decode_header
+from .entrycodec import encode_entries as encode_entries
+from .entrycodec import encode_entry as encode_entry
+from .entrycodec import header_columns as header_columns
+from .entrycodec import value_sizes as value_sizes
+from .entryformat import HEADER_SIZE as HEADER_SIZE
+from .entryformat import DecodedEntries as DecodedEntries
+from .entryformat import EntryHeader as EntryHeader
 
-from .entryformat import DecodedEntries, EntryHeader
-
-HEADER_SIZE: int
-CRC32C_HARDWARE: bool
 ARENA_ROUND_BYTES: int
-
-def crc32c(data: Any, value: int = 0) -> int: ...
-def value_sizes(values: Any) -> np.ndarray: ...
-def encode_entry(
-    values: Any,
-    keys: Sequence[Any] | None = None,
-    properties: Sequence[dict[str, str] | None] | None = None,
-    *,
-    txn_msb: int = 0,
-    txn_lsb: int = 0,
-    producer_id: int = 0,
-    sequence_id: int = 0,
-    publish_time: int = 0,
-    marker_type: int = 0,
-) -> bytes: ...
-def encode_entries(
-    values: Any,
-    keys: Sequence[Any] | None = None,
-    properties: Sequence[dict[str, str] | None] | None = None,
-    *,
-    batch_size: int = 1000,
-    max_entry_bytes: int = ...,
-    txn_msb: int = 0,
-    txn_lsb: int = 0,
-    producer_id: int = 0,
-    first_sequence_id: int = 0,
-    publish_time: int = 0,
-) -> list[bytes]: ...
-def decode_header(buf: Any, verify: bool = True) -> EntryHeader: ...
-def decode_entries(
-    entry_ids: Any, buffers: Sequence[Any], verify: bool = True
-) -> DecodedEntries: ...
 
 class EntryLog:
     env: Any
@@ -77,7 +51,3 @@ class EntryLog:
         verify: bool = True,
     ) -> DecodedEntries: ...
     def trim_below(self, txn: Any, entry_id: int) -> int: ...
-
-def header_columns(
-    buffers: Sequence[Any],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]: ...

@@ -9,15 +9,7 @@ import pytest
 
 import pulsartxn
 from pulsartxn import ConsumerType, InitialPosition
-
-
-def drain(consumer, timeout_millis=200):
-    out = []
-    while True:
-        try:
-            out.append(consumer.receive(timeout_millis))
-        except pulsartxn.Timeout:
-            return out
+from tests.helpers import drain
 
 
 def test_send_receive_in_order_with_metadata(client):

@@ -8,6 +8,7 @@ tests/txn/test_coordinator.py; the head snapshot record alone: tests/txn/test_tr
 
 from __future__ import annotations
 
+import functools
 import random
 import struct
 
@@ -16,6 +17,8 @@ import pytest
 
 import pulsartxn
 from pulsartxn.errors import CorruptEntry, Timeout
+from tests import helpers
+from tests.helpers import scanned
 
 TOPIC = "persistent://public/default/t"
 
@@ -57,17 +60,8 @@ def entry_key(entry_id):
     return struct.pack(">Q", entry_id)
 
 
-def drain(consumer, timeout_ms=300):
-    out = []
-    while True:
-        try:
-            out.append(consumer.receive(timeout_ms))
-        except Timeout:
-            return out
-
-
-def values(client, topic):
-    return [v for b in client.scan(topic) for v in b.column("value").to_pylist()]
+# This module drains with a 300 ms wait (the shared default is 200 ms).
+drain = functools.partial(helpers.drain, timeout_ms=300)
 
 
 def test_a_damaged_entry_payload_is_named_on_receive_and_on_scan(open_broker, tmp_path):
@@ -96,10 +90,10 @@ def test_a_damaged_entry_payload_is_named_on_receive_and_on_scan(open_broker, tm
     with pytest.raises(CorruptEntry, match="entry 3"):
         consumer.receive(2000)
     with pytest.raises(CorruptEntry, match=r"/t \(ledger \d+\): entry 3: checksum"):
-        values(client, "t")
+        scanned(client, "t")
     assert [b.num_rows for b in client.scan("t", end=3)] == [3]
     # Other topics are untouched, and the damaged one still takes new messages.
-    assert values(client, "other") == [b"fine"]
+    assert scanned(client, "other") == [b"fine"]
     producer = client.create_producer("t", batching_enabled=False)
     producer.send(b"after")
     assert broker.admin.topic_stats("t")["messages"] == 7
@@ -119,7 +113,7 @@ def test_a_damaged_entry_header_is_named_when_the_partition_opens(open_broker, t
     broker = open_broker()
     client = broker.client()
     with pytest.raises(CorruptEntry, match=r"p-partition-0 \(ledger \d+\): entry 1: bad magic"):
-        values(client, "p")
+        scanned(client, "p")
     with pytest.raises(CorruptEntry, match="p-partition-0"):
         client.subscribe("p", "s")
 
@@ -142,7 +136,7 @@ def test_damaged_buffer_snapshots_are_ignored_and_rebuilt_from_the_ledger(
     ongoing = client.new_transaction()
     producer.send(b"ongoing", txn=ongoing, partition_key="x")
     producer.send(b"behind-ongoing", partition_key="x")
-    before = sorted(values(client, "t2"))
+    before = sorted(scanned(client, "t2"))
     consumer = client.subscribe("t2", "s")
     delivered_before = sorted(m.data() for m in drain(consumer))
     assert delivered_before == before and b"ongoing" not in before
@@ -173,11 +167,11 @@ def test_damaged_buffer_snapshots_are_ignored_and_rebuilt_from_the_ledger(
     assert errors and all("snapshot" in e for e in errors), (damaged, errors)
     # The same read-committed view, scanned and delivered; the ongoing transaction still
     # holds back its partition, and commits.
-    assert sorted(values(client, "t2")) == before
+    assert sorted(scanned(client, "t2")) == before
     consumer = client.subscribe("t2", "s2")
     assert sorted(m.data() for m in drain(consumer)) == before
     client.transaction(ongoing.id).commit()
-    assert sorted(values(client, "t2")) == sorted(before + [b"ongoing", b"behind-ongoing"])
+    assert sorted(scanned(client, "t2")) == sorted(before + [b"ongoing", b"behind-ongoing"])
     assert sorted(m.data() for m in drain(consumer)) == [b"behind-ongoing", b"ongoing"]
 
 
@@ -219,6 +213,6 @@ def test_a_damaged_pending_ack_record_stops_only_its_subscription(open_broker, t
     # ...while the topic, its other subscriptions and new ones go on.
     producer = client.create_producer("t", batching_enabled=False)
     producer.send(b"m4")
-    assert values(client, "t") == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+    assert scanned(client, "t") == [b"m0", b"m1", b"m2", b"m3", b"m4"]
     assert [m.data() for m in drain(client.subscribe("t", "other"))] == [b"m4"]
     assert len(drain(client.subscribe("t", "new"))) == 5

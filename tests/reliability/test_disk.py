@@ -16,13 +16,10 @@ import pytest
 
 import pulsartxn
 from pulsartxn.errors import InvalidConfiguration, StorageFull, TransactionNotFound
+from tests.helpers import scanned
 
 SMALL_MAP = 2 << 20
 BIG_MAP = 256 << 20
-
-
-def scanned(client, topic):
-    return [v for b in client.scan(topic) for v in b.column("value").to_pylist()]
 
 
 def per_partition(client, topic):

@@ -7,6 +7,7 @@ an LMDB error, a real subscription's pending acks, and a broker closed in the mi
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -15,6 +16,7 @@ import pytest
 
 import pulsartxn
 from pulsartxn import TxnID
+from tests import helpers
 
 
 def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
@@ -185,13 +187,8 @@ def _inject_marker_fault(partition, fault: Fault) -> None:
     partition.append_op = append_op
 
 
-def _drain(consumer, timeout_ms: int = 300) -> list[bytes]:
-    out = []
-    while True:
-        try:
-            out.append(consumer.receive(timeout_millis=timeout_ms))
-        except pulsartxn.Timeout:
-            return out
+# This module drains with a 300 ms wait (the shared default is 200 ms).
+drain = functools.partial(helpers.drain, timeout_ms=300)
 
 
 def test_lmdb_error_in_a_real_buffer_is_retried_until_the_marker_is_written(tmp_path):
@@ -219,7 +216,7 @@ def test_lmdb_error_in_a_real_buffer_is_retried_until_the_marker_is_written(tmp_
         # The failing partition holds its messages back: its buffer still has the txn ongoing.
         tb = broker.admin.transaction_buffer_stats("t")["partitions"][part.topic]
         assert tb["ongoing_txn_size"] == 1 and str(txn.id) in tb["ongoing_txns"]
-        early = _drain(consumer, 100)
+        early = drain(consumer, timeout_ms=100)
         assert all(m.message_id().partition() == 0 for m in early)
         assert fault.failures >= 3
 
@@ -228,7 +225,7 @@ def test_lmdb_error_in_a_real_buffer_is_retried_until_the_marker_is_written(tmp_
         assert txn.state is pulsartxn.TxnState.COMMITTED
         tb = broker.admin.transaction_buffer_stats("t")["partitions"][part.topic]
         assert tb["ongoing_txn_size"] == 0 and tb["committed"] == 1
-        got = sorted(m.data() for m in early + _drain(consumer))
+        got = sorted(m.data() for m in early + drain(consumer))
         assert got == sorted(f"m{i}".encode() for i in range(8))  # all of them, once each
 
 
@@ -272,7 +269,7 @@ def test_pending_ack_failing_on_abort_keeps_messages_until_it_succeeds(tmp_path)
         stats = broker.admin.coordinator_stats(txn.id.coordinator_id)
         assert stats["finalize_retries"] - retries_before == fault.failures
         assert txn.state is pulsartxn.TxnState.ABORTED
-        again = sorted(m.data() for m in _drain(consumer))
+        again = sorted(m.data() for m in drain(consumer))
         assert again == [b"x0", b"x1", b"x2"]  # aborted acks: delivered again, once each
 
 
@@ -300,7 +297,7 @@ def test_broker_closed_mid_commit_finishes_the_commit_on_recovery(tmp_path):
             what="recovery to finalize the commit",
         )
         consumer = broker.client().subscribe("t", "s")
-        got = sorted(m.data() for m in _drain(consumer))
+        got = sorted(m.data() for m in drain(consumer))
         assert got == sorted(f"c{i}".encode() for i in range(6))
         tb = broker.admin.transaction_buffer_stats("t")["partitions"]
         assert all(p["ongoing_txn_size"] == 0 for p in tb.values())

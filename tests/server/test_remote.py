@@ -18,15 +18,7 @@ from pulsartxn.errors import (
     TransactionNotFound,
 )
 from pulsartxn.server.protocol import frame
-
-
-def drain(consumer, timeout_ms=200):
-    out = []
-    while True:
-        try:
-            out.append(consumer.receive(timeout_ms))
-        except Timeout:
-            return out
+from tests.helpers import drain
 
 
 def test_produce_consume_and_transactions_remotely(server):

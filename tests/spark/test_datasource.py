@@ -13,6 +13,7 @@ from pulsartxn.spark.datasource import (
     _StreamWriter,
     _Writer,
 )
+from tests.helpers import failing_once
 
 
 @pytest.fixture(scope="module")
@@ -101,21 +102,6 @@ def test_stream_read_and_write_exactly_once(registered, client, topic, tmp_path)
     assert len(_values(spark, sink)) == 500
 
 
-def _failing_once(mode):
-    """Fails partition 1's first attempt after it has sent two of its batches ("raise": an
-    exception; "crash": the Python worker dies and the attempt never aborts its transaction)."""
-
-    def inject(partition_id, attempt, sent):
-        import os
-
-        if partition_id == 1 and attempt == 0 and sent == 2:
-            if mode == "crash":
-                os._exit(1)
-            raise RuntimeError("injected failure in the middle of partition 1")
-
-    return inject
-
-
 @pytest.mark.parametrize("mode", ["raise", "crash"])
 def test_write_failure_mid_partition_is_retried_exactly_once(
     registered, client, service_url, topic, mode
@@ -127,7 +113,7 @@ def test_write_failure_mid_partition_is_retried_exactly_once(
         (PulsarTxnDataSource,),
         {
             "default_service_url": service_url,
-            "_inject": staticmethod(_failing_once(mode)),
+            "_inject": staticmethod(failing_once(mode)),
             "name": classmethod(lambda cls: "pulsartxn-failing"),
         },
     )

@@ -9,6 +9,7 @@ import pytest
 from pulsartxn import spark as ptx
 from pulsartxn.spark.read import plan_splits
 from pulsartxn.spark.write import WriteJob, prepare
+from tests.helpers import failing_once
 
 
 def _numbers(spark, n, partitions):
@@ -19,22 +20,6 @@ def _numbers(spark, n, partitions):
 
 def _expected(n):
     return sorted(str(i).encode() for i in range(n))
-
-
-def _failing_once(mode):
-    """Fails partition 1's first attempt after it has sent two of its batches (mode "raise":
-    an exception; "crash": the Python worker dies, so the attempt never reports back and never
-    aborts its own transaction)."""
-
-    def inject(partition_id, attempt, sent):
-        import os
-
-        if partition_id == 1 and attempt == 0 and sent == 2:
-            if mode == "crash":
-                os._exit(1)
-            raise RuntimeError("injected failure in the middle of partition 1")
-
-    return inject
 
 
 def test_write_then_read_back(spark, topic, read_values):
@@ -62,7 +47,7 @@ def test_failure_mid_partition_is_retried_exactly_once(spark, client, topic, rea
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
     try:
         out = ptx.write_topic(
-            _numbers(spark, 2000, 2), topic, key_column="k", _inject=_failing_once(mode)
+            _numbers(spark, 2000, 2), topic, key_column="k", _inject=failing_once(mode)
         )
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 
 import pyarrow as pa
@@ -18,6 +19,11 @@ from pulsartxn.errors import (
     TransactionNotFound,
     TransactionTimeout,
 )
+from tests import helpers
+
+# Consumers here are drained with a 100 ms wait, and scans are compared sorted.
+drain = functools.partial(helpers.drain, timeout_ms=100)
+scanned = functools.partial(helpers.scanned, sort=True)
 
 
 class _Served:
@@ -69,21 +75,8 @@ def env(request, tmp_path):
         b.close()
 
 
-def drain(consumer, timeout_ms=100):
-    out = []
-    while True:
-        try:
-            out.append(consumer.receive(timeout_ms))
-        except Timeout:
-            return out
-
-
 def values_of(msgs):
     return sorted(m.data() for m in msgs)
-
-
-def scanned(client, topic):
-    return sorted(v for b in client.scan(topic) for v in b.column("value").to_pylist())
 
 
 def test_invisible_until_commit_atomic_over_partitions_and_topics(env):
@@ -97,7 +90,7 @@ def test_invisible_until_commit_atomic_over_partitions_and_topics(env):
         pa_.send(b"a%d" % i, txn=txn)
     pb.send_async(b"b0", txn=txn)
     pb.send_batch([b"b1", b"b2"], txn=txn)
-    assert drain(ca, 50) == [] and drain(cb, 50) == []
+    assert drain(ca, timeout_ms=50) == [] and drain(cb, timeout_ms=50) == []
     assert scanned(client, "a") == [] and scanned(client, "b") == []
     assert not cb.has_message_available()
     assert cb.get_last_message_id().entry_id() == -1
@@ -118,7 +111,7 @@ def test_never_visible_after_abort_and_markers_move_the_cursor(env):
     txn = client.new_transaction()
     producer.send(b"gone", txn=txn)
     producer.send(b"plain")  # waits behind the open transaction (order is kept)
-    assert drain(consumer, 50) == []
+    assert drain(consumer, timeout_ms=50) == []
     txn.abort()
     msgs = drain(consumer)
     assert values_of(msgs) == [b"plain"]
@@ -280,7 +273,7 @@ def test_read_uncommitted_sees_open_transactions_never_aborted_ones(env):
     txn = client.new_transaction()
     producer.send(b"open", txn=txn)
     assert values_of(drain(dirty)) == [b"open"]
-    assert drain(committed, 50) == []
+    assert drain(committed, timeout_ms=50) == []
     doomed = client.new_transaction()
     producer.send(b"doomed", txn=doomed)
     doomed.abort()
@@ -306,7 +299,7 @@ def test_restart_in_every_state(env):
     stats = broker.admin.transaction_buffer_stats("t")
     assert stats["ongoing_txn_size"] == 1 and stats["aborted_txn_count"] == 1
     consumer = client.subscribe("t", "s")
-    assert values_of(drain(consumer, 50)) == [b"c"]  # `o` still holds what follows it
+    assert values_of(drain(consumer, timeout_ms=50)) == [b"c"]  # `o` still holds what follows it
     again = client.transaction(open_id)
     assert again.state is TxnState.OPEN
     producer = client.create_producer("t")

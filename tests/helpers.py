@@ -1,0 +1,39 @@
+"""Helpers shared by the test modules: reading back what a topic or subscription holds, and
+the fault the Spark write tests inject. Import them as ``from tests.helpers import drain``."""
+
+from __future__ import annotations
+
+from pulsartxn.errors import Timeout
+
+
+def drain(consumer, timeout_ms: int = 200) -> list:
+    """Every message `consumer` receives until none comes for `timeout_ms` (in order)."""
+    out = []
+    while True:
+        try:
+            out.append(consumer.receive(timeout_ms))
+        except Timeout:
+            return out
+
+
+def scanned(client, topic: str, *, sort: bool = False) -> list[bytes]:
+    """The values stored in `topic` (every partition), read by a scan: in scan order, or
+    sorted."""
+    values = [v for b in client.scan(topic) for v in b.column("value").to_pylist()]
+    return sorted(values) if sort else values
+
+
+def failing_once(mode: str):
+    """A Spark write's ``_inject`` hook that fails partition 1's first attempt after it has
+    sent two of its batches (mode "raise": an exception; "crash": the Python worker dies, so
+    the attempt never reports back and never aborts its own transaction)."""
+
+    def inject(partition_id, attempt, sent):
+        import os
+
+        if partition_id == 1 and attempt == 0 and sent == 2:
+            if mode == "crash":
+                os._exit(1)
+            raise RuntimeError("injected failure in the middle of partition 1")
+
+    return inject
