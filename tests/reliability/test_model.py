@@ -97,6 +97,9 @@ class BrokerModel(RuleBasedStateMachine):
             self.outstanding[key].clear()
             self.fresh_high[key].clear()
             self.seen[key].clear()
+            # Held by an open transaction's pending ack: delivered before the restart, and
+            # back after an abort as a redelivery, outside ledger order.
+            self.seen[key].update(self.pending[key])
 
     def teardown(self) -> None:
         if self.broker is not None:
