@@ -7,6 +7,7 @@ be lost.
 
 from __future__ import annotations
 
+import bisect
 import struct
 import threading
 from array import array
@@ -113,6 +114,18 @@ class Partition:
     def _push_count(self, n: int) -> None:
         self._counts.append(n)
         self._cumulative.append(self._cumulative[-1] + n)
+
+    def entries_holding(self, start: int, end: int, messages: int) -> int:
+        """How many entries from start (clamped; end exclusive) hold at least `messages`
+        messages, or all of them if they hold fewer; at least one when there is one."""
+        lo = max(start, self.first_entry_id) - self.first_entry_id
+        hi = min(end, self.next_entry_id) - self.first_entry_id
+        if hi <= lo:
+            return 0
+        cumulative = self._cumulative
+        # cumulative[j] - cumulative[lo]: the messages of entries lo..j-1
+        j = bisect.bisect_left(cumulative, cumulative[lo] + messages, lo + 1, hi + 1)
+        return min(j, hi) - lo
 
     def messages_between(self, start: int, end: int) -> int:
         """Messages in entries start..end-1 (clamped to what exists)."""

@@ -30,7 +30,10 @@ if TYPE_CHECKING:
 
 EXCLUSIVE, SHARED, FAILOVER = 0, 1, 2
 TYPE_NAMES = {EXCLUSIVE: "Exclusive", SHARED: "Shared", FAILOVER: "Failover"}
+# Read ahead: up to 64 entries, fewer when they hold more than 1000 messages (Pulsar's
+# receiverQueueSize): a ledger of large batch entries is not decoded all at once.
 READ_AHEAD_ENTRIES = 64
+READ_AHEAD_MESSAGES = 1000
 
 
 class _Pending:
@@ -181,7 +184,8 @@ class Subscription:
         end = self.partition.dispatch_end(self.read_committed)
         while self.read_position < end:
             start = max(self.read_position, self.partition.first_entry_id)
-            decoded = self.partition.read(start, end, READ_AHEAD_ENTRIES)
+            n = self.partition.entries_holding(start, end, READ_AHEAD_MESSAGES)
+            decoded = self.partition.read(start, end, max(1, min(n, READ_AHEAD_ENTRIES)))
             if decoded.num_entries == 0:
                 self.read_position = end
                 return False

@@ -392,3 +392,41 @@ def test_partitioned_subscription_state_survives_restart(broker):
 
 def broker_partitions(name, n):
     return [f"persistent://public/default/{name}-partition-{i}" for i in range(n)]
+
+
+def test_read_ahead_is_bounded_by_messages_not_entries(broker):
+    """A ledger of large batch entries is read ahead about a receiver queue at a time (Pulsar's
+    1000 messages), not 64 entries of 1000 messages at once; every message still comes once,
+    in order, across entries of mixed sizes."""
+    from pulsartxn.messaging.subscription import READ_AHEAD_MESSAGES
+
+    client = broker.client()
+    producer = client.create_producer("big")
+    sizes = [1000, 1, 1, 3000, 1, 500, 2000, 1, 1, 1]
+    sent = []
+    for i, n in enumerate(sizes):
+        values = [b"%d-%d" % (i, j) for j in range(n)]
+        producer.send_batch(values)
+        sent.extend(values)
+    partition = broker._resolve("big")[1][0]
+    counts = [partition.message_count(e) for e in range(len(sizes))]
+    for start in range(len(sizes)):
+        for want in (1, 2, 1000, 1001, 3002, 10**6):
+            got = partition.entries_holding(start, len(sizes), want)
+            # Brute force: the fewest entries from start holding `want`, or all that are left.
+            k, held = 0, 0
+            while start + k < len(sizes) and held < want:
+                held += counts[start + k]
+                k += 1
+            assert got == max(k, 1), (start, want)
+    consumer = client.subscribe("big", "s", initial_position=pulsartxn.InitialPosition.Earliest)
+    subscription = partition.subscriptions["s"]
+    received = []
+    while len(received) < len(sent):
+        msgs = consumer.batch_receive(100, 2000)
+        assert msgs
+        received.extend(m.data() for m in msgs)
+        # What is buffered ahead stays within one read of about a receiver queue.
+        assert len(subscription._buffer) <= max(READ_AHEAD_MESSAGES, max(sizes))
+        consumer.acknowledge_cumulative(msgs[-1])
+    assert received == sent
