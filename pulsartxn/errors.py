@@ -20,6 +20,7 @@ __all__ = [
     "Timeout",
     "AlreadyClosed",
     "CorruptEntry",
+    "StorageError",
     "StorageFull",
     "DataDirectoryLocked",
     "MessageTooBig",
@@ -83,7 +84,11 @@ class CorruptEntry(PulsarTxnError):
     """Stored bytes failed to decode or to verify (bad header, length, or checksum)."""
 
 
-class StorageFull(PulsarTxnError):
+class StorageError(PulsarTxnError):
+    """The disk failed a write (an I/O error); the write changed nothing."""
+
+
+class StorageFull(StorageError):
     """The LMDB map or the disk is full; the write that hit it changed nothing."""
 
 

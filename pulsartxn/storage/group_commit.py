@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import queue
 import threading
 import time
@@ -27,7 +28,7 @@ from typing import Any
 
 import lmdb
 
-from ..errors import AlreadyClosed, StorageFull
+from ..errors import AlreadyClosed, StorageError, StorageFull
 
 _FUTURE_LOCK = threading.Lock()  # state changes of every OpFuture: each holds it briefly
 _LOG = logging.getLogger("pulsartxn.storage")
@@ -208,6 +209,7 @@ class GroupCommit:
         lazy_max_ms: float = 20.0,
     ) -> None:
         self._env = env
+        self._path = env.path()
         self._max_records = max_records
         self._max_bytes = max_bytes
         self._linger = linger_ms / 1000.0
@@ -506,7 +508,7 @@ class GroupCommit:
                 self._run_group([op])
             return
         except BaseException as exc:  # the commit itself failed: nothing of the group was written
-            error = _storage_error(exc)
+            error = _storage_error(exc, self._path)
             for op in group:
                 self._fail(op, error)
             return
@@ -538,7 +540,7 @@ class GroupCommit:
                         if other.on_abort is not None:
                             other.on_abort()
                     if len(group) == 1:
-                        op.future.set_exception(_storage_error(exc))
+                        op.future.set_exception(_storage_error(exc, self._path))
                     raise _OpFailed() from exc
             txn.commit()
             txn = None
@@ -608,9 +610,34 @@ def _nothing(txn) -> None:
     return None
 
 
-def _storage_error(exc: BaseException) -> BaseException:
+# Free bytes under which a failed write is taken for a full disk: LMDB reports a write that
+# the disk cut short as an I/O error (EIO), not as ENOSPC.
+NEARLY_FULL_BYTES = 16 << 20
+
+
+def _storage_error(exc: BaseException, path: str | None = None) -> BaseException:
+    """The API.md error for a failed LMDB write: StorageFull for a full map or disk (a short
+    write on a disk with almost no room left counts), StorageError for other I/O errors."""
     if isinstance(exc, lmdb.MapFullError):
         return StorageFull(f"LMDB map is full: {exc}")
     if isinstance(exc, lmdb.DiskError) or (isinstance(exc, OSError) and exc.errno == 28):
         return StorageFull(f"disk is full: {exc}")
+    text = str(exc)
+    if isinstance(exc, lmdb.Error) and "No space left" in text:
+        return StorageFull(f"disk is full: {exc}")
+    if isinstance(exc, lmdb.Error) and "Input/output error" in text:
+        free = _free_bytes(path)
+        if free is not None and free < NEARLY_FULL_BYTES:
+            return StorageFull(f"disk is full ({free} bytes free): {exc}")
+        return StorageError(f"the disk failed the write: {exc}")
     return exc
+
+
+def _free_bytes(path: str | None) -> int | None:
+    if path is None:
+        return None
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize

@@ -1,6 +1,7 @@
-"""Disk trouble: a full LMDB map is a clear StorageFull that leaves nothing half-written, and a
-data directory that is not ours (a file, someone else's files or LMDB environment, no write
-permission) is refused at open with InvalidConfiguration, before anything is written."""
+"""Disk trouble: a full LMDB map or a full disk is a clear StorageFull that leaves nothing
+half-written, and a data directory that is not ours (a file, someone else's files or LMDB
+environment, no write permission) is refused at open with InvalidConfiguration, before anything
+is written."""
 
 from __future__ import annotations
 
@@ -122,6 +123,66 @@ def test_map_full_on_batched_sends_fails_each_future_clearly(tmp_path):
         assert scanned(client, "t") == ok
         client.create_producer("t").send(b"more")
         assert scanned(client, "t")[-1] == b"more"
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 24 MiB tmpfs mounted for the test (root only; skipped where mounting is refused):
+    a real ENOSPC from the kernel, not a full LMDB map."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small filesystem needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("transactional", [False, True])
+def test_a_full_disk_is_storage_full_and_writes_resume_when_space_is_freed(
+    small_filesystem, transactional
+):
+    """The disk fills before the map does: the failing call raises StorageFull and leaves
+    nothing half-written; once space is freed the same broker writes again, and a reopen
+    finds exactly what was acknowledged."""
+    ballast = small_filesystem / "ballast"
+    ballast.write_bytes(b"\0" * (4 << 20))
+    data = small_filesystem / "data"
+    broker = pulsartxn.Broker(data, sync=True, map_size=BIG_MAP, num_coordinators=2)
+    try:
+        client = broker.client()
+        broker.create_topic("t", 2)
+        producer = client.create_producer("t", batching_enabled=False)
+        written, step, txn, failed = _fill(client, producer, 3000, transactional)
+        assert len(written) > 10
+        expected = sorted(v for batch in written for v in batch)
+        assert sorted(scanned(client, "t")) == expected
+        if txn is not None:
+            try:
+                txn.abort()
+            except StorageFull:
+                pass  # the disk is still full; its timeout or the reopen ends it
+        ballast.unlink()  # space again: the same broker writes without a restart
+        producer.send_batch([b"after-1"])
+        with client.new_transaction() as t:
+            producer.send(b"after-2", txn=t)
+        expected += [b"after-1", b"after-2"]
+        assert sorted(scanned(client, "t")) == sorted(expected)
+    finally:
+        broker.close()
+    with pulsartxn.Broker(data, sync=True, map_size=BIG_MAP, num_coordinators=2) as broker:
+        client = broker.client()
+        got = scanned(client, "t")
+        assert sorted(got) == sorted(expected)
+        assert not set(failed) & set(got)
+        for values in per_partition(client, "t").values():
+            assert values == sorted(values)
 
 
 # -- directories that are not ours ---------------------------------------------------------

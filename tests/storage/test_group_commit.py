@@ -185,3 +185,20 @@ def test_op_future_answers_once_wakes_waiters_and_runs_callbacks(caplog):
     assert isinstance(failed.exception(), ValueError) and failed.done()
     with pytest.raises(ValueError, match="no room"):
         failed.result()
+
+
+def test_lmdb_write_errors_become_api_errors(tmp_path, monkeypatch):
+    from pulsartxn.errors import StorageError, StorageFull
+    from pulsartxn.storage import group_commit
+
+    eio = lmdb.Error("mdb_txn_commit: Input/output error")
+    # A short write with room to spare is a failing disk; with almost none, a full one.
+    assert type(group_commit._storage_error(eio, str(tmp_path))) is StorageError
+    monkeypatch.setattr(group_commit, "NEARLY_FULL_BYTES", 1 << 62)
+    full = group_commit._storage_error(eio, str(tmp_path))
+    assert isinstance(full, StorageFull) and "bytes free" in str(full)
+    assert isinstance(group_commit._storage_error(lmdb.MapFullError("map")), StorageFull)
+    nospace = lmdb.Error("mdb_txn_commit: No space left on device")
+    assert isinstance(group_commit._storage_error(nospace), StorageFull)
+    other = ValueError("a caller's bug")
+    assert group_commit._storage_error(other) is other
