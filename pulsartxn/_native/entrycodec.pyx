@@ -41,7 +41,6 @@ ptx_crc32c_init()
 CRC32C_HARDWARE = bool(ptx_crc32c_hardware())
 cdef const uint8_t *MAGIC = <const uint8_t *>b"PTXE"
 cdef uint8_t EMPTY[1]
-cdef uint32_t KEY_ABSENT = 0xFFFFFFFF
 
 
 # -- little-endian fields -------------------------------------------------------------------
@@ -203,13 +202,13 @@ cdef void write_entry(uint8_t *out, Messages m, Py_ssize_t i0, Py_ssize_t i1, ui
     put_u64(out + 32, sequence_id)
     put_u64(out + 40, <uint64_t>publish_time)
     put_u32(out + 48, <uint32_t>(i1 - i0))
-    cdef uint8_t *p = out + 56
+    cdef uint8_t *p = out + ENTRY_HEADER_SIZE
     cdef Py_ssize_t i
     cdef const uint8_t *vp
     cdef uint64_t vl
     for i in range(i0, i1):
         if m.kptr == NULL or m.klen[i] < 0:
-            put_u32(p, KEY_ABSENT)
+            put_u32(p, NO_KEY)
             p += 4
         else:
             put_u32(p, <uint32_t>m.klen[i])
@@ -228,14 +227,14 @@ cdef void write_entry(uint8_t *out, Messages m, Py_ssize_t i0, Py_ssize_t i1, ui
         memcpy(p, vp, vl)
         p += vl
     cdef uint32_t crc = ptx_crc32c(0, out, 52)
-    crc = ptx_crc32c(crc, out + 56, total - 56)
+    crc = ptx_crc32c(crc, out + ENTRY_HEADER_SIZE, total - ENTRY_HEADER_SIZE)
     put_u32(out + 52, crc)
 
 
 cdef bytes _encodeentry_range(Messages m, Py_ssize_t i0, Py_ssize_t i1, uint8_t marker,
                          uint64_t txn_msb, uint64_t txn_lsb, uint64_t producer_id,
                          uint64_t sequence_id, int64_t publish_time):
-    cdef size_t total = 56
+    cdef size_t total = ENTRY_HEADER_SIZE
     cdef Py_ssize_t i
     for i in range(i0, i1):
         total += m.size(i)
@@ -306,7 +305,7 @@ cdef Py_ssize_t entry_end(Messages m, Py_ssize_t i0, Py_ssize_t limit, uint64_t 
                           uint64_t *total) noexcept:
     """Where the entry starting at message i0 ends: at most `limit` messages and `cap` bytes
     (a single larger message goes alone)."""
-    cdef uint64_t bytes_now = 56, size
+    cdef uint64_t bytes_now = ENTRY_HEADER_SIZE, size
     cdef Py_ssize_t i = i0
     while i < m.n and i - i0 < limit:
         size = m.size(i)
@@ -332,7 +331,7 @@ cdef struct _Totals:
 
 cdef int _check_entry(const uint8_t *p, uint64_t size, bint verify, _Totals *t) noexcept nogil:
     """0 when the entry is well formed (adding its sizes to t), else a REASONS code."""
-    if size < 56:
+    if size < ENTRY_HEADER_SIZE:
         return 1
     if memcmp(p, MAGIC, 4) != 0:
         return 2
@@ -343,20 +342,20 @@ cdef int _check_entry(const uint8_t *p, uint64_t size, bint verify, _Totals *t) 
     cdef uint32_t crc
     if verify:
         crc = ptx_crc32c(0, p, 52)
-        crc = ptx_crc32c(crc, p + 56, size - 56)
+        crc = ptx_crc32c(crc, p + ENTRY_HEADER_SIZE, size - ENTRY_HEADER_SIZE)
         if crc != get_u32(p + 52):
             return 5
     cdef uint64_t count = get_u32(p + 48)
-    cdef uint64_t pos = 56, n, k, pairs
+    cdef uint64_t pos = ENTRY_HEADER_SIZE, n, k, pairs
     cdef uint64_t j
-    if count * 12 > size - 56:
+    if count * 12 > size - ENTRY_HEADER_SIZE:
         return 8
     for j in range(count):
         if size - pos < 4:
             return 6
         n = get_u32(p + pos)
         pos += 4
-        if n != KEY_ABSENT:
+        if n != NO_KEY:
             if n > size - pos:
                 return 6
             pos += n
@@ -410,7 +409,7 @@ def decode_header(buf, verify=True):
         t.messages = t.key_bytes = t.value_bytes = t.pairs = t.pkey_bytes = t.pval_bytes = 0
         if verify:
             code = _check_entry(p, view.len, True, &t)
-        elif view.len < 56:
+        elif view.len < ENTRY_HEADER_SIZE:
             code = 1
         elif memcmp(p, MAGIC, 4) != 0:
             code = 2
@@ -449,7 +448,7 @@ def header_columns(buffers):
         PyObject_GetBuffer(buffers[i], &view, PyBUF_SIMPLE)
         p = <const uint8_t *>view.buf
         length = view.len
-        bad = 1 if length < 56 else (2 if memcmp(p, MAGIC, 4) != 0 else 0)
+        bad = 1 if length < ENTRY_HEADER_SIZE else (2 if memcmp(p, MAGIC, 4) != 0 else 0)
         if not bad:
             c[i] = get_u32(p + 48)
             m[i] = p[5]
@@ -562,13 +561,13 @@ cdef object _fill(Py_buffer *views, Py_ssize_t ne, ids_arr, _Totals *t):
             count = get_u32(p + 48)
             mcount[e] = <uint32_t>count
             first[e] = m
-            pos = 56
+            pos = ENTRY_HEADER_SIZE
             for j in range(count):
                 msg_entry[m] = e
                 batch_index[m] = <int32_t>j
                 n = get_u32(p + pos)
                 pos += 4
-                if n == KEY_ABSENT:
+                if n == NO_KEY:
                     key_valid[m] = 0
                 else:
                     key_valid[m] = 1
