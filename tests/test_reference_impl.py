@@ -60,3 +60,28 @@ def test_load_works_after_the_types_submodule_is_imported():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["reference", "native"]
+
+
+def test_every_native_module_has_a_same_named_twin():
+    """Each compiled module under _native has a pure-Python twin of the same name under
+    _native/reference, listed in MODULES, giving the same public names."""
+    import importlib
+
+    from pulsartxn import _native
+
+    native_dir = ROOT / "pulsartxn" / "_native"
+    compiled = sorted(p.stem for p in native_dir.glob("*.pyx"))
+    twins = sorted(p.stem for p in (native_dir / "reference").glob("*.py") if p.stem != "__init__")
+    assert set(compiled) <= set(twins), set(compiled) - set(twins)
+    assert set(compiled) <= set(_native.MODULES)
+    for name in compiled:
+        native = importlib.import_module(f"pulsartxn._native.{name}")
+        twin = importlib.import_module(f"pulsartxn._native.reference.{name}")
+        own = native.__name__  # names the module defines, not ones it imports
+        public = [
+            n
+            for n in _native.NAMES
+            if hasattr(native, n) and getattr(getattr(native, n), "__module__", own) == own
+        ]
+        missing = [n for n in public if not hasattr(twin, n)]
+        assert public and not missing, (name, missing)

@@ -1,27 +1,26 @@
-"""Pure-Python twin of pulsartxn._native.entrylog: same format, byte for byte."""
+"""Pure-Python twin of pulsartxn._native.entrylog: a partition's ledger in LMDB. The codec's
+twin is reference/entrycodec.py; its functions are re-exported here, as the native module
+re-exports the native codec's."""
 
 from __future__ import annotations
 
 import struct
 
-import numpy as np
-
-from ...errors import CorruptEntry
-from ..checks import as_entry_ids, check_bulk, entry_range
+from ..checks import entry_range
 from ..entryformat import (
     DEFAULT_MAX_ENTRY_BYTES,
-    HEADER,
     HEADER_SIZE,
-    MAGIC,
-    NO_KEY,
-    REASONS,
-    VERSION,
     DecodedEntries,
     EntryHeader,
-    arrow_binary,
-    check_header_ints,
-    normalize_keys,
-    normalize_properties,
+)
+from .entrycodec import (
+    crc32c,
+    decode_entries,
+    decode_header,
+    encode_entries,
+    encode_entry,
+    header_columns,
+    value_sizes,
 )
 
 __all__ = [
@@ -33,304 +32,12 @@ __all__ = [
     "encode_entry",
     "encode_entries",
     "decode_header",
+    "header_columns",
     "decode_entries",
     "EntryLog",
 ]
 
 _BE64 = struct.Struct(">Q")
-_U32 = struct.Struct("<I")
-
-
-def _crc_table() -> list[int]:
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
-
-
-_TABLE = _crc_table()
-
-
-def crc32c(data, value: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0xFFFFFFFF:
-        raise ValueError(f"crc32c value must be an int in 0..2^32-1, not {value!r}")
-    table = _TABLE
-    crc = value ^ 0xFFFFFFFF
-    for byte in memoryview(data).cast("B"):
-        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-def _values(values) -> list[bytes]:
-    arrow = arrow_binary(values)
-    if arrow is not None:
-        offsets, data = arrow
-        raw = data.tobytes()
-        return [raw[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
-    if not isinstance(values, (list, tuple)):
-        raise TypeError(
-            f"values must be a list of bytes or a pyarrow array, not {type(values).__name__}"
-        )
-    out = []
-    for i, v in enumerate(values):
-        if isinstance(v, (bytearray, memoryview)):
-            v = bytes(v)
-        if not isinstance(v, bytes):
-            raise TypeError(f"values[{i}] must be bytes, not {type(v).__name__}")
-        if len(v) > 0xFFFFFFFE:
-            raise ValueError(f"values[{i}] of {len(v)} bytes is too long")
-        out.append(v)
-    return out
-
-
-def value_sizes(values) -> np.ndarray:
-    arrow = arrow_binary(values)
-    if arrow is not None:
-        return np.diff(arrow[0]).astype(np.int64)
-    return np.array([len(v) for v in _values(values)], dtype=np.int64)
-
-
-def _message(value: bytes, key, props) -> bytes:
-    key_part = _U32.pack(NO_KEY) if key is None else _U32.pack(len(key)) + key
-    prop_part = b"\0\0\0\0" if props is None else props
-    return key_part + prop_part + _U32.pack(len(value)) + value
-
-
-def _entry(
-    messages: list[bytes], marker, txn_msb, txn_lsb, producer_id, sequence_id, publish_time
-) -> bytes:
-    body = b"".join(messages)
-    head = HEADER.pack(
-        MAGIC,
-        VERSION,
-        marker,
-        0,
-        txn_msb,
-        txn_lsb,
-        producer_id,
-        sequence_id,
-        publish_time,
-        len(messages),
-        0,
-    )
-    crc = crc32c(body, crc32c(head[:52]))
-    return head[:52] + _U32.pack(crc) + body
-
-
-def _prepare(values, keys, properties):
-    vals = _values(values)
-    n = len(vals)
-    key_list = normalize_keys(keys, n)
-    prop_list = normalize_properties(properties, n)
-    return [
-        _message(
-            vals[i],
-            None if key_list is None else key_list[i],
-            None if prop_list is None else prop_list[i],
-        )
-        for i in range(n)
-    ]
-
-
-def encode_entry(
-    values,
-    keys=None,
-    properties=None,
-    *,
-    txn_msb=0,
-    txn_lsb=0,
-    producer_id=0,
-    sequence_id=0,
-    publish_time=0,
-    marker_type=0,
-) -> bytes:
-    check_header_ints(txn_msb, txn_lsb, producer_id, sequence_id, publish_time, marker_type)
-    messages = _prepare(values, keys, properties)
-    return _entry(messages, marker_type, txn_msb, txn_lsb, producer_id, sequence_id, publish_time)
-
-
-def encode_entries(
-    values,
-    keys=None,
-    properties=None,
-    *,
-    batch_size=1000,
-    max_entry_bytes=DEFAULT_MAX_ENTRY_BYTES,
-    txn_msb=0,
-    txn_lsb=0,
-    producer_id=0,
-    first_sequence_id=0,
-    publish_time=0,
-) -> list[bytes]:
-    check_header_ints(txn_msb, txn_lsb, producer_id, first_sequence_id, publish_time, 0)
-    check_bulk(batch_size, max_entry_bytes, first_sequence_id, 1)
-    messages = _prepare(values, keys, properties)
-    check_bulk(batch_size, max_entry_bytes, first_sequence_id, len(messages))
-    out = []
-    i0 = 0
-    seq = first_sequence_id
-    while i0 < len(messages):
-        size = HEADER_SIZE
-        i = i0
-        while i < len(messages) and i - i0 < batch_size:
-            if i > i0 and size + len(messages[i]) > max_entry_bytes:
-                break
-            size += len(messages[i])
-            i += 1
-        out.append(_entry(messages[i0:i], 0, txn_msb, txn_lsb, producer_id, seq, publish_time))
-        seq += i - i0
-        i0 = i
-    return out
-
-
-def _parse(raw: bytes, verify: bool):
-    """(header fields, [(key, [(k, v)], value)]) or a REASONS code."""
-    size = len(raw)
-    if size < HEADER_SIZE:
-        return 1
-    magic, version, marker, flags, msb, lsb, producer, seq, publish, count, crc = (
-        HEADER.unpack_from(raw)
-    )
-    if magic != MAGIC:
-        return 2
-    if version != VERSION:
-        return 3
-    if flags:
-        return 4
-    if verify and crc32c(raw[HEADER_SIZE:], crc32c(raw[:52])) != crc:
-        return 5
-    if count * 12 > size - HEADER_SIZE:
-        return 8
-    pos = HEADER_SIZE
-
-    def take(n):
-        nonlocal pos
-        if n > size - pos:
-            raise IndexError
-        out = raw[pos : pos + n]
-        pos += n
-        return out
-
-    messages = []
-    try:
-        for _ in range(count):
-            (klen,) = _U32.unpack(take(4))
-            key = None if klen == NO_KEY else take(klen)
-            (pairs,) = _U32.unpack(take(4))
-            props = []
-            for _ in range(pairs):
-                (n,) = _U32.unpack(take(4))
-                k = take(n)
-                (n,) = _U32.unpack(take(4))
-                props.append((k, take(n)))
-            (vlen,) = _U32.unpack(take(4))
-            messages.append((key, props, take(vlen)))
-    except IndexError:
-        return 6
-    if pos != size:
-        return 7
-    return (marker, msb, lsb, producer, seq, publish, count), messages
-
-
-def decode_header(buf, verify=True) -> EntryHeader:
-    raw = bytes(memoryview(buf).cast("B"))
-    if verify:
-        parsed = _parse(raw, True)
-        if isinstance(parsed, int):
-            raise CorruptEntry(f"entry: {REASONS[parsed]}")
-        return EntryHeader(*parsed[0])
-    if len(raw) < HEADER_SIZE:
-        raise CorruptEntry(f"entry: {REASONS[1]}")
-    magic, _, marker, _, msb, lsb, producer, seq, publish, count, _ = HEADER.unpack_from(raw)
-    if magic != MAGIC:
-        raise CorruptEntry(f"entry: {REASONS[2]}")
-    return EntryHeader(marker, msb, lsb, producer, seq, publish, count)
-
-
-def header_columns(buffers):
-    """Twin of the native header_columns: header fields of each entry, messages untouched."""
-    buffers = list(buffers)
-    n = len(buffers)
-    counts = np.empty(n, np.int64)
-    markers = np.empty(n, np.uint8)
-    msb = np.empty(n, np.uint64)
-    lsb = np.empty(n, np.uint64)
-    for i, buf in enumerate(buffers):
-        raw = bytes(memoryview(buf).cast("B")[:HEADER_SIZE])
-        if len(raw) < HEADER_SIZE:
-            raise CorruptEntry(f"entry {i} of the scan: {REASONS[1]}")
-        magic, _, marker, _, hi, lo, _, _, _, count, _ = HEADER.unpack_from(raw)
-        if magic != MAGIC:
-            raise CorruptEntry(f"entry {i} of the scan: {REASONS[2]}")
-        counts[i], markers[i], msb[i], lsb[i] = count, marker, hi, lo
-    return counts, markers, msb, lsb
-
-
-def decode_entries(entry_ids, buffers, verify=True) -> DecodedEntries:
-    ids = as_entry_ids(entry_ids)
-    buffers = list(buffers)
-    if len(ids) != len(buffers):
-        raise ValueError(f"{len(ids)} entry ids for {len(buffers)} buffers")
-    heads, entries = [], []
-    for e, buf in enumerate(buffers):
-        parsed = _parse(bytes(memoryview(buf).cast("B")), bool(verify))
-        if isinstance(parsed, int):
-            raise CorruptEntry(f"entry {int(ids[e])}: {REASONS[parsed]}")
-        heads.append(parsed[0])
-        entries.append(parsed[1])
-    cols = {k: [] for k in ("msg_entry", "batch_index", "key_valid")}
-    key_parts, value_parts, pk_parts, pv_parts = [], [], [], []
-    key_off, val_off, prop_off, pk_off, pv_off = [0], [0], [0], [0], [0]
-    first = []
-    for e, messages in enumerate(entries):
-        first.append(len(cols["msg_entry"]))
-        for j, (key, props, value) in enumerate(messages):
-            cols["msg_entry"].append(e)
-            cols["batch_index"].append(j)
-            cols["key_valid"].append(key is not None)
-            key_parts.append(key or b"")
-            key_off.append(key_off[-1] + len(key or b""))
-            for k, v in props:
-                pk_parts.append(k)
-                pk_off.append(pk_off[-1] + len(k))
-                pv_parts.append(v)
-                pv_off.append(pv_off[-1] + len(v))
-            prop_off.append(prop_off[-1] + len(props))
-            value_parts.append(value)
-            val_off.append(val_off[-1] + len(value))
-
-    def column(index, dtype):
-        return np.array([h[index] for h in heads], dtype=dtype)
-
-    def data(parts):
-        return np.frombuffer(b"".join(parts), dtype=np.uint8).copy()
-
-    return DecodedEntries(
-        entry_id=ids,
-        marker_type=column(0, np.uint8),
-        txn_msb=column(1, np.uint64),
-        txn_lsb=column(2, np.uint64),
-        producer_id=column(3, np.uint64),
-        sequence_id=column(4, np.uint64),
-        publish_time=column(5, np.int64),
-        message_count=column(6, np.uint32),
-        first_message=np.array(first, dtype=np.int64),
-        msg_entry=np.array(cols["msg_entry"], dtype=np.int64),
-        batch_index=np.array(cols["batch_index"], dtype=np.int32),
-        key_valid=np.array(cols["key_valid"], dtype=np.bool_),
-        key_offsets=np.array(key_off, dtype=np.int64),
-        key_data=data(key_parts),
-        value_offsets=np.array(val_off, dtype=np.int64),
-        value_data=data(value_parts),
-        prop_offsets=np.array(prop_off, dtype=np.int64),
-        prop_key_offsets=np.array(pk_off, dtype=np.int64),
-        prop_key_data=data(pk_parts),
-        prop_value_offsets=np.array(pv_off, dtype=np.int64),
-        prop_value_data=data(pv_parts),
-    )
 
 
 class EntryLog:
