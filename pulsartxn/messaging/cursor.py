@@ -35,6 +35,20 @@ class Cursor:
             return acks is not None and acks.test(batch_index)
         return False
 
+    def acked_among(self, keys) -> list:
+        """Those of the (entry_id, batch_index) `keys` that are acknowledged: is_acked over many
+        keys, inline (it runs for every message delivered)."""
+        mark, acked, partly = self.mark_delete, self.acked, self.batch_acks
+        if not acked and not partly:  # only the mark-delete position
+            return [k for k in keys if k[0] <= mark]
+        return [
+            k
+            for k in keys
+            if k[0] <= mark
+            or k[0] in acked
+            or (k[1] >= 0 and (s := partly.get(k[0])) is not None and s.test(k[1]))
+        ]
+
     def acked_in_entry(self, entry_id: int) -> AckSet | None:
         """Batch indexes acknowledged in a partly acknowledged entry."""
         return self.batch_acks.get(entry_id)

@@ -115,11 +115,15 @@ class Partition:
         self._counts.append(n)
         self._cumulative.append(self._cumulative[-1] + n)
 
+    def _count_span(self, start: int, end: int) -> tuple[int, int]:
+        """Entries start..end-1 clamped to what exists, as indexes into the counts."""
+        first = self.first_entry_id
+        return max(start, first) - first, min(end, self.next_entry_id) - first
+
     def entries_holding(self, start: int, end: int, messages: int) -> int:
         """How many entries from start (clamped; end exclusive) hold at least `messages`
         messages, or all of them if they hold fewer; at least one when there is one."""
-        lo = max(start, self.first_entry_id) - self.first_entry_id
-        hi = min(end, self.next_entry_id) - self.first_entry_id
+        lo, hi = self._count_span(start, end)
         if hi <= lo:
             return 0
         cumulative = self._cumulative
@@ -129,8 +133,7 @@ class Partition:
 
     def messages_between(self, start: int, end: int) -> int:
         """Messages in entries start..end-1 (clamped to what exists)."""
-        lo = max(start, self.first_entry_id) - self.first_entry_id
-        hi = min(end, self.next_entry_id) - self.first_entry_id
+        lo, hi = self._count_span(start, end)
         if hi <= lo:
             return 0
         return self._cumulative[hi] - self._cumulative[lo]

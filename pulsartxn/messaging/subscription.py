@@ -256,23 +256,10 @@ class Subscription:
 
     def _forget_acked(self) -> None:
         """Drop bookkeeping of messages the cursor now covers (lock held)."""
-        cursor = self.cursor
-        mark, acked, partly = cursor.mark_delete, cursor.acked, cursor.batch_acks
         for held in (self._pending, self._redelivery_counts):
-            if not held:
-                continue
-            if not acked and not partly:  # only the mark-delete position moved
-                gone = [k for k in held if k[0] <= mark]
-            else:  # Cursor.is_acked, inline: it runs for every message delivered
-                gone = [
-                    k
-                    for k in held
-                    if k[0] <= mark
-                    or k[0] in acked
-                    or (k[1] >= 0 and (s := partly.get(k[0])) is not None and s.test(k[1]))
-                ]
-            for key in gone:
-                del held[key]
+            if held:
+                for key in self.cursor.acked_among(held):
+                    del held[key]
 
     def _release_held(self, released) -> None:
         """An aborted transaction's held messages are delivered again, their redelivery count

@@ -33,37 +33,46 @@ sends = st.lists(
 )
 
 
-def run(impl, tmp_path, workload, name):
-    old = producer_module.PartitionProducer
-    producer_module.PartitionProducer = impl.PartitionProducer
+@contextmanager
+def producers_of(impl):
+    """The producer module on `impl`'s batch containers and transaction batches."""
+    old = producer_module.PartitionProducer, producer_module.TxnBatch
+    producer_module.PartitionProducer, producer_module.TxnBatch = (
+        impl.PartitionProducer,
+        impl.TxnBatch,
+    )
     try:
-        with pulsartxn.Broker(tmp_path / name, sync=False) as broker:
-            client = broker.client()
-            p = client.create_producer(
-                "t",
-                producer_name="p",
-                batching_max_messages=4,
-                batching_max_publish_delay_ms=60_000,
-            )
-            assert type(p._parts[0]) is impl.PartitionProducer
-            futures = []
-            for value, key, props, seq, flush in workload:
-                futures.append(
-                    p.send_async(value, properties=props, partition_key=key, sequence_id=seq)
-                )
-                if flush:
-                    p.flush()
-            p.flush()
-            ids = [(f.result().entry_id(), f.result().batch_index()) for f in futures]
-            assert len(ids) == len(workload)
-            stored = [
-                (r["entry_id"], r["batch_index"], r["key"], r["value"], r["properties"])
-                for b in client.scan("t")
-                for r in b.to_pylist()
-            ]
-            return ids, stored, p.last_sequence_id()
+        yield
     finally:
-        producer_module.PartitionProducer = old
+        producer_module.PartitionProducer, producer_module.TxnBatch = old
+
+
+def run(impl, tmp_path, workload, name):
+    with producers_of(impl), pulsartxn.Broker(tmp_path / name, sync=False) as broker:
+        client = broker.client()
+        p = client.create_producer(
+            "t",
+            producer_name="p",
+            batching_max_messages=4,
+            batching_max_publish_delay_ms=60_000,
+        )
+        assert type(p._parts[0]) is impl.PartitionProducer
+        futures = []
+        for value, key, props, seq, flush in workload:
+            futures.append(
+                p.send_async(value, properties=props, partition_key=key, sequence_id=seq)
+            )
+            if flush:
+                p.flush()
+        p.flush()
+        ids = [(f.result().entry_id(), f.result().batch_index()) for f in futures]
+        assert len(ids) == len(workload)
+        stored = [
+            (r["entry_id"], r["batch_index"], r["key"], r["value"], r["properties"])
+            for b in client.scan("t")
+            for r in b.to_pylist()
+        ]
+        return ids, stored, p.last_sequence_id()
 
 
 @settings(max_examples=25, deadline=None)
@@ -82,20 +91,6 @@ txn_sends = st.lists(
     ),
     max_size=40,
 )
-
-
-@contextmanager
-def producers_of(impl):
-    """The producer module on `impl`'s batch containers and transaction batches."""
-    old = producer_module.PartitionProducer, producer_module.TxnBatch
-    producer_module.PartitionProducer, producer_module.TxnBatch = (
-        impl.PartitionProducer,
-        impl.TxnBatch,
-    )
-    try:
-        yield
-    finally:
-        producer_module.PartitionProducer, producer_module.TxnBatch = old
 
 
 def run_txns(impl, tmp_path, workload, name):
@@ -193,18 +188,13 @@ def test_duplicate_of_a_message_still_in_its_batch(impl, tmp_path):
 @contextmanager
 def producer_on(impl, tmp_path, **options):
     """A one-partition producer whose partition container is `impl`'s, on its own broker."""
-    old = producer_module.PartitionProducer
-    producer_module.PartitionProducer = impl.PartitionProducer
-    try:
-        with pulsartxn.Broker(tmp_path / "b", sync=False) as broker:
-            client = broker.client()
-            options.setdefault("batching_max_messages", 10)
-            options.setdefault("batching_max_publish_delay_ms", 60_000)
-            p = client.create_producer("t", producer_name="p", **options)
-            assert type(p._parts[0]) is impl.PartitionProducer
-            yield p
-    finally:
-        producer_module.PartitionProducer = old
+    with producers_of(impl), pulsartxn.Broker(tmp_path / "b", sync=False) as broker:
+        client = broker.client()
+        options.setdefault("batching_max_messages", 10)
+        options.setdefault("batching_max_publish_delay_ms", 60_000)
+        p = client.create_producer("t", producer_name="p", **options)
+        assert type(p._parts[0]) is impl.PartitionProducer
+        yield p
 
 
 def eventually(predicate, timeout=10.0):
