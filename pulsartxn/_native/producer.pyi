@@ -43,20 +43,14 @@ class Batch:
     def __init__(self, first_sequence: int) -> None: ...
     def contains(self, sequence_id: int) -> bool: ...
 
-class TxnBatch:
+class TxnBatch(Batch):
     """Messages of one transaction waiting to become one entry on one partition."""
 
     part: Any
     txn: Any
-    values: list[bytes]
-    keys: list[Any] | None
-    props: list[Any] | None
-    first_sequence: int
-    nbytes: int
-    outcome: Outcome
     inflight: Future | None
     sealed: bool
-    def __init__(self, part: Any, txn: Any, first_sequence: int) -> None: ...
+    def __init__(self, part: Any, txn: Any, first_sequence: int) -> None: ...  # type: ignore[override]
     def add(self, content: bytes, properties: dict[str, str] | None, key: Any) -> Future: ...
     def landed(self, entry_id: int) -> None: ...
     def fail(self, exc: BaseException) -> None: ...

@@ -288,8 +288,16 @@ cdef class MessageFuture:
         return f"<MessageFuture at {id(self):#x} state=finished returned MessageId>"
 
 
-@cython.final
+cdef inline MessageFuture _future(Outcome outcome, Py_ssize_t index):
+    cdef MessageFuture fut = MessageFuture.__new__(MessageFuture)
+    fut._outcome = outcome
+    fut._index = index
+    return fut
+
+
 cdef class Batch:
+    """Messages waiting to become one entry; their futures share the batch's Outcome."""
+
     cdef public list values
     cdef public object keys        # list, created at the first keyed message
     cdef public object props       # list, created at the first message with properties
@@ -310,37 +318,9 @@ cdef class Batch:
     def contains(self, int64_t sequence_id) -> bool:
         return self.first_sequence <= sequence_id < self.first_sequence + len(self.values)
 
-
-@cython.final
-cdef class TxnBatch:
-    """Messages of one transaction waiting to become one entry on one partition; their
-    futures share the batch's Outcome, as the plain path's do. ``sealed`` once the batch is
-    taken from its producer (sent or dropped): the send path then appends no more."""
-
-    cdef public object part        # the PartitionProducer
-    cdef public object txn         # the Transaction
-    cdef public list values
-    cdef public object keys        # list, created at the first keyed message
-    cdef public object props       # list, created at the first message with properties
-    cdef public int64_t first_sequence
-    cdef public Py_ssize_t nbytes
-    cdef public Outcome outcome
-    cdef public object inflight    # the future of its write, once sent
-    cdef public bint sealed
-
-    def __init__(self, part, txn, int64_t first_sequence):
-        self.part = part
-        self.txn = txn
-        self.first_sequence = first_sequence
-        self.values = []
-        self.keys = None
-        self.props = None
-        self.outcome = Outcome()
-        self.nbytes = 0
-        self.inflight = None
-        self.sealed = False
-
-    def add(self, bytes content not None, properties, key):
+    cdef Py_ssize_t append(self, bytes content, object properties, object key) except -1:
+        """Add one message (its key and properties lists made at the first that has one);
+        its index in the batch."""
         cdef Py_ssize_t n = len(self.values)
         if key is not None and self.keys is None:
             self.keys = [None] * n
@@ -352,7 +332,29 @@ cdef class TxnBatch:
         if self.props is not None:
             self.props.append(properties)
         self.nbytes += PyBytes_GET_SIZE(content)
-        return MessageFuture(self.outcome, n)
+        return n
+
+
+@cython.final
+cdef class TxnBatch(Batch):
+    """Messages of one transaction waiting to become one entry on one partition. ``sealed``
+    once the batch is taken from its producer (sent or dropped): the send path then appends
+    no more."""
+
+    cdef public object part        # the PartitionProducer
+    cdef public object txn         # the Transaction
+    cdef public object inflight    # the future of its write, once sent
+    cdef public bint sealed
+
+    def __init__(self, part, txn, int64_t first_sequence):
+        Batch.__init__(self, first_sequence)
+        self.part = part
+        self.txn = txn
+        self.inflight = None
+        self.sealed = False
+
+    def add(self, bytes content not None, properties, key):
+        return _future(self.outcome, self.append(content, properties, key))
 
     def landed(self, int64_t entry_id):
         self.outcome.landed(self.part.partition, entry_id, len(self.values))
@@ -441,7 +443,6 @@ cdef class PartitionProducer:
         producer's path opened last), when it takes it; None for the producer's path (no
         open batch, a full one, another transaction's, ...)."""
         cdef Py_ssize_t n, size = PyBytes_GET_SIZE(content)
-        cdef MessageFuture fut
         cdef TxnBatch batch
         self.lock.take()
         try:
@@ -455,17 +456,9 @@ cdef class PartitionProducer:
                 or self.last_sequence + 1 != batch.first_sequence + n
             ):
                 return None
-            batch.values.append(content)
-            if batch.keys is not None:
-                batch.keys.append(None)
-            if batch.props is not None:
-                batch.props.append(None)
-            batch.nbytes += size
+            batch.append(content, None, None)
             self.last_sequence += 1
-            fut = MessageFuture.__new__(MessageFuture)
-            fut._outcome = batch.outcome
-            fut._index = n
-            return fut
+            return _future(batch.outcome, n)
         finally:
             self.lock.give()
 
@@ -517,20 +510,8 @@ cdef class PartitionProducer:
                 if not self.watched:
                     self.watched = True
                     self.flusher.watch(self)
-            n = len(batch.values)
-            if key is not None and batch.keys is None:
-                batch.keys = [None] * n
-            if properties and batch.props is None:
-                batch.props = [None] * n
-            batch.values.append(content)
-            if batch.keys is not None:
-                batch.keys.append(key)
-            if batch.props is not None:
-                batch.props.append(properties)
-            fut = MessageFuture.__new__(MessageFuture)
-            fut._outcome = batch.outcome
-            fut._index = n
-            batch.nbytes += size
+            n = batch.append(content, properties, key)
+            fut = _future(batch.outcome, n)
             self.last_sequence = sequence_id
             if not self.batching or n + 1 >= self.max_messages:
                 self._flush()

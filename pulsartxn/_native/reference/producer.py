@@ -214,6 +214,8 @@ class MessageFuture:
 
 
 class Batch:
+    """Messages waiting to become one entry; their futures share the batch's Outcome."""
+
     __slots__ = ("values", "keys", "props", "first_sequence", "nbytes", "started", "outcome")
 
     def __init__(self, first_sequence: int) -> None:
@@ -228,38 +230,9 @@ class Batch:
     def contains(self, sequence_id: int) -> bool:
         return self.first_sequence <= sequence_id < self.first_sequence + len(self.values)
 
-
-class TxnBatch:
-    """Messages of one transaction waiting to become one entry on one partition; their
-    futures share the batch's Outcome, as the plain path's do. ``sealed`` once the batch is
-    taken from its producer (sent or dropped): the send path then appends no more."""
-
-    __slots__ = (
-        "part",
-        "txn",
-        "first_sequence",
-        "values",
-        "keys",
-        "props",
-        "outcome",
-        "nbytes",
-        "inflight",
-        "sealed",
-    )
-
-    def __init__(self, part, txn, first_sequence: int) -> None:
-        self.part = part
-        self.txn = txn
-        self.first_sequence = first_sequence
-        self.values: list[bytes] = []
-        self.keys: list | None = None
-        self.props: list | None = None
-        self.outcome = Outcome()
-        self.nbytes = 0
-        self.inflight: Future | None = None
-        self.sealed = False
-
-    def add(self, content: bytes, properties, key) -> MessageFuture:
+    def append(self, content: bytes, properties, key) -> int:
+        """Add one message (its key and properties lists made at the first that has one);
+        its index in the batch."""
         n = len(self.values)
         if key is not None and self.keys is None:
             self.keys = [None] * n
@@ -271,7 +244,25 @@ class TxnBatch:
         if self.props is not None:
             self.props.append(properties)
         self.nbytes += len(content)
-        return MessageFuture(self.outcome, n)
+        return n
+
+
+class TxnBatch(Batch):
+    """Messages of one transaction waiting to become one entry on one partition. ``sealed``
+    once the batch is taken from its producer (sent or dropped): the send path then appends
+    no more."""
+
+    __slots__ = ("part", "txn", "inflight", "sealed")
+
+    def __init__(self, part, txn, first_sequence: int) -> None:
+        super().__init__(first_sequence)
+        self.part = part
+        self.txn = txn
+        self.inflight: Future | None = None
+        self.sealed = False
+
+    def add(self, content: bytes, properties, key) -> MessageFuture:
+        return MessageFuture(self.outcome, self.append(content, properties, key))
 
     def landed(self, entry_id: int) -> None:
         self.outcome.landed(self.part.partition, entry_id, len(self.values))
@@ -397,18 +388,8 @@ class PartitionProducer:
                 if not self.watched:
                     self.watched = True
                     producer.client.broker._flusher.watch(self)
-            n = len(batch.values)
-            if key is not None and batch.keys is None:
-                batch.keys = [None] * n
-            if properties and batch.props is None:
-                batch.props = [None] * n
-            batch.values.append(content)
-            if batch.keys is not None:
-                batch.keys.append(key)
-            if batch.props is not None:
-                batch.props.append(properties)
+            n = batch.append(content, properties, key)
             fut = MessageFuture(batch.outcome, n)
-            batch.nbytes += len(content)
             self.last_sequence = sequence_id
             if not producer.batching_enabled or n + 1 >= producer.batching_max_messages:
                 self._flush_locked()
