@@ -19,9 +19,9 @@ from ..errors import (
     AlreadyClosed,
     DataDirectoryLocked,
     InvalidConfiguration,
-    StorageFull,
 )
-from .group_commit import GroupCommit, WriteOp
+from .group_commit import GroupCommit
+from .ops import WriteOp, storage_error
 
 LOCK_FILE = "broker.lock"
 FORMAT_KEY = b"format"
@@ -110,7 +110,7 @@ class Storage:
                 f"{self.data_dir} holds an LMDB environment that is not a pulsartxn store: {exc}"
             ) from None
         except lmdb.MapFullError as exc:
-            raise StorageFull(f"LMDB map is full: {exc}") from None
+            raise storage_error(exc, self.data_dir) from None
 
     def open_db(self, name: bytes):
         """The handle of a named database, created on first use (thread-safe, cached)."""
@@ -132,7 +132,7 @@ class Storage:
                         "per partition and a few shared): open it with a larger max_dbs"
                     ) from None
                 except lmdb.MapFullError as exc:
-                    raise StorageFull(f"LMDB map is full: {exc}") from None
+                    raise storage_error(exc, self.data_dir) from None
                 self._dbs[name] = db
             return db
 

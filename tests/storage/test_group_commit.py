@@ -153,7 +153,7 @@ def test_acknowledged_sends_survive_kill_9(tmp_path):
 def test_op_future_answers_once_wakes_waiters_and_runs_callbacks(caplog):
     from concurrent.futures import InvalidStateError
 
-    from pulsartxn.storage.group_commit import OpFuture
+    from pulsartxn.storage.ops import OpFuture
 
     fut = OpFuture()
     with pytest.raises(TimeoutError):
@@ -189,16 +189,16 @@ def test_op_future_answers_once_wakes_waiters_and_runs_callbacks(caplog):
 
 def test_lmdb_write_errors_become_api_errors(tmp_path, monkeypatch):
     from pulsartxn.errors import StorageError, StorageFull
-    from pulsartxn.storage import group_commit
+    from pulsartxn.storage import ops
 
     eio = lmdb.Error("mdb_txn_commit: Input/output error")
     # A short write with room to spare is a failing disk; with almost none, a full one.
-    assert type(group_commit._storage_error(eio, str(tmp_path))) is StorageError
-    monkeypatch.setattr(group_commit, "NEARLY_FULL_BYTES", 1 << 62)
-    full = group_commit._storage_error(eio, str(tmp_path))
+    assert type(ops.storage_error(eio, str(tmp_path))) is StorageError
+    monkeypatch.setattr(ops, "NEARLY_FULL_BYTES", 1 << 62)
+    full = ops.storage_error(eio, str(tmp_path))
     assert isinstance(full, StorageFull) and "bytes free" in str(full)
-    assert isinstance(group_commit._storage_error(lmdb.MapFullError("map")), StorageFull)
+    assert isinstance(ops.storage_error(lmdb.MapFullError("map")), StorageFull)
     nospace = lmdb.Error("mdb_txn_commit: No space left on device")
-    assert isinstance(group_commit._storage_error(nospace), StorageFull)
+    assert isinstance(ops.storage_error(nospace), StorageFull)
     other = ValueError("a caller's bug")
-    assert group_commit._storage_error(other) is other
+    assert ops.storage_error(other) is other
