@@ -14,7 +14,7 @@ import os
 import warnings
 from types import SimpleNamespace
 
-MODULES = ("txnid", "abortset", "ackset", "entrycodec", "entrylog", "producer")
+MODULES = ("txnid", "abortset", "ackset", "entrycodec", "entrylog", "outcome", "producer")
 
 NAMES = (
     "TxnID",

@@ -5,40 +5,25 @@ Same behaviour as the twin (reference/producer.py): a message waits in the conta
 is full (count or bytes), the producer's publish delay passes, ``flush()`` is called or a
 synchronous ``send`` needs it; the container then becomes one entry, appended through the
 group commit. Here the container's state is in C fields, its lock is taken in C, and each
-message's future is a two-field C object over its batch's shared ``Outcome``: a message costs a
-list append and one small allocation, and a batch is completed in O(1) (plus the few futures
-somebody waits on or gave a callback).
+message's future is a two-field C object over its batch's shared ``Outcome`` (outcome.pyx): a
+message costs a list append and one small allocation, and a batch is completed in O(1) (plus
+the few futures somebody waits on or gave a callback).
 """
 
 cimport cython
 from cpython.bytes cimport PyBytes_GET_SIZE
-from cpython.pythread cimport (
-    NOWAIT_LOCK,
-    WAIT_LOCK,
-    PyThread_acquire_lock,
-    PyThread_allocate_lock,
-    PyThread_free_lock,
-    PyThread_release_lock,
-    PyThread_type_lock,
-)
 from libc.stdint cimport int64_t
 
-import logging
-import threading
+from .outcome cimport Lock, MessageFuture, Outcome
+
 import time
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 
 from pulsartxn.messaging.message import MessageId
 
 from .entrylog import encode_entry
 
-__all__ = ["PartitionProducer", "MessageFuture", "Outcome", "Batch", "TxnBatch", "Lock"]
-
-# The states concurrent.futures.wait() and as_completed() read from a future's _state.
-_RUNNING = "RUNNING"
-_FINISHED = "FINISHED"
-LOGGER = logging.getLogger("concurrent.futures")  # where Future reports a failing callback
+__all__ = ["PartitionProducer", "Batch", "TxnBatch"]
 
 
 def _done(value=None, error=None):
@@ -48,244 +33,6 @@ def _done(value=None, error=None):
     else:
         fut.set_result(value)
     return fut
-
-
-@cython.final
-cdef class Lock:
-    """A plain lock that the send path takes from C; ``with lock:`` works from Python.
-
-    Not reentrant, like threading.Lock. A blocked acquire releases the GIL."""
-
-    cdef PyThread_type_lock _lock
-
-    def __cinit__(self):
-        self._lock = PyThread_allocate_lock()
-        if self._lock is NULL:
-            raise MemoryError("cannot allocate a lock")
-
-    def __dealloc__(self):
-        if self._lock is not NULL:
-            PyThread_free_lock(self._lock)
-
-    cdef inline void take(self) noexcept:
-        if not PyThread_acquire_lock(self._lock, NOWAIT_LOCK):
-            with nogil:
-                PyThread_acquire_lock(self._lock, WAIT_LOCK)
-
-    cdef inline void give(self) noexcept:
-        PyThread_release_lock(self._lock)
-
-    def acquire(self):
-        self.take()
-        return True
-
-    def release(self):
-        self.give()
-
-    def __enter__(self):
-        self.take()
-        return True
-
-    def __exit__(self, *exc):
-        self.give()
-        return False
-
-
-@cython.final
-cdef class Outcome:
-    """What happened to one batch, shared by the futures of its messages: durable (with its
-    entry id) or failed (with the error). The futures wait on its one Condition."""
-
-    cdef readonly object condition
-    cdef readonly bint done
-    cdef readonly object error
-    cdef object partition
-    cdef int64_t entry_id
-    cdef Py_ssize_t count
-    cdef list watched  # futures with waiters or callbacks, answered when the batch ends
-
-    def __init__(self):
-        # Reentrant, as a Future's own: wait() and as_completed() lock every future they watch.
-        self.condition = threading.Condition()
-        self.done = False
-        self.error = None
-        self.partition = None
-        self.entry_id = -1
-        self.count = 0
-        self.watched = None
-
-    cdef object message_id(self, Py_ssize_t index):
-        p = self.partition
-        if self.count > 1:
-            return MessageId(p.ledger_id, self.entry_id, p.index, index, self.count)
-        return MessageId(p.ledger_id, self.entry_id, p.index)
-
-    cdef int wait_done(self, object timeout) except -1:
-        with self.condition:
-            if not self.done:
-                self.condition.wait(timeout)
-            if not self.done:
-                raise FutureTimeout()
-        return 0
-
-    def wait(self, timeout=None):
-        """Wait until the batch is durable or has failed; TimeoutError after `timeout` s."""
-        self.wait_done(timeout)
-
-    def landed(self, partition, int64_t entry_id, Py_ssize_t count):
-        """The batch of `count` messages is durable as entry `entry_id` of `partition`:
-        answer its futures (batches made outside this module: transactional ones)."""
-        self.partition = partition
-        self.entry_id = entry_id
-        self.count = count
-        self.settle(None)
-
-    def failed(self, error):
-        """The batch was not written: its futures raise `error`."""
-        self.settle(error)
-
-    cdef int settle(self, object error) except -1:
-        """End the batch: one flag for every future, then the waiters and callbacks of the
-        futures that have any."""
-        cdef MessageFuture f
-        with self.condition:
-            if self.done:
-                return 0
-            self.error = error
-            self.done = True
-            watched = self.watched
-            self.watched = None
-            if watched is not None:
-                for f in watched:
-                    if f._waiter_list:
-                        for waiter in f._waiter_list:
-                            if error is None:
-                                waiter.add_result(f)
-                            else:
-                                waiter.add_exception(f)
-            self.condition.notify_all()
-        if watched is not None:
-            for f in watched:
-                f.run_callbacks()
-        return 0
-
-
-@cython.freelist(64)
-@cython.final
-cdef class MessageFuture:
-    """The future of one message: ``result()`` gives its MessageId once it is durable.
-
-    Implements what callers use of concurrent.futures.Future (result, exception, done,
-    add_done_callback, cancel, cancelled, running) and the fields concurrent.futures.wait()
-    and as_completed() read, and reports ``concurrent.futures.Future`` as its ``__class__``,
-    so ``isinstance(fut, Future)`` holds (as for a unittest.mock spec); ``type(fut)`` is this
-    class. A queued message cannot be taken back: cancel() is False and running() is True
-    until the batch ends."""
-
-    cdef Outcome _outcome
-    cdef Py_ssize_t _index
-    cdef object _message_id
-    cdef list _waiter_list
-    cdef list _callbacks
-    cdef bint _watched
-
-    def __init__(self, Outcome outcome, Py_ssize_t index):
-        self._outcome = outcome
-        self._index = index
-
-    @property
-    def __class__(self):
-        return Future
-
-    cdef int watch(self) except -1:
-        # Called under the outcome's condition.
-        if self._watched or self._outcome.done:
-            return 0
-        if self._outcome.watched is None:
-            self._outcome.watched = []
-        self._outcome.watched.append(self)
-        self._watched = True
-        return 0
-
-    cdef int run_callbacks(self) except -1:
-        callbacks = self._callbacks
-        self._callbacks = None  # each runs once, and a callback holding its future is let go
-        if callbacks:
-            for fn in callbacks:
-                try:
-                    fn(self)
-                except Exception:
-                    LOGGER.exception("exception calling callback for %r", self)
-        return 0
-
-    def result(self, timeout=None):
-        cdef Outcome outcome = self._outcome
-        if not outcome.done:
-            outcome.wait_done(timeout)
-        if outcome.error is not None:
-            raise outcome.error
-        if self._message_id is None:
-            self._message_id = outcome.message_id(self._index)
-        return self._message_id
-
-    def exception(self, timeout=None):
-        cdef Outcome outcome = self._outcome
-        if not outcome.done:
-            outcome.wait_done(timeout)
-        return outcome.error
-
-    def done(self):
-        return self._outcome.done
-
-    def running(self):
-        return not self._outcome.done
-
-    def cancel(self):
-        return False
-
-    def cancelled(self):
-        return False
-
-    def add_done_callback(self, fn):
-        """Call fn(future) when the message is durable or has failed (now, if it has)."""
-        cdef Outcome outcome = self._outcome
-        with outcome.condition:
-            if not outcome.done:
-                if self._callbacks is None:
-                    self._callbacks = []
-                self._callbacks.append(fn)
-                self.watch()
-                return
-        try:
-            fn(self)
-        except Exception:
-            LOGGER.exception("exception calling callback for %r", self)
-
-    # What concurrent.futures.wait() and as_completed() use, under _condition.
-    @property
-    def _condition(self):
-        return self._outcome.condition
-
-    @property
-    def _state(self):
-        return _FINISHED if self._outcome.done else _RUNNING
-
-    @property
-    def _waiters(self):
-        with self._outcome.condition:
-            if self._waiter_list is None:
-                self._waiter_list = []
-            self.watch()
-        return self._waiter_list
-
-    def __repr__(self):
-        outcome = self._outcome
-        if not outcome.done:
-            return f"<MessageFuture at {id(self):#x} state=running>"
-        if outcome.error is not None:
-            return (f"<MessageFuture at {id(self):#x} state=finished raised "
-                    f"{type(outcome.error).__name__}>")
-        return f"<MessageFuture at {id(self):#x} state=finished returned MessageId>"
 
 
 cdef inline MessageFuture _future(Outcome outcome, Py_ssize_t index):
