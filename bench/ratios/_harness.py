@@ -6,6 +6,7 @@ import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from statistics import median
 
 
 @dataclass
@@ -48,3 +49,20 @@ def best_time(fn: Callable[[], object], repeat: int = 5, min_time: float = 0.05)
         if gc_was:
             gc.enable()
     return best
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Wall time of one call of fn."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def paired(
+    figure: str, items: int, unit: str, ours: list[float], base: list[float], baseline: str, target
+) -> Row:
+    """A Row from alternating rounds: its ratio is the median of the per-round ratios (the
+    machine is noisy; a pair shares its moment) and its time is our median."""
+    ratio = median(b / o for o, b in zip(ours, base))
+    native = median(ours)
+    return Row(figure, items, unit, native, native * ratio, baseline, target)

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 import pulsartxn
 
-from ._harness import Row
+from ._harness import Row, timed
 
 PAYLOAD = 100
 
@@ -47,12 +47,6 @@ class _RawLog:
         self.env.close()
 
 
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def measure(quick: bool = False) -> list[Row]:
     n_bulk = 1_000_000
     n_single = 50_000 if quick else 200_000
@@ -73,9 +67,9 @@ def measure(quick: bool = False) -> list[Row]:
             raw_list, ours_list, raw_arrow, ours_arrow = [], [], [], []
             for _ in range(3):
                 raw_list.append(raw.append(values))
-                ours_list.append(_timed(lambda: producer.send_batch(values)))
+                ours_list.append(timed(lambda: producer.send_batch(values)))
                 raw_arrow.append(raw.append(values))
-                ours_arrow.append(_timed(lambda: producer.send_batch(arrow_values)))
+                ours_arrow.append(timed(lambda: producer.send_batch(arrow_values)))
             rows.append(
                 Row(
                     "send_batch, 1M msgs x 100 B (list of bytes)",
@@ -110,7 +104,7 @@ def measure(quick: bool = False) -> list[Row]:
                     p2.send_async(v)
                 p2.flush()
 
-            best = min(_timed(send_async_all) for _ in range(2))
+            best = min(timed(send_async_all) for _ in range(2))
             rows.append(
                 Row(
                     "send_async per message + flush (batching)",
@@ -124,7 +118,7 @@ def measure(quick: bool = False) -> list[Row]:
             )
             p3 = client.create_producer("sync")
             k = 2_000
-            t = _timed(lambda: [p3.send(v) for v in single[:k]])
+            t = timed(lambda: [p3.send(v) for v in single[:k]])
             rows.append(
                 Row(
                     "send() one at a time, durable each (sync=False)",
@@ -160,7 +154,7 @@ def measure(quick: bool = False) -> list[Row]:
                 for _ in range(n_consume):
                     consumer.acknowledge(consumer.receive(1000))
 
-            t = _timed(consume)
+            t = timed(consume)
             rows.append(
                 Row(
                     "receive + acknowledge per message",
@@ -182,7 +176,7 @@ def measure(quick: bool = False) -> list[Row]:
                         c2.acknowledge(m)
                     got += len(msgs)
 
-            t = _timed(consume_batches)
+            t = timed(consume_batches)
             rows.append(
                 Row(
                     "batch_receive(1000) + acknowledge",

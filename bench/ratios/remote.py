@@ -11,20 +11,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from statistics import median
 
 import pyarrow as pa
 
 import pulsartxn
 
-from ._harness import Row
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+from ._harness import Row, timed
 
 
 def _server(data_dir: str) -> tuple[subprocess.Popen, int]:
@@ -69,8 +62,8 @@ def measure(quick: bool = False) -> list[Row]:
             lp, rp = local.create_producer("t"), remote.create_producer("t")
             ours, base = [], []
             for _ in range(3):  # alternate, so both see the same machine state
-                base.append(_timed(lambda: lp.send_batch(values)))
-                ours.append(_timed(lambda: rp.send_batch(values)))
+                base.append(timed(lambda: lp.send_batch(values)))
+                ours.append(timed(lambda: rp.send_batch(values)))
             rows.append(
                 Row(
                     f"send_batch over the network, {n // 1000}k msgs x 100 B (Arrow)",
@@ -84,8 +77,8 @@ def measure(quick: bool = False) -> list[Row]:
             )
             ours, base = [], []
             for _ in range(3):
-                base.append(_timed(lambda: sum(b.num_rows for b in local.scan("t"))))
-                ours.append(_timed(lambda: sum(b.num_rows for b in remote.scan("t"))))
+                base.append(timed(lambda: sum(b.num_rows for b in local.scan("t"))))
+                ours.append(timed(lambda: sum(b.num_rows for b in remote.scan("t"))))
             rows.append(
                 Row(
                     f"scan over the network, {3 * n // 1000}k msgs",
@@ -100,8 +93,8 @@ def measure(quick: bool = False) -> list[Row]:
             k = 500 if quick else 2000
             lat, local_lat = [], []
             for _ in range(k):
-                lat.append(_timed(lambda: rp.send(b"x" * 100)))
-                local_lat.append(_timed(lambda: lp.send(b"x" * 100)))
+                lat.append(timed(lambda: rp.send(b"x" * 100)))
+                local_lat.append(timed(lambda: lp.send(b"x" * 100)))
             lat.sort()
             local_lat.sort()
             p50, p99 = _percentile(lat, 0.5), _percentile(lat, 0.99)

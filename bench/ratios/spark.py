@@ -14,41 +14,14 @@ import os
 import shutil
 import sys
 import tempfile
-import time
-from statistics import median
 
-from ._harness import Row
+from ..benchmarks.spark._passes import drain, passes
+from ._harness import Row, paired, timed
 
 ROUNDS = 5
 
 
-def _paired(figure, items, unit, ours, base, baseline, target) -> Row:
-    ratio = median(b / o for o, b in zip(ours, base))
-    native = median(ours)
-    return Row(figure, items, unit, native, native * ratio, baseline, target)
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def _noop(batches):
-    import pyarrow as pa
-
-    n = 0
-    for batch in batches:
-        n += batch.num_rows
-    yield pa.RecordBatch.from_pydict({"n": pa.array([n], pa.int64())})
-
-
-def _passthrough(batches):
-    yield from batches
-
-
-def _drain(frame) -> None:
-    frame.write.format("noop").mode("overwrite").save()
+_noop, _passthrough = passes()
 
 
 def measure(quick: bool = False) -> list[Row]:
@@ -92,11 +65,11 @@ def measure(quick: bool = False) -> list[Row]:
         nosync = ptx.start_embedded(spark, os.path.join(tmp, "broker-nosync"), sync=False)
         ours, base, fast = [], [], []
         for _ in range(ROUNDS):  # alternate, so both see the same machine state
-            base.append(_timed(noop(df)))
-            ours.append(_timed(lambda: ptx.write_topic(df, f"bench-{next(topics)}")))
-            fast.append(_timed(lambda: ptx.write_topic(df, f"bench-{next(topics)}", nosync)))
+            base.append(timed(noop(df)))
+            ours.append(timed(lambda: ptx.write_topic(df, f"bench-{next(topics)}")))
+            fast.append(timed(lambda: ptx.write_topic(df, f"bench-{next(topics)}", nosync)))
         rows.append(
-            _paired(
+            paired(
                 f"spark write_topic, {n // 1000}k rows x 100 B, exactly-once, local[2]",
                 n,
                 "rows",
@@ -107,7 +80,7 @@ def measure(quick: bool = False) -> list[Row]:
             )
         )
         rows.append(
-            _paired(
+            paired(
                 "spark write_topic, same, broker with sync=False (not durable), local[2]",
                 n,
                 "rows",
@@ -120,13 +93,13 @@ def measure(quick: bool = False) -> list[Row]:
         # Reading emits the rows into Spark: compare with a Python stage that emits the same
         # rows (both drained by Spark's no-op sink).
         passthrough = df.mapInArrow(_passthrough, "value binary")
-        _drain(ptx.read_topic(spark, "bench-0"))  # warm up
+        drain(ptx.read_topic(spark, "bench-0"))  # warm up
         ours, base = [], []
         for _ in range(ROUNDS):
-            base.append(_timed(lambda: _drain(passthrough)))
-            ours.append(_timed(lambda: _drain(ptx.read_topic(spark, "bench-0"))))
+            base.append(timed(lambda: drain(passthrough)))
+            ours.append(timed(lambda: drain(ptx.read_topic(spark, "bench-0"))))
         rows.append(
-            _paired(
+            paired(
                 f"spark read_topic, {n // 1000}k rows x 100 B, read committed, local[2]",
                 n,
                 "rows",
@@ -138,11 +111,11 @@ def measure(quick: bool = False) -> list[Row]:
         )
         ours, base = [], []
         for i in range(ROUNDS):
-            base.append(_timed(noop(df)))
+            base.append(timed(noop(df)))
             path = os.path.join(tmp, f"parquet-{i}")
-            ours.append(_timed(lambda: df.write.parquet(path)))
+            ours.append(timed(lambda: df.write.parquet(path)))
         rows.append(
-            _paired(
+            paired(
                 f"reference: df.write.parquet, {n // 1000}k rows x 100 B, local[2]",
                 n,
                 "rows",

@@ -33,25 +33,10 @@ from statistics import median
 import pulsartxn
 
 from ..benchmarks.txn._recovery import build_recovery, drop_snapshots, raw_iterate, reopen
-from ._harness import Row
+from ._harness import Row, paired, timed
 
 PAYLOAD = 100
 PER_TXN = 1000
-
-
-def _paired(
-    figure: str, items: int, unit: str, ours: list[float], base: list[float], baseline: str, target
-) -> Row:
-    """A Row whose ratio is the median of the per-round ratios and whose time is our median."""
-    ratio = median(b / o for o, b in zip(ours, base))
-    native = median(ours)
-    return Row(figure, items, unit, native, native * ratio, baseline, target)
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def _per_call(fn, min_time: float = 0.2) -> float:
@@ -113,10 +98,10 @@ def _produce_rows(
         if r % 2:
             order = (order[1], order[0], order[3], order[2])
         for key, fn in order:
-            times[key].append(_timed(fn))
+            times[key].append(timed(fn))
     n = n_txns * PER_TXN
     return [
-        _paired(
+        paired(
             f"send_async x1000 + commit, {n_txns} txns{suffix} (vs send_async x1000 + flush)",
             n,
             "msgs",
@@ -125,7 +110,7 @@ def _produce_rows(
             "plain send_async + flush, same run",
             0.95,
         ),
-        _paired(
+        paired(
             f"send_batch(1000, txn) + commit, {n_txns} txns{suffix} (vs plain send_batch(1000))",
             n,
             "msgs",
@@ -201,7 +186,7 @@ def _read_rows(client, values: list[bytes], n_txns: int, rounds: int) -> list[Ro
         ("batch_receive(1000)", batch_receive, rounds),
     ):
         # Scans are short: each round is the mean of calls over 0.2 s, after a warm-up.
-        timer = _per_call if make is scan else _timed
+        timer = _per_call if make is scan else timed
         if make is scan:
             make("rc-none")()
             make("rc-aborted")()
@@ -214,7 +199,7 @@ def _read_rows(client, values: list[bytes], n_txns: int, rounds: int) -> list[Ro
                 base.append(timer(make("rc-none")))
                 ours.append(timer(make("rc-aborted")))
         rows.append(
-            _paired(
+            paired(
                 f"read committed, {what}: 10% of {n_txns} txns x 1000 aborted vs none "
                 "(ledger msgs/s)",
                 n,
@@ -281,13 +266,13 @@ def _ack_rows(client, values: list[bytes], n_acks: int, rounds: int) -> list[Row
         ours, base = [], []
         for r in range(rounds):
             if r % 2:
-                ours.append(_timed(ours_fn))
-                base.append(_timed(base_fn))
+                ours.append(timed(ours_fn))
+                base.append(timed(base_fn))
             else:
-                base.append(_timed(base_fn))
-                ours.append(_timed(ours_fn))
+                base.append(timed(base_fn))
+                ours.append(timed(ours_fn))
         rows.append(
-            _paired(
+            paired(
                 f"{what}, {n_acks} msgs (vs the same without txn)",
                 n_acks,
                 "acks",
@@ -319,7 +304,7 @@ def _recovery_rows(tmp: str, n_txns: int, rounds: int) -> list[Row]:
             ours.append(elapsed)
         how = "from snapshot" if snapshot else "no snapshot, full replay"
         rows.append(
-            _paired(
+            paired(
                 f"buffer recovery ({how}): reopen + max_read_position, {entries} entries, "
                 f"{n_txns // 2} aborted txns: {median(ours):.2f} s (target < 2 s)",
                 entries,

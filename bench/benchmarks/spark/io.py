@@ -13,32 +13,12 @@ import shutil
 import sys
 import tempfile
 
+from ._passes import drain, passes
+
 ROWS = 200_000  # x 100 B
 
 
-def _passes():
-    """The no-op passes, made inside a function so that they travel to the Python workers by
-    value (asv imports this module under a name the workers cannot import)."""
-
-    def noop(batches):
-        import pyarrow as pa
-
-        n = 0
-        for batch in batches:
-            n += batch.num_rows
-        yield pa.RecordBatch.from_pydict({"n": pa.array([n], pa.int64())})
-
-    def passthrough(batches):
-        yield from batches
-
-    return noop, passthrough
-
-
-_noop, _passthrough = _passes()
-
-
-def _drain(frame) -> None:
-    frame.write.format("noop").mode("overwrite").save()
+_noop, _passthrough = passes()
 
 
 class SparkIO:
@@ -96,10 +76,10 @@ class SparkIO:
         self.df.mapInArrow(_noop, "n long").collect()
 
     def time_read_topic(self):
-        _drain(self.ptx.read_topic(self.spark, "asv-read"))
+        drain(self.ptx.read_topic(self.spark, "asv-read"))
 
     def time_passthrough(self):
-        _drain(self.df.mapInArrow(_passthrough, "value binary"))
+        drain(self.df.mapInArrow(_passthrough, "value binary"))
 
     def time_write_parquet(self):
         self.df.write.mode("overwrite").parquet(os.path.join(self.tmp, "parquet"))
