@@ -1,9 +1,33 @@
-"""Helpers shared by the test modules: reading back what a topic or subscription holds, and
-the fault the Spark write tests inject. Import them as ``from tests.helpers import drain``."""
+"""Helpers shared by the test modules: opening brokers that are closed at the end, reading
+back what a topic or subscription holds, and the fault the Spark write tests inject. Import
+them as ``from tests.helpers import drain``."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
+import pulsartxn
 from pulsartxn.errors import Timeout
+
+
+@contextmanager
+def brokers_at(path, wrap=None, **defaults):
+    """Yields open_(**options): a Broker on `path` (options over `defaults`; passed through
+    `wrap` if given), reopenable after a close; every one opened is closed at the end."""
+    brokers = []
+
+    def open_(**options):
+        b = pulsartxn.Broker(path, **{**defaults, **options})
+        if wrap is not None:
+            b = wrap(b)
+        brokers.append(b)
+        return b
+
+    try:
+        yield open_
+    finally:
+        for b in brokers:
+            b.close()
 
 
 def drain(consumer, timeout_ms: int = 200) -> list:

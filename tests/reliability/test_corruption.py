@@ -25,18 +25,8 @@ TOPIC = "persistent://public/default/t"
 
 @pytest.fixture
 def open_broker(tmp_path):
-    brokers = []
-
-    def open_(**options):
-        options.setdefault("sync", False)
-        options.setdefault("num_coordinators", 2)
-        b = pulsartxn.Broker(tmp_path / "data", **options)
-        brokers.append(b)
-        return b
-
-    yield open_
-    for b in brokers:
-        b.close()
+    with helpers.brokers_at(tmp_path / "data", sync=False, num_coordinators=2) as open_:
+        yield open_
 
 
 def edit_lmdb(path, db_name, edit):

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-import pulsartxn
+from tests.helpers import brokers_at
 
 
 class RecordingParticipant:
@@ -45,17 +45,11 @@ def participants():
 @pytest.fixture
 def open_broker(tmp_path, participants):
     """open_broker(**options) -> a broker on tmp_path/data (closed at the end of the test)."""
-    brokers = []
-
-    def open_(**options):
-        options.setdefault("sync", False)
-        options.setdefault("num_coordinators", 4)
-        options.setdefault("txn_timeout_tick_ms", 10)
-        options.setdefault("txn_participants", participants)
-        b = pulsartxn.Broker(tmp_path / "data", **options)
-        brokers.append(b)
-        return b
-
-    yield open_
-    for b in brokers:
-        b.close()
+    with brokers_at(
+        tmp_path / "data",
+        sync=False,
+        num_coordinators=4,
+        txn_timeout_tick_ms=10,
+        txn_participants=participants,
+    ) as open_:
+        yield open_

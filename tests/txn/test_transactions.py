@@ -58,21 +58,14 @@ class _Served:
 def env(request, tmp_path):
     """open(**options) -> a broker on tmp_path (reopened after close()); with "remote", its
     client() is a remote client through a server serving it."""
-    brokers = []
-
-    def open_(**options):
-        options.setdefault("sync", False)
-        options.setdefault("num_coordinators", 2)
-        options.setdefault("txn_timeout_tick_ms", 10)
-        b = pulsartxn.Broker(tmp_path / "data", **options)
-        if request.param == "remote":
-            b = _Served(b)
-        brokers.append(b)
-        return b
-
-    yield open_
-    for b in brokers:
-        b.close()
+    with helpers.brokers_at(
+        tmp_path / "data",
+        wrap=_Served if request.param == "remote" else None,
+        sync=False,
+        num_coordinators=2,
+        txn_timeout_tick_ms=10,
+    ) as open_:
+        yield open_
 
 
 def values_of(msgs):
