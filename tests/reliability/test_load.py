@@ -20,6 +20,7 @@ from pulsartxn import TxnID
 from pulsartxn._native import encode_entry
 from pulsartxn._native.types import MarkerType
 from pulsartxn.txn import log
+from tests.helpers import scanned
 
 SCALE = float(os.environ.get("PULSARTXN_LOAD_SCALE", "1"))
 pytestmark = pytest.mark.slow
@@ -219,9 +220,9 @@ def test_million_aborted_txnids_in_one_partition(tmp_path):
             loaded = memory()
             client = broker.client()
             start = time.monotonic()
-            scanned = [v for b in client.scan("ab") for v in b.column("value").to_pylist()]
+            values = scanned(client, "ab")
             scan_s = time.monotonic() - start
-            assert sorted(scanned) == sorted(expected)
+            assert sorted(values) == sorted(expected)
             start = time.monotonic()
             consumer = client.subscribe("ab", "s")
             got = drain(consumer, 500)
@@ -248,8 +249,7 @@ def test_million_aborted_txnids_in_one_partition(tmp_path):
             assert stats["aborted_txn_count"] == n + 10
             assert stats["snapshot_load_error"] is None
             assert stats["snapshot_segments"] >= n // 16384  # loaded from the snapshot
-            scanned = [v for b in broker.client().scan("ab") for v in b.column("value").to_pylist()]
-            assert len(scanned) == len(expected) + 10
+            assert len(scanned(broker.client(), "ab")) == len(expected) + 10
         per_abort_b = (loaded["VmRSS"] - base["VmRSS"]) * 1024 * 1024 / n
         report(
             f"{n:,} aborted TxnIDs",
