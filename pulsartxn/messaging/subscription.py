@@ -34,6 +34,7 @@ TYPE_NAMES = {EXCLUSIVE: "Exclusive", SHARED: "Shared", FAILOVER: "Failover"}
 # receiverQueueSize): a ledger of large batch entries is not decoded all at once.
 READ_AHEAD_ENTRIES = 64
 READ_AHEAD_MESSAGES = 1000
+_COPY_VALUES_BELOW = 16 << 20
 
 
 class _Pending:
@@ -152,22 +153,60 @@ class Subscription:
                 count = self._redelivery_counts.get(key, 0) + 1
                 self._redelivery_counts[key] = count
                 out.append(self._deliver(consumer, key, payload, count))
-            counts = self._redelivery_counts
-            while len(out) < n:
-                if not self._buffer and not self._fill():
-                    break
-                key, payload = self._buffer.popleft()
-                if key in self._pending or cursor.is_acked(*key) or held(*key):
-                    continue
-                txn = payload[5]
-                if txn is not None and self.partition.buffer.is_aborted(txn):
-                    # Read uncommitted, aborted since it was read: never delivered.
-                    self._ack_internally(key[0])
-                    continue
-                out.append(self._deliver(consumer, key, payload, counts.get(key, 0)))
+            if len(out) < n:
+                self._take_buffered(consumer, n, out)
         return out
 
+    def _take_buffered(self, consumer, n: int, out: list) -> None:
+        """Deliver read-ahead messages into `out` until it holds n (lock held): the path every
+        message takes once, so the per-message tests and objects are inline here."""
+        cursor, pending, counts = self.cursor, self._pending, self._redelivery_counts
+        pending_ack = self.pending_ack
+        holds = pending_ack.holds if pending_ack.cumulative or len(pending_ack.index) else None
+        is_aborted = self.partition.buffer.is_aborted
+        p = self.partition
+        ledger_id, index, topic = p.ledger_id, p.index, p.topic
+        buffer = self._buffer
+        delivered = nbytes = 0
+        while len(out) < n:
+            if not buffer and not self._fill():
+                break
+            # The cursor may move between fills (an internal ack of a filtered entry).
+            mark, acked, partly = cursor.mark_delete, cursor.acked, cursor.batch_acks
+            while buffer and len(out) < n:
+                key, payload = buffer.popleft()
+                entry_id, batch_index = key
+                if (
+                    key in pending
+                    or entry_id <= mark
+                    or entry_id in acked
+                    or (
+                        batch_index >= 0
+                        and (s := partly.get(entry_id)) is not None
+                        and s.test(batch_index)
+                    )
+                    or (holds is not None and holds(entry_id, batch_index))
+                ):
+                    continue
+                data, properties, pkey, publish_time, batch_size, txn = payload
+                if txn is not None and is_aborted(txn):
+                    # Read uncommitted, aborted since it was read: never delivered.
+                    self._ack_internally(entry_id)
+                    mark, acked, partly = cursor.mark_delete, cursor.acked, cursor.batch_acks
+                    continue
+                count = counts.get(key, 0) if counts else 0
+                pending[key] = _Pending(payload, consumer, count)
+                mid = MessageId(ledger_id, entry_id, index, batch_index, batch_size)
+                out.append(Message(data, properties, pkey, mid, topic, publish_time, count))
+                delivered += 1
+                nbytes += len(data)
+        self.msg_out += delivered
+        self.bytes_out += nbytes
+        p.msg_out += delivered
+        p.bytes_out += nbytes
+
     def _deliver(self, consumer, key, payload, count) -> Message:
+        """One redelivered message (the read-ahead path is _take_buffered)."""
         self._pending[key] = _Pending(payload, consumer, count)
         data, properties, pkey, publish_time, batch_size, _ = payload
         entry_id, batch_index = key
@@ -217,6 +256,12 @@ class Subscription:
         if in_txn.any():
             aborted = self.partition.buffer.aborted_mask(txn_msb, txn_lsb).tolist()
             txn_of = in_txn.tolist()
+        # One bytes object and a plain list: slicing them per message costs half of slicing
+        # the numpy arrays (large reads keep the arrays, rather than copy them twice).
+        values = value_data.tobytes() if len(value_data) <= _COPY_VALUES_BELOW else None
+        voff = value_off.tolist()
+        buffer_append = self._buffer.append
+        mark, acked, partly = cursor.mark_delete, cursor.acked, cursor.batch_acks
         for e, entry_id in enumerate(entry_ids):
             txn = None
             if markers[e] or (aborted is not None and aborted[e]):
@@ -225,17 +270,22 @@ class Subscription:
                 if not cursor.is_acked(entry_id):
                     self.filtered += counts[e]
                     self._ack_internally(entry_id)
+                    mark, acked, partly = cursor.mark_delete, cursor.acked, cursor.batch_acks
+                continue
+            if entry_id <= mark or entry_id in acked:
                 continue
             if aborted is not None and txn_of[e]:
                 txn = TxnID.from_halves(int(txn_msb[e]), int(txn_lsb[e]))
             n = counts[e]
             batched = n > 1
+            size = n if batched else 0
+            some_acked = partly.get(entry_id) if batched else None
+            first = firsts[e]
+            when = publish[e]
             for b in range(n):
-                m = firsts[e] + b
-                bi = b if batched else -1
-                if cursor.is_acked(entry_id, bi):
+                if some_acked is not None and some_acked.test(b):
                     continue
-                data = value_data[value_off[m] : value_off[m + 1]].tobytes()
+                m = first + b
                 pkey = None
                 if key_valid[m]:
                     pkey = (
@@ -244,8 +294,20 @@ class Subscription:
                         .decode("utf-8", "surrogateescape")
                     )
                 props = _properties(decoded, m) if any_props else {}
-                self._buffer.append(
-                    ((entry_id, bi), (data, props, pkey, publish[e], n if batched else 0, txn))
+                buffer_append(
+                    (
+                        (entry_id, b if batched else -1),
+                        (
+                            values[voff[m] : voff[m + 1]]
+                            if values is not None
+                            else value_data[voff[m] : voff[m + 1]].tobytes(),
+                            props,
+                            pkey,
+                            when,
+                            size,
+                            txn,
+                        ),
+                    )
                 )
                 added += 1
         return added
@@ -334,10 +396,7 @@ class Subscription:
                         f"subscription {self.name}"
                     )
                 changed = self.cursor.ack_cumulative(entry_id, bi, size)
-                for key in [k for k in self._pending if self.cursor.is_acked(*k)]:
-                    del self._pending[key]
-                for key in [k for k in self._redelivery_counts if self.cursor.is_acked(*k)]:
-                    del self._redelivery_counts[key]
+                self._forget_acked()
             else:
                 changed = self.cursor.ack(entry_id, bi, size)
                 self._pending.pop((entry_id, bi), None)
