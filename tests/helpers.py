@@ -1,10 +1,15 @@
 """Helpers shared by the test modules: opening brokers that are closed at the end, reading
-back what a topic or subscription holds, and the fault the Spark write tests inject. Import
-them as ``from tests.helpers import drain``."""
+back what a topic or subscription holds, the fault the Spark write tests inject, and a small
+filesystem to fill. Import them as ``from tests.helpers import drain``."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 from contextlib import contextmanager
+
+import pytest
 
 import pulsartxn
 from pulsartxn.errors import Timeout
@@ -61,3 +66,21 @@ def failing_once(mode: str):
             raise RuntimeError("injected failure in the middle of partition 1")
 
     return inject
+
+
+@contextmanager
+def small_tmpfs(mnt, size: str):
+    """A tmpfs of `size` mounted at `mnt` for the block (root only; skips the test where
+    mounting is refused): real ENOSPC from the kernel."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small filesystem needs root")
+    os.makedirs(mnt, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

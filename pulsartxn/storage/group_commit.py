@@ -85,6 +85,7 @@ class GroupCommit:
         name: str = "pulsartxn-group-commit",
         sync: bool = False,
         lazy_max_ms: float = 20.0,
+        after_group: Callable[[], None] | None = None,
     ) -> None:
         self._env = env
         self._path = env.path()
@@ -105,6 +106,7 @@ class GroupCommit:
         self._lazy_since = 0.0  # when the oldest lazy op waiting was submitted
         self._lazy_max = lazy_max_ms / 1000.0
         self._local = threading.local()
+        self._after_group = after_group  # storage upkeep between groups (commit lock held)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -402,6 +404,8 @@ class GroupCommit:
                 op.future.set_exception(exc)
                 continue
             op.future.set_result(result)
+        if self._after_group is not None:
+            self._after_group()
 
     def _commit(self, group: list[WriteOp]) -> list[Any]:
         started = time.monotonic()

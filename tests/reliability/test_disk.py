@@ -17,7 +17,7 @@ import pytest
 
 import pulsartxn
 from pulsartxn.errors import InvalidConfiguration, StorageFull, TransactionNotFound
-from tests.helpers import scanned
+from tests.helpers import scanned, small_tmpfs
 
 SMALL_MAP = 2 << 20
 BIG_MAP = 256 << 20
@@ -127,21 +127,9 @@ def test_map_full_on_batched_sends_fails_each_future_clearly(tmp_path):
 
 @pytest.fixture
 def small_filesystem(tmp_path):
-    """A 24 MiB tmpfs mounted for the test (root only; skipped where mounting is refused):
-    a real ENOSPC from the kernel, not a full LMDB map."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a small filesystem needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    """A 24 MiB tmpfs mounted for the test: a real ENOSPC from the kernel, not a full map."""
+    with small_tmpfs(tmp_path / "small", "24m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.mark.parametrize("transactional", [False, True])

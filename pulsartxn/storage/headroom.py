@@ -1,0 +1,105 @@
+"""Written-out room after the end of LMDB's data file, so that a synced commit that appends
+does not also grow the file.
+
+LMDB (without WRITEMAP) writes a commit's new pages with pwrite; pages past the end of the file
+grow it, and then the commit's fdatasync must also commit the file system's journal (the new
+blocks and the new size). On ext4 that costs a synced commit about a third more than one that
+overwrites blocks already written (measured here: 0.45 against 0.33 ms for a commit that
+appends 11 KB; preallocating with fallocate does not help, because its unwritten extents are
+converted, and journaled, on first write). A topic's ledger only grows, so without this nearly
+every fsynced commit of a producing broker pays that.
+
+``Headroom`` keeps some zeros written after the last page LMDB uses: after a group commit,
+when less than a chunk is left, it writes the next chunk of zeros past the end of the file.
+It does so inside an (aborted) LMDB write transaction, so no other LMDB writer can be writing
+pages at the same time; the pages past ``last_pgno`` belong to nobody, and LMDB later
+overwrites them like any free page. It never takes the last of the disk: below
+``min_free_bytes`` free it stops, and a write that fails (ENOSPC) is cut off again.
+"""
+
+from __future__ import annotations
+
+import os
+
+import lmdb
+
+_MiB = 1 << 20
+
+
+class Headroom:
+    def __init__(
+        self,
+        env: lmdb.Environment,
+        data_dir: str,
+        map_size: int,
+        *,
+        min_chunk: int = _MiB,
+        max_chunk: int = 8 * _MiB,
+        min_free_bytes: int = 64 * _MiB,
+    ) -> None:
+        self._env = env
+        self._dir = data_dir
+        self._fd = os.open(os.path.join(data_dir, "data.mdb"), os.O_WRONLY)
+        self._psize = env.stat()["psize"]
+        self._map_size = map_size
+        self._min_chunk = min_chunk
+        self._max_chunk = max_chunk
+        self._min_free = min_free_bytes
+        self._size = os.fstat(self._fd).st_size
+        self._skip = 0  # groups to let pass before trying again after a refusal
+        self.extensions = 0
+        self.bytes_written = 0
+
+    def _chunk(self, size: int) -> int:
+        """An eighth of the file, between min_chunk and max_chunk (page multiples)."""
+        chunk = min(max(size // 8, self._min_chunk), self._max_chunk)
+        return chunk - chunk % self._psize
+
+    def after_group(self) -> None:
+        """Called after each group commit, with the commit lock held. Only an optimization:
+        whatever goes wrong here pauses it and fails nobody's write."""
+        if self._skip:
+            self._skip -= 1
+            return
+        try:
+            used = (self._env.info()["last_pgno"] + 1) * self._psize
+            if self._size - used >= self._chunk(self._size) // 2:
+                return
+            self._extend()
+        except (OSError, lmdb.Error):
+            self._skip = 1000
+
+    def _extend(self) -> None:
+        txn = self._env.begin(write=True)  # LMDB's writer lock, for the length of this
+        try:
+            size = os.fstat(self._fd).st_size
+            used = (self._env.info()["last_pgno"] + 1) * self._psize
+            chunk = self._chunk(size)
+            if size - used >= chunk // 2:
+                self._size = size
+                return
+            chunk = min(chunk, self._map_size - size)
+            stat = os.statvfs(self._dir)
+            if chunk <= 0 or stat.f_bavail * stat.f_frsize < chunk + self._min_free:
+                self._size = size
+                self._skip = 1000
+                return
+            try:
+                os.pwrite(self._fd, bytes(chunk), size)
+            except OSError:
+                os.ftruncate(self._fd, size)  # past LMDB's last page: nobody's bytes
+                self._size = size
+                self._skip = 1000
+                return
+            # Start writing the zeros out now rather than in the next commit's fdatasync.
+            os.posix_fadvise(self._fd, size, chunk, os.POSIX_FADV_DONTNEED)
+            self._size = size + chunk
+            self.extensions += 1
+            self.bytes_written += chunk
+        finally:
+            txn.abort()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
