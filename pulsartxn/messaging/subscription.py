@@ -35,6 +35,7 @@ TYPE_NAMES = {EXCLUSIVE: "Exclusive", SHARED: "Shared", FAILOVER: "Failover"}
 READ_AHEAD_ENTRIES = 64
 READ_AHEAD_MESSAGES = 1000
 _COPY_VALUES_BELOW = 16 << 20
+_LAST = 1 << 62  # above any batch index: (entry, _LAST) follows every message of the entry
 
 
 class _Pending:
@@ -316,12 +317,25 @@ class Subscription:
         if self.cursor.ack(entry_id):
             self._persist()
 
-    def _forget_acked(self) -> None:
-        """Drop bookkeeping of messages the cursor now covers (lock held)."""
-        for held in (self._pending, self._redelivery_counts):
-            if held:
-                for key in self.cursor.acked_among(held):
-                    del held[key]
+    def _forget_acked(self, cumulative: tuple[int, int, int] | None = None) -> None:
+        """Drop bookkeeping of messages the cursor now covers after an acknowledgement was
+        applied to it (lock held). A message acknowledged one by one in a transaction left
+        the pending deliveries when it was acknowledged; a cumulative acknowledgement
+        (`cumulative`: entry id, batch index, batch size) leaves there exactly what is up to
+        its position, found by comparing positions rather than asking the cursor. With
+        neither (a transaction's individual acks), the pending deliveries are not scanned:
+        a transaction with few acks on a subscription with many messages in flight does not
+        pay for all of them."""
+        if cumulative is not None:
+            entry_id, batch_index, batch_size = cumulative
+            bound = (entry_id, batch_index if batch_index >= 0 and batch_size > 1 else _LAST)
+            pending = self._pending
+            for key in [k for k in pending if k <= bound]:
+                del pending[key]
+        counts = self._redelivery_counts
+        if counts:
+            for key in self.cursor.acked_among(counts):
+                del counts[key]
 
     def _release_held(self, released) -> None:
         """An aborted transaction's held messages are delivered again, their redelivery count
@@ -396,7 +410,7 @@ class Subscription:
                         f"subscription {self.name}"
                     )
                 changed = self.cursor.ack_cumulative(entry_id, bi, size)
-                self._forget_acked()
+                self._forget_acked((entry_id, bi, size))
             else:
                 changed = self.cursor.ack(entry_id, bi, size)
                 self._pending.pop((entry_id, bi), None)

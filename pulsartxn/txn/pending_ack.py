@@ -303,7 +303,7 @@ class PendingAck:
                             changed |= cursor.ack_set(entry_id, ack_set)
                     if cum is not None:
                         changed |= cursor.ack_cumulative(*cum)
-                    sub._forget_acked()
+                    sub._forget_acked(cum)
                 else:
                     self.aborted += 1
                     released.extend(entries)

@@ -235,6 +235,49 @@ def test_cumulative_ack_in_a_transaction(env):
         shared.acknowledge_cumulative(m, txn=client.new_transaction())
 
 
+@pytest.mark.parametrize("cumulative", [False, True])
+def test_committed_acks_leave_the_unacknowledged_set_and_nothing_else(env, cumulative):
+    """Many messages in flight (batched entries), some acknowledged in committed
+    transactions (individually, or cumulatively to a batch index inside an entry): asking
+    for redelivery brings back exactly the others."""
+    broker = env()
+    client = broker.client()
+    producer = client.create_producer(
+        "t", batching_max_messages=8, batching_max_publish_delay_ms=60_000
+    )
+    for i in range(60):
+        producer.send_async(b"m%d" % i)
+    producer.flush()
+    kind = ConsumerType.Exclusive if cumulative else ConsumerType.Shared
+    consumer = client.subscribe("t", "s", subscription_type=kind)
+    msgs = drain(consumer)
+    assert len(msgs) == 60
+    if cumulative:
+        first = client.new_transaction()
+        consumer.acknowledge_cumulative(msgs[13], txn=first)  # inside the second entry
+        first.commit()
+        second = client.new_transaction()
+        consumer.acknowledge_cumulative(msgs[29], txn=second)
+        second.commit()
+        acked = set(range(30))
+    else:
+        acked = set(range(0, 60, 3)) | {7, 8}
+        for chunk in (sorted(acked)[:9], sorted(acked)[9:]):
+            txn = client.new_transaction()
+            for i in chunk:
+                consumer.acknowledge(msgs[i], txn=txn)
+            txn.commit()
+    stats = broker.admin.topic_stats("t")["subscriptions"]["s"]
+    assert stats["unacked"] == 60 - len(acked)  # no committed message left among them
+    consumer.redeliver_unacknowledged_messages()
+    again = drain(consumer)
+    assert sorted(m.data() for m in again) == sorted(
+        b"m%d" % i for i in range(60) if i not in acked
+    )
+    assert all(m.redelivery_count() == 1 for m in again)
+    assert broker.admin.topic_stats("t")["subscriptions"]["s"]["backlog"] == 60 - len(acked)
+
+
 def test_timeout_aborts_produced_messages_and_acks(env):
     broker = env()
     client = broker.client()
