@@ -28,6 +28,7 @@ import numpy as np
 from .._native import AbortSet, TxnID, encode_entry
 from .._native.types import MarkerType
 from ..errors import InvalidTxnStatus
+from .watermark import BySequence
 
 
 class TransactionBuffer:
@@ -39,6 +40,11 @@ class TransactionBuffer:
         self.inflight: dict[TxnID, int] = {}  # appends submitted, not yet published or failed
         self.ended: dict[TxnID, bool] = {}  # ended here (late appends refused), until below lwm
         self.low_watermarks: dict[int, int] = {}  # coordinator id -> last low watermark seen
+        # ongoing and ended by sequence, so that an end finds those below a low watermark
+        # without a scan of all (rebuilt after recovery filled them directly)
+        self._ongoing_seq = BySequence()
+        self._ended_seq = BySequence()
+        self._seq_stale = True
         self.aborts = AbortSet()
         self.abort_positions: dict[TxnID, int] = {}  # aborted txn -> its abort marker's entry
         self.committed = 0
@@ -70,6 +76,7 @@ class TransactionBuffer:
         """Apply one ledger entry's header (recovery scans the ledger through this)."""
         if msb == 0 and lsb == 0:
             return
+        self._seq_stale = True
         txn = TxnID.from_halves(msb, lsb)
         if marker_type == MarkerType.NONE:
             self.ongoing.setdefault(txn, entry_id)
@@ -89,6 +96,7 @@ class TransactionBuffer:
         n = len(ids)
         if not n:
             return
+        self._seq_stale = True
         # A code per transaction: sort by (msb, lsb), number the runs.
         order = np.lexsort((lsb, msb))
         sorted_hi, sorted_lo = msb[order], lsb[order]
@@ -140,6 +148,7 @@ class TransactionBuffer:
         """An append is durable (writer thread, partition lock held, before publishing)."""
         if txn_id not in self.ongoing:
             self.ongoing[txn_id] = first_entry_id
+            self._ongoing_seq.add(txn_id)
         self._settled(txn_id)
 
     def append_failed(self, txn_id: TxnID) -> None:
@@ -176,23 +185,38 @@ class TransactionBuffer:
         with self.lock:
             if low_watermark > self.low_watermarks.get(cid, 0):
                 self.low_watermarks[cid] = low_watermark
-            self.ended[txn_id] = commit
+            if self._seq_stale:
+                self._ongoing_seq.rebuild(self.ongoing)
+                self._ended_seq.rebuild(self.ended)
+                self._seq_stale = False
+            self._mark_ended(txn_id, commit)
             while self.inflight.get(txn_id, 0) > riding:
                 self.cond.wait()
             todo = [(txn_id, commit)] if txn_id in self.ongoing or riding else []
-            for t in list(self.ongoing):
-                if t.coordinator_id == cid and t.sequence < low_watermark and t != txn_id:
-                    self.ended[t] = False
+            for t in self._ongoing_seq.below(cid, low_watermark):
+                if t not in self.ongoing:
+                    continue  # ended here already
+                self._ongoing_seq.add(t)  # until its marker is published
+                if t != txn_id:
+                    self._mark_ended(t, False)
                     todo.append((t, False))
                     self.lwm_aborted += 1
+            self._ongoing_seq.compact(self.ongoing)
             # Below the watermark, appends are refused by the watermark itself.
-            lwm = self.low_watermarks
-            for t in [t for t in self.ended if t.sequence < lwm.get(t.coordinator_id, 0)]:
-                if t not in self.ongoing:
-                    del self.ended[t]
+            for t in self._ended_seq.below(cid, self.low_watermarks[cid]):
+                if t in self.ongoing:
+                    self._ended_seq.add(t)  # its marker is not published yet
+                else:
+                    self.ended.pop(t, None)
+            self._ended_seq.compact(self.ended)
         if not todo:
             return None
         return self._markers_op(todo)
+
+    def _mark_ended(self, txn_id: TxnID, commit: bool) -> None:
+        if txn_id not in self.ended:
+            self._ended_seq.add(txn_id)
+        self.ended[txn_id] = commit
 
     def _markers_op(self, todo: list) -> object:
         """One append of a commit or abort marker per (txn, commit) of `todo`."""

@@ -200,6 +200,10 @@ class Coordinator(TransactionEnd):
         order, txns = self._order, self.txns
         while order and order[0] not in txns:
             order.popleft()
+        if len(order) > 2 * len(txns) + 64:
+            # One long transaction in front holds the finished ones behind it: keep the
+            # deque in proportion to the live ones (ascending, as it was).
+            self._order = order = deque(s for s in order if s in txns)
         if order:
             return order[0]
         return self.allocator.next_sequence if self.allocator is not None else 0

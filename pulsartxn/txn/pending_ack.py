@@ -23,6 +23,7 @@ import time
 from .._native import AckSet, PendingAckIndex, TxnID, crc32c
 from ..errors import CorruptEntry, InvalidConfiguration, InvalidTxnStatus, TransactionConflict
 from ..storage import WriteOp
+from .watermark import BySequence
 
 _ACK = struct.Struct("<BqiI")  # kind (0 individual, 1 cumulative), entry, batch index, size
 _U32 = struct.Struct("<I")
@@ -46,6 +47,9 @@ class PendingAck:
         # Acks accepted per transaction (after a restart: those that reached the log). A
         # commit states how many it made; fewer here means some were lost with the broker.
         self.counts: dict[TxnID, int] = {}
+        # The transactions holding acks here by sequence: an end finds those below the low
+        # watermark without looking at every open transaction.
+        self._by_sequence = BySequence()
         self.acks = 0
         self.committed = 0
         self.aborted = 0
@@ -157,6 +161,8 @@ class PendingAck:
             if registration is not None:
                 self.registrations.setdefault(txn, []).append(registration)
             self.acks += 1
+            if txn not in self.counts:
+                self._track(txn)
             self.counts[txn] = self.counts.get(txn, 0) + 1
             queue = not self._flush_queued
             if queue:
@@ -275,16 +281,12 @@ class PendingAck:
         if sub.error is not None:  # a damaged log: retried until it is repaired
             raise sub.error
         with self.lock:
-            todo = [(txn, commit)]
-            cid = txn.coordinator_id
-            for t in set(self.index.transactions()) | set(self.cumulative):
-                if t.coordinator_id == cid and t.sequence < low_watermark and t != txn:
-                    todo.append((t, False))
+            todo = [(txn, commit)] + [(t, False) for t in self._below(txn, low_watermark)]
             changed = False
             released = []
             keys = []
             for t, c in todo:
-                entries = self.index.release(t) if t in set(self.index.transactions()) else []
+                entries = self.index.release(t)
                 cum = self.cumulative.pop(t, None)
                 self.unlogged.pop(t, None)
                 self.registrations.pop(t, None)
@@ -340,6 +342,19 @@ class PendingAck:
             sub.notify()
         return fut
 
+    def _track(self, txn: TxnID) -> None:
+        """A transaction holds its first ack here (lock held)."""
+        self._by_sequence.add(txn)
+
+    def _below(self, txn: TxnID, low_watermark: int) -> list:
+        """The other transactions of txn's coordinator below its low watermark that still
+        hold acks here: the coordinator has finished them, so they end here as aborted
+        (lock held; they and txn leave at once, so none goes back)."""
+        found = self._by_sequence.below(txn.coordinator_id, low_watermark)
+        out = [t for t in found if t != txn and t in self.counts]
+        self._by_sequence.compact(self.counts)
+        return out
+
     # -- recovery and views ----------------------------------------------------------------
 
     def replay(self) -> None:
@@ -363,6 +378,8 @@ class PendingAck:
                 self.records[t] = max(self.records.get(t, 0), number + 1)
                 for off in range(20, len(raw), _ACK.size):
                     kind, entry_id, bi, size = _ACK.unpack_from(raw, off)
+                    if t not in self.counts:
+                        self._track(t)
                     self.counts[t] = self.counts.get(t, 0) + 1
                     if kind == 1:
                         prev = self.cumulative.get(t)

@@ -445,6 +445,39 @@ def test_low_watermark_aborts_leftovers_of_finished_transactions(env):
     assert scanned(client, "t") == []
 
 
+def test_low_watermark_releases_acks_of_finished_transactions(env):
+    """Pending acks of transactions whose end never reached the subscription are released
+    by the next end there that carries a low watermark above them: only those of the same
+    coordinator, also after the broker reopened and replayed its pending-ack log."""
+    broker = env(num_coordinators=2)
+    client = broker.client()
+    producer = client.create_producer("t", batching_enabled=False)
+    for i in range(6):
+        producer.send(b"m%d" % i)
+    consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    msgs = drain(consumer)
+    stale = [client.new_transaction(coordinator_id=0) for _ in range(3)]
+    other = client.new_transaction(coordinator_id=1)
+    for txn, m in zip(stale + [other], msgs):
+        consumer.acknowledge(m, txn=txn)
+    sub = broker._partitions[broker.topic_partitions("t")[0]].subscriptions["s"]
+    sub.pending_ack.flush()  # their acks reach the log: the reopen replays them
+    broker.close()
+    broker = env(num_coordinators=2)
+    client = broker.client()
+    assert broker.admin.pending_ack_stats("t", "s")["ongoing_txn_size"] == 4  # replayed
+    sub = broker._partitions[broker.topic_partitions("t")[0]].subscriptions["s"]
+    later = client.new_transaction(coordinator_id=0)
+    sub.pending_ack.end_txn(later.id, True, stale[1].id.sequence + 1)
+    # stale[0] and stale[1] are below it; stale[2] and the other coordinator's are not.
+    assert broker.admin.pending_ack_stats("t", "s")["ongoing_txn_size"] == 2
+    consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    assert sorted(m.data() for m in drain(consumer)) == [b"m0", b"m1", b"m4", b"m5"]
+    sub.pending_ack.end_txn(later.id, True, later.id.sequence)
+    assert broker.admin.pending_ack_stats("t", "s")["ongoing_txn_size"] == 1
+    assert [m.data() for m in drain(consumer)] == [b"m2"]
+
+
 def test_initial_position_latest_with_transactions(env):
     broker = env()
     client = broker.client()

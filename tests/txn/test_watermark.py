@@ -1,0 +1,82 @@
+"""BySequence against a plain model, and the participants' low-watermark work with one long
+transaction holding a coordinator's watermark back while thousands of others come and go."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+import pulsartxn
+from pulsartxn import TxnID
+from pulsartxn.txn.watermark import BySequence
+from tests.helpers import scanned
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "drop", "below", "compact"]),
+        st.integers(0, 2),
+        st.integers(0, 40),
+    ),
+    max_size=200,
+)
+
+
+@given(ops)
+def test_by_sequence_hands_out_exactly_the_held_ones_below(steps):
+    index, held = BySequence(), set()
+    for op, cid, seq in steps:
+        txn = TxnID(cid, seq)
+        if op == "add" and txn not in held:
+            held.add(txn)
+            index.add(txn)
+        elif op == "drop":
+            held.discard(txn)
+        elif op == "compact":
+            index.compact(held)
+        elif op == "below":
+            found = index.below(cid, seq)
+            expected = {t for t in held if t.coordinator_id == cid and t.sequence < seq}
+            assert set(found) & held == expected
+            assert len(found) == len(set(found))
+            for t in found:
+                if t in held:
+                    index.add(t)  # the caller puts back what it still holds
+    for cid in range(3):
+        assert set(index.below(cid, 1 << 30)) & held == {t for t in held if t.coordinator_id == cid}
+
+
+def test_one_long_transaction_and_thousands_after_it(tmp_path):
+    """Coordinator 0's low watermark stays at the long transaction while 3000 others produce,
+    acknowledge and commit; the participants' bookkeeping stays in proportion to what is
+    live, and ending the long one moves everything on."""
+    with pulsartxn.Broker(tmp_path / "d", sync=False, num_coordinators=1) as broker:
+        client = broker.client()
+        producer = client.create_producer("t", batching_enabled=False)
+        for i in range(3001):
+            producer.send(b"in%d" % i)
+        consumer = client.subscribe("t", "s", subscription_type=pulsartxn.ConsumerType.Shared)
+        msgs = consumer.batch_receive(3001, 1000)
+        out = client.create_producer("out", batching_enabled=False)
+        long = client.new_transaction(timeout_ms=600_000)
+        out.send(b"long", txn=long)
+        consumer.acknowledge(msgs[0], txn=long)
+        for m in msgs[1:]:
+            txn = client.new_transaction()
+            out.send(m.data(), txn=txn)
+            consumer.acknowledge(m, txn=txn)
+            txn.commit()
+        coordinator = broker.txn.coordinators[0]
+        assert coordinator.low_watermark() == long.id.sequence
+        assert len(coordinator._order) <= 2 * len(coordinator.txns) + 64
+        part = broker._partitions[broker.topic_partitions("out")[0]]
+        assert part.buffer._ongoing_seq._size <= 2 * len(part.buffer.ongoing) + 64
+        sub = broker._partitions[broker.topic_partitions("t")[0]].subscriptions["s"]
+        assert sub.pending_ack._by_sequence._size <= 2 * len(sub.pending_ack.counts) + 64
+        # read committed: nothing after the long one's first entry yet
+        assert scanned(client, "out") == []
+        long.commit()
+        assert sorted(scanned(client, "out")) == sorted([b"long"] + [m.data() for m in msgs[1:]])
+        assert broker.admin.topic_stats("t")["subscriptions"]["s"]["backlog"] == 0
+        with client.new_transaction() as txn:  # its end carries the new low watermark
+            out.send(b"next", txn=txn)
+        assert len(part.buffer.ended) <= 2  # the ended ones below it are forgotten
