@@ -18,12 +18,17 @@ _VERSION = 1
 
 
 class Cursor:
-    __slots__ = ("mark_delete", "acked", "batch_acks")
+    __slots__ = ("mark_delete", "acked", "batch_acks", "_starts", "_ends")
 
     def __init__(self, mark_delete: int = -1) -> None:
         self.mark_delete = mark_delete
         self.acked: set[int] = set()  # entry ids > mark_delete acknowledged whole
         self.batch_acks: dict[int, AckSet] = {}  # entry id -> batch indexes acknowledged
+        # The same entries as maximal half-open ranges, kept as they change (start -> end and
+        # end -> start): a write serializes the ranges, not a sort of every entry, so a
+        # message left unacknowledged in front does not make each write slower than the last.
+        self._starts: dict[int, int] = {}
+        self._ends: dict[int, int] = {}
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -68,7 +73,7 @@ class Cursor:
             if not acks.is_full():
                 return True
         self.batch_acks.pop(entry_id, None)
-        self.acked.add(entry_id)
+        self._add(entry_id)
         self._advance()
         return True
 
@@ -82,7 +87,7 @@ class Cursor:
             return False
         if merged.is_full():
             self.batch_acks.pop(entry_id, None)
-            self.acked.add(entry_id)
+            self._add(entry_id)
             self._advance()
         else:
             self.batch_acks[entry_id] = merged
@@ -94,7 +99,10 @@ class Cursor:
         upto = entry_id - 1 if batch_index >= 0 and batch_size > 1 else entry_id
         if upto > self.mark_delete:
             self.mark_delete = upto
-            self.acked = {e for e in self.acked if e > upto}
+            if self.acked:
+                self.acked = {e for e in self.acked if e > upto}
+                starts = {max(a, upto + 1): b for a, b in self._starts.items() if b > upto + 1}
+                self._starts, self._ends = starts, {b: a for a, b in starts.items()}
             self.batch_acks = {e: a for e, a in self.batch_acks.items() if e > upto}
             changed = True
         if batch_index >= 0 and batch_size > 1 and entry_id > self.mark_delete:
@@ -104,13 +112,27 @@ class Cursor:
         self._advance()
         return changed
 
+    def _add(self, entry_id: int) -> None:
+        """entry_id (above mark_delete, not acknowledged yet) joins the acknowledged ranges."""
+        self.acked.add(entry_id)
+        starts, ends = self._starts, self._ends
+        start = ends.pop(entry_id, entry_id)  # a range ending where this one starts
+        end = starts.pop(entry_id + 1, None)  # a range starting right after it
+        if end is None:
+            end = entry_id + 1
+        else:
+            del ends[end]
+        starts[start] = end
+        ends[end] = start
+
     def _advance(self) -> None:
-        acked = self.acked
-        nxt = self.mark_delete + 1
-        while nxt in acked:
-            acked.discard(nxt)
-            nxt += 1
-        self.mark_delete = nxt - 1
+        """Move mark_delete over the acknowledged range right after it."""
+        starts, acked = self._starts, self.acked
+        while (end := starts.pop(self.mark_delete + 1, None)) is not None:
+            del self._ends[end]
+            for entry_id in range(self.mark_delete + 1, end):
+                acked.discard(entry_id)
+            self.mark_delete = end - 1
 
     def skip_to(self, entry_id: int) -> None:
         """Treat every entry below entry_id as acknowledged (trimmed or filtered)."""
@@ -121,7 +143,7 @@ class Cursor:
 
     def serialize(self) -> bytes:
         """The cursor record: mark-delete, individually acknowledged ranges, batch acks."""
-        ranges = _ranges(sorted(self.acked))
+        ranges = sorted(self._starts.items())
         parts = [_HEAD.pack(_MAGIC, _VERSION, self.mark_delete, len(ranges), len(self.batch_acks))]
         if ranges:
             parts.append(struct.pack(f"<{2 * len(ranges)}Q", *(x for r in ranges for x in r)))
@@ -142,6 +164,9 @@ class Cursor:
         offset += 16 * n_ranges
         for i in range(n_ranges):
             cursor.acked.update(range(bounds[2 * i], bounds[2 * i + 1]))
+        for start, end in _ranges(sorted(cursor.acked)):  # maximal, whatever was written
+            cursor._starts[start] = end
+            cursor._ends[end] = start
         for _ in range(n_batch):
             entry_id, size, n_words = struct.unpack_from("<QII", raw, offset)
             offset += 16

@@ -75,3 +75,43 @@ def test_acked_among_is_is_acked_over_many_keys(acks, cumulative):
     assert c.acked_among(keys) == [k for k in keys if c.is_acked(*k)]
     only_mark = Cursor(cumulative)  # the mark-delete fast path
     assert only_mark.acked_among(keys) == [k for k in keys if only_mark.is_acked(*k)]
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["ack", "batch", "cumulative"]), st.integers(0, 60)),
+        max_size=120,
+    )
+)
+def test_ranges_follow_a_model_of_acknowledged_entries(steps):
+    """Against a plain set of whole-entry acks: mark-delete is the end of the prefix, the
+    ranges are the rest as maximal runs, and the record written from them reads back the
+    same."""
+    c, model = Cursor(), set()
+    for op, entry in steps:
+        if op == "ack":
+            c.ack(entry)
+            model.add(entry)
+        elif op == "batch":
+            for index in range(3):  # an entry of 3 acknowledged index by index
+                c.ack(entry, index, 3)
+            model.add(entry)
+        else:
+            c.ack_cumulative(entry)
+            model.update(range(entry + 1))
+        mark = -1
+        while mark + 1 in model:
+            mark += 1
+        rest = sorted(e for e in model if e > mark)
+        assert c.mark_delete == mark and c.acked == set(rest)
+        runs = []
+        for e in rest:
+            if runs and runs[-1][1] == e:
+                runs[-1][1] = e + 1
+            else:
+                runs.append([e, e + 1])
+        assert sorted(c._starts.items()) == [tuple(r) for r in runs]
+        assert c._ends == {b: a for a, b in c._starts.items()}
+    back = Cursor.deserialize(c.serialize())
+    assert back.mark_delete == c.mark_delete and back.acked == c.acked
+    assert back._starts == c._starts and back._ends == c._ends
