@@ -19,6 +19,7 @@ SUITES = (
     "messaging",
     "txn",
     "txn_messaging",
+    "longrun",
     "remote",
     "spark",
 )
