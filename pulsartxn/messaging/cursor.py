@@ -54,6 +54,10 @@ class Cursor:
             or (k[1] >= 0 and (s := partly.get(k[0])) is not None and s.test(k[1]))
         ]
 
+    def ranges(self):
+        """The entries acknowledged above mark-delete as half-open (start, end) ranges."""
+        return self._starts.items()
+
     def acked_in_entry(self, entry_id: int) -> AckSet | None:
         """Batch indexes acknowledged in a partly acknowledged entry."""
         return self.batch_acks.get(entry_id)
@@ -143,7 +147,7 @@ class Cursor:
 
     def serialize(self) -> bytes:
         """The cursor record: mark-delete, individually acknowledged ranges, batch acks."""
-        ranges = sorted(self._starts.items())
+        ranges = sorted(self.ranges())
         parts = [_HEAD.pack(_MAGIC, _VERSION, self.mark_delete, len(ranges), len(self.batch_acks))]
         if ranges:
             parts.append(struct.pack(f"<{2 * len(ranges)}Q", *(x for r in ranges for x in r)))

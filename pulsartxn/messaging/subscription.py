@@ -481,7 +481,7 @@ class Subscription:
         with self.lock:
             p, c = self.partition, self.cursor
             total = p.messages_between(c.mark_delete + 1, p.next_entry_id)
-            total -= sum(p.message_count(e) for e in c.acked)
+            total -= sum(p.messages_between(a, b) for a, b in c.ranges())
             total -= sum(len(a) for a in c.batch_acks.values())
             return max(total, 0)
 
