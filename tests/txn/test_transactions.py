@@ -183,17 +183,22 @@ def test_conflicts(env):
     del m2
 
 
+def _batched(client, n: int, per_entry: int):
+    """m0..m<n-1> on "t" in entries of `per_entry` messages (a full batch is one entry, with
+    no publish-delay flush in between however slow the machine: the delay is long)."""
+    producer = client.create_producer(
+        "t", batching_max_messages=per_entry, batching_max_publish_delay_ms=60_000
+    )
+    for i in range(n):
+        producer.send_async(b"m%d" % i)
+    producer.flush()
+    return producer
+
+
 def test_batch_index_acks_in_transactions(env):
     broker = env()
     client = broker.client()
-    # A full batch of 4 is one entry (no publish-delay flush in between, however slow the
-    # machine: the delay is long).
-    producer = client.create_producer(
-        "t", batching_max_messages=4, batching_max_publish_delay_ms=60_000
-    )
-    for i in range(4):
-        producer.send_async(b"m%d" % i)
-    producer.flush()
+    _batched(client, 4, 4)
     consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
     msgs = drain(consumer)
     assert [m.message_id().batch_index() for m in msgs] == [0, 1, 2, 3]
@@ -242,12 +247,7 @@ def test_committed_acks_leave_the_unacknowledged_set_and_nothing_else(env, cumul
     for redelivery brings back exactly the others."""
     broker = env()
     client = broker.client()
-    producer = client.create_producer(
-        "t", batching_max_messages=8, batching_max_publish_delay_ms=60_000
-    )
-    for i in range(60):
-        producer.send_async(b"m%d" % i)
-    producer.flush()
+    _batched(client, 60, 8)
     kind = ConsumerType.Exclusive if cumulative else ConsumerType.Shared
     consumer = client.subscribe("t", "s", subscription_type=kind)
     msgs = drain(consumer)
