@@ -24,6 +24,7 @@ import os
 import lmdb
 
 _MiB = 1 << 20
+_FADVISE = getattr(os, "posix_fadvise", None)
 
 
 class Headroom:
@@ -91,8 +92,10 @@ class Headroom:
                 self._size = size
                 self._skip = 1000
                 return
-            # Start writing the zeros out now rather than in the next commit's fdatasync.
-            os.posix_fadvise(self._fd, size, chunk, os.POSIX_FADV_DONTNEED)
+            # Start writing the zeros out now rather than in the next commit's fdatasync
+            # (Linux; elsewhere the next fsync writes them).
+            if _FADVISE is not None:
+                _FADVISE(self._fd, size, chunk, os.POSIX_FADV_DONTNEED)
             self._size = size + chunk
             self.extensions += 1
             self.bytes_written += chunk
