@@ -30,6 +30,11 @@ from .._native.types import MarkerType
 from ..errors import InvalidTxnStatus
 from .watermark import BySequence
 
+# Ended transactions remembered per partition above their coordinator's low watermark (below
+# it, the watermark refuses their appends): a bound on memory while one long transaction holds
+# the watermark back.
+MAX_ENDED = 10_000
+
 
 class TransactionBuffer:
     def __init__(self, partition) -> None:
@@ -40,6 +45,7 @@ class TransactionBuffer:
         self.inflight: dict[TxnID, int] = {}  # appends submitted, not yet published or failed
         self.ended: dict[TxnID, bool] = {}  # ended here (late appends refused), until below lwm
         self.low_watermarks: dict[int, int] = {}  # coordinator id -> last low watermark seen
+        self.max_ended = MAX_ENDED
         # ongoing and ended by sequence, so that an end finds those below a low watermark
         # without a scan of all (rebuilt after recovery filled them directly)
         self._ongoing_seq = BySequence()
@@ -214,9 +220,17 @@ class TransactionBuffer:
         return self._markers_op(todo)
 
     def _mark_ended(self, txn_id: TxnID, commit: bool) -> None:
-        if txn_id not in self.ended:
+        ended = self.ended
+        if txn_id not in ended:
             self._ended_seq.add(txn_id)
-        self.ended[txn_id] = commit
+            if len(ended) >= self.max_ended:
+                # A long transaction holds a low watermark back, and the ended ones pile up
+                # above it: forget the oldest (done long ago; the race this guards against,
+                # a send crossing its own transaction's end, is over within moments).
+                oldest = next(iter(ended))
+                if oldest not in self.ongoing:
+                    del ended[oldest]
+        ended[txn_id] = commit
 
     def _markers_op(self, todo: list) -> object:
         """One append of a commit or abort marker per (txn, commit) of `todo`."""

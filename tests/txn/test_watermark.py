@@ -3,11 +3,13 @@ transaction holding a coordinator's watermark back while thousands of others com
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import pulsartxn
 from pulsartxn import TxnID
+from pulsartxn.errors import InvalidTxnStatus
 from pulsartxn.txn.watermark import BySequence
 from tests.helpers import scanned
 
@@ -80,3 +82,26 @@ def test_one_long_transaction_and_thousands_after_it(tmp_path):
         with client.new_transaction() as txn:  # its end carries the new low watermark
             out.send(b"next", txn=txn)
         assert len(part.buffer.ended) <= 2  # the ended ones below it are forgotten
+
+
+def test_ended_transactions_are_remembered_within_a_bound(tmp_path):
+    """Behind a long transaction, a partition remembers the transactions that ended there (a
+    late append of one is refused) up to max_ended, the oldest forgotten first."""
+    with pulsartxn.Broker(tmp_path / "d", sync=False, num_coordinators=1) as broker:
+        client = broker.client()
+        out = client.create_producer("out", batching_enabled=False)
+        long = client.new_transaction(timeout_ms=600_000)
+        out.send(b"long", txn=long)
+        part = broker._partitions[broker.topic_partitions("out")[0]]
+        part.buffer.max_ended = 50
+        ended = []
+        for i in range(200):
+            with client.new_transaction() as txn:
+                out.send(b"%d" % i, txn=txn)
+            ended.append(txn.id)
+        assert len(part.buffer.ended) <= 50
+        assert set(part.buffer.ended) <= set(ended[-50:])
+        with pytest.raises(InvalidTxnStatus):
+            part.buffer.begin_append(ended[-1])  # a late append of a recent one
+        long.commit()
+        assert len(scanned(client, "out")) == 201
