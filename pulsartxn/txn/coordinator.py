@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 
 from .._native import TxnID, TxnIdAllocator
 from ..errors import (
@@ -37,6 +37,7 @@ from .meta import (
     HISTOGRAM_MS,
     OPEN,
     RESERVE_BLOCK,
+    Outcomes,
     TxnMeta,
     status_error,
 )
@@ -56,7 +57,7 @@ class Coordinator(TransactionEnd):
         self.cond = threading.Condition(self.lock)
         self._alloc_lock = threading.Lock()  # the allocator (its reservations write)
         self.txns: dict[int, TxnMeta] = {}
-        self.finished: OrderedDict = OrderedDict()  # seq -> (state, reason, timeout_ms)
+        self.finished = Outcomes()  # seq -> (state, reason, timeout_ms) once finished
         self._order: deque = deque()  # live sequences, ascending (for the low watermark)
         self._deadlines: list = []  # heap of (deadline, seq)
         self.allocator: TxnIdAllocator | None = None
@@ -222,6 +223,7 @@ class Coordinator(TransactionEnd):
             seq = txn_id.sequence
             meta = TxnMeta(txn_id, seq, timeout_ms, open_ms, now + timeout_ms / 1000.0, group)
             with self.lock:
+                self.finished.begun(seq)
                 self.txns[seq] = meta
                 self._order.append(seq)
                 heapq.heappush(self._deadlines, (meta.deadline, seq))

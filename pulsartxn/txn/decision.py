@@ -30,7 +30,6 @@ from .meta import (
     HISTOGRAM_MS,
     MAX_BACKOFF_S,
     OPEN,
-    RECENT_FINISHED,
     TxnMeta,
     status_error,
 )
@@ -343,9 +342,7 @@ class TransactionEnd:
             commit = meta.commit
             meta.state = COMMITTED if commit else ABORTED
             self.txns.pop(meta.seq, None)
-            self.finished[meta.seq] = (meta.state, meta.reason, meta.timeout_ms)
-            if len(self.finished) > RECENT_FINISHED:
-                self.finished.popitem(last=False)
+            self.finished.finished(meta.seq, meta.state, meta.reason, meta.timeout_ms)
             if commit:
                 self.committed += 1
             else:

@@ -9,7 +9,7 @@ from .state import EndReason, TxnState
 
 # Pulsar's pulsar_txn_execution_latency buckets (ms); the last bucket is "overflow".
 HISTOGRAM_MS = (10, 20, 50, 100, 500, 1000, 5000, 15000, 30000, 60000, 300000, 1500000, 3000000)
-RECENT_FINISHED = 100_000  # outcomes kept in memory after a transaction's records are gone
+RECENT_FINISHED = 1 << 18  # outcomes kept per coordinator after a transaction's records go
 RESERVE_BLOCK = 4096  # sequences reserved per durable high-water mark write
 MAX_BACKOFF_S = 5.0
 
@@ -83,3 +83,64 @@ def status_error(txn_id, state: TxnState, reason: int, timeout_ms: int, op: str)
             f"cannot {op} transaction {txn_id}: it timed out after {timeout_ms} ms and was aborted"
         )
     return InvalidTxnStatus(f"cannot {op} transaction {txn_id}: it is {state.value}")
+
+
+class Outcomes:
+    """What became of a coordinator's finished transactions, for the last `size` sequences:
+    one byte each in a ring (256 KiB remembers 262,144), where an entry per transaction in a
+    dict cost about 170 bytes (270 MB for 16 coordinators at the old bound of 100,000 each).
+    The timeout of one aborted by its deadline is kept beside it (the error names it).
+
+    Sequences only grow while the broker runs: ``begun`` marks each as not finished (its slot
+    may hold what the sequence `size` below it became) and moves the window's top.
+    """
+
+    __slots__ = ("_codes", "_size", "_high", "_timeouts")
+
+    def __init__(self, size: int = RECENT_FINISHED) -> None:
+        self._codes = bytearray(size)
+        self._size = size
+        self._high = -1  # every slot of (_high - size, _high] is this window's
+        self._timeouts: dict[int, int] = {}  # seq -> timeout_ms, aborted by their deadline
+
+    def begun(self, seq: int) -> None:
+        if seq > self._high:
+            self._clear(seq)
+        else:
+            self._codes[seq % self._size] = 0
+
+    def _clear(self, top: int) -> None:
+        """Move the window up to `top`: the slots of the sequences it gains start empty."""
+        size, codes = self._size, self._codes
+        lo = max(self._high + 1, top - size + 1)  # the first sequence to clear
+        n, a = top - lo + 1, lo % size
+        if a + n <= size:
+            codes[a : a + n] = bytes(n)
+        else:  # wraps around the end of the ring
+            codes[a:] = bytes(size - a)
+            codes[: a + n - size] = bytes(a + n - size)
+        self._high = top
+        if len(self._timeouts) > size // 8:
+            floor = top - size
+            self._timeouts = {s: t for s, t in self._timeouts.items() if s > floor}
+
+    def finished(self, seq: int, state: TxnState, reason: int, timeout_ms: int) -> None:
+        if seq > self._high:
+            self._clear(seq)
+        elif seq <= self._high - self._size:
+            return  # older than the window
+        self._codes[seq % self._size] = 1 + (state is ABORTED) + 2 * int(reason)
+        if state is ABORTED and reason == EndReason.TIMEOUT:
+            self._timeouts[seq] = timeout_ms
+
+    def get(self, seq: int) -> tuple[TxnState, int, int] | None:
+        """(state, reason, timeout_ms) of a finished transaction, or None (live, never
+        seen, or older than the window)."""
+        if seq > self._high or seq <= self._high - self._size:
+            return None
+        code = self._codes[seq % self._size]
+        if not code:
+            return None
+        code -= 1
+        state = ABORTED if code & 1 else COMMITTED
+        return state, code >> 1, self._timeouts.get(seq, 0)

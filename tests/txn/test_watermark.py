@@ -105,3 +105,43 @@ def test_ended_transactions_are_remembered_within_a_bound(tmp_path):
             part.buffer.begin_append(ended[-1])  # a late append of a recent one
         long.commit()
         assert len(scanned(client, "out")) == 201
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["begin", "finish", "get"]), st.integers(0, 40)),
+        max_size=150,
+    )
+)
+def test_outcomes_ring_against_a_dict(steps):
+    """The coordinator's outcome ring (8 slots here) answers like a dict of the outcomes of
+    the last 8 sequences of the window, over wrap-arounds and jumps."""
+    from pulsartxn.txn.meta import ABORTED, COMMITTED, Outcomes
+    from pulsartxn.txn.state import EndReason
+
+    ring, model, high, live = Outcomes(8), {}, -1, set()
+    next_seq = 0
+    for op, x in steps:
+        if op == "begin":
+            next_seq += x % 12  # sometimes a jump past the whole ring
+            ring.begun(next_seq)
+            live.add(next_seq)
+            model.pop(next_seq, None)
+            high = max(high, next_seq)
+            next_seq += 1
+        elif op == "finish" and live:
+            seq = sorted(live)[x % len(live)]
+            live.discard(seq)
+            state = ABORTED if x % 2 else COMMITTED
+            reason = (EndReason.CLIENT, EndReason.TIMEOUT, EndReason.GROUP)[x % 3]
+            ring.finished(seq, state, reason, 1000 + x)
+            if seq > high - 8:
+                timeout = 1000 + x if state is ABORTED and reason == EndReason.TIMEOUT else 0
+                model[seq] = (state, int(reason), timeout)
+        else:
+            seq = x
+            expected = model.get(seq) if high - 8 < seq <= high else None
+            assert ring.get(seq) == expected
+    for seq in range(next_seq + 2):
+        expected = model.get(seq) if high - 8 < seq <= high else None
+        assert ring.get(seq) == expected
