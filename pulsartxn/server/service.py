@@ -24,6 +24,7 @@ from .. import errors
 from .._native.entryformat import READ_SCHEMA
 from ..messaging.consumer import ConsumerType, InitialPosition, Isolation
 from ..messaging.message import MessageId
+from ..txn.state import FINAL
 from . import protocol
 from .protocol import frame, jsonable, unframe
 
@@ -39,6 +40,12 @@ class SessionLost(errors.PulsarTxnError):
 protocol._ERRORS["SessionLost"] = SessionLost
 
 
+# A session's transaction handles are pruned of ended ones when they exceed this (and twice
+# what was left after the last pruning).
+_PRUNE_TXNS_AT = 1024
+_ENDED = FINAL  # not ERROR: a coordinator that cannot answer now may hold it open
+
+
 class _Session:
     def __init__(self, sid: str, client) -> None:
         self.id = sid
@@ -46,8 +53,23 @@ class _Session:
         self.producers: dict[int, object] = {}
         self.consumers: dict[int, object] = {}
         self.txns: dict[str, object] = {}
+        self._prune_at = _PRUNE_TXNS_AT
         self.last_seen = time.monotonic()
         self.lock = threading.Lock()
+
+    def remember(self, key: str, txn) -> None:
+        """Keep the handle of a transaction this session uses (its acks and pending sends are
+        counted there). Those that have ended are dropped once they pile up: a long session
+        runs millions of transactions, and one that timed out is never ended by its client."""
+        with self.lock:
+            self.txns[key] = txn
+            if len(self.txns) > self._prune_at:
+                self.txns = {k: t for k, t in self.txns.items() if t.state not in _ENDED}
+                self._prune_at = max(_PRUNE_TXNS_AT, 2 * len(self.txns))
+
+    def forget(self, key: str) -> None:
+        with self.lock:
+            self.txns.pop(key, None)
 
     def close(self) -> None:
         for c in list(self.consumers.values()):
@@ -138,7 +160,7 @@ class BrokerServer(flight.FlightServerBase):
         txn = s.txns.get(value)
         if txn is None:
             txn = s.client.transaction(value)
-            s.txns[value] = txn
+            s.remember(value, txn)
         return txn
 
     def do_action(self, context, action):
@@ -383,7 +405,7 @@ class BrokerServer(flight.FlightServerBase):
         txn = s.client.new_transaction(
             args.get("timeout_ms"), args.get("coordinator_id"), args.get("group")
         )
-        s.txns[str(txn.id)] = txn
+        s.remember(str(txn.id), txn)
         return {"txn": str(txn.id)}
 
     def _on_txn_state(self, args, payload):
@@ -398,7 +420,10 @@ class BrokerServer(flight.FlightServerBase):
             txn.commit(args.get("timeout_ms"), expected)
         else:
             txn.abort(args.get("timeout_ms"))
-        return {"state": txn.state.value}
+        state = txn.state
+        if state in _ENDED:
+            s.forget(args["txn"])
+        return {"state": state.value}
 
     def _on_commit_all(self, args, payload):
         s = self._session(args)
