@@ -209,7 +209,7 @@ class TransactionBuffer:
                     self.lwm_aborted += 1
             self._ongoing_seq.compact(self.ongoing)
             # Below the watermark, appends are refused by the watermark itself.
-            for t in self._ended_seq.below(cid, self.low_watermarks[cid]):
+            for t in self._ended_seq.below(cid, self.low_watermarks.get(cid, 0)):
                 if t in self.ongoing:
                     self._ended_seq.add(t)  # its marker is not published yet
                 else:

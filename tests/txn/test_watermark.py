@@ -145,3 +145,15 @@ def test_outcomes_ring_against_a_dict(steps):
     for seq in range(next_seq + 2):
         expected = model.get(seq) if high - 8 < seq <= high else None
         assert ring.get(seq) == expected
+
+
+def test_an_end_with_a_zero_low_watermark_on_a_new_partition(tmp_path):
+    """A participant may be told low watermark 0 by a coordinator it never heard from."""
+    with pulsartxn.Broker(tmp_path / "d", sync=False) as broker:
+        client = broker.client()
+        out = client.create_producer("out", batching_enabled=False)
+        txn = client.new_transaction()
+        out.send(b"x", txn=txn)
+        part = broker._partitions[broker.topic_partitions("out")[0]]
+        part.buffer.end_txn(txn.id, True, 0)
+        assert scanned(client, "out") == [b"x"]
