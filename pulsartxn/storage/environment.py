@@ -169,7 +169,8 @@ class Storage:
         self._closed = True
         self.commits.close()
         if self.headroom is not None:
-            self.headroom.close()
+            with self.commits.commit_lock:  # a caller may still be leading a last group
+                self.headroom.close()
         if self.sync:
             self.env.sync(True)
         self.env.close()

@@ -114,6 +114,11 @@ class GroupCommit:
     def writer_thread(self) -> threading.Thread:
         return self._thread
 
+    @property
+    def commit_lock(self) -> threading.Lock:
+        """Held while a group is committed (and its after_group runs)."""
+        return self._commit_lock
+
     def submit(self, op: WriteOp, lazy: bool = False, quiet: bool = False) -> OpFuture:
         """Queue `op`. A lazy op (background bookkeeping nobody waits for: log cleanup, cursor
         and snapshot writes) does not start a group, and so costs no fsync of its own: it rides

@@ -59,8 +59,8 @@ class Headroom:
     def after_group(self) -> None:
         """Called after each group commit, with the commit lock held. Only an optimization:
         whatever goes wrong here pauses it and fails nobody's write."""
-        if self._skip:
-            self._skip -= 1
+        if self._skip or self._fd < 0:
+            self._skip = max(self._skip - 1, 0)
             return
         try:
             used = (self._env.info()["last_pgno"] + 1) * self._psize
@@ -103,6 +103,8 @@ class Headroom:
             txn.abort()
 
     def close(self) -> None:
+        """With the commit lock held (no group, and so no after_group, in progress): the fd
+        must not be closed under an extension, nor reused by another file while one runs."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
