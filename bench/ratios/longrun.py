@@ -9,8 +9,8 @@ a. send + commit of one message per transaction while one long transaction holds
 b. a Shared consumer acknowledging in transactions of 10 while one message stays
    unacknowledged in front (the cursor keeps every later ack individually): the last quarter
    of 40,000 messages against the first;
-c. one acknowledgement + commit with 10,000 messages in flight (received, unacknowledged)
-   against 10 in flight;
+c. one acknowledgement + commit with 10,000 messages in flight (received, unacknowledged,
+   redelivered once so that each has a redelivery count) against 10 in flight;
 d. commits of transactions holding one acknowledgement each, 5,000 open at once against 100.
 """
 
@@ -104,13 +104,15 @@ def _in_flight(tmp: str, many: int, timed_acks: int) -> Row:
             client = broker.client()
             client.create_producer("t").send_batch([b"x" * 10] * (in_flight + timed_acks))
             consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+            consumer.batch_receive(in_flight + timed_acks, 1000)
+            consumer.redeliver_unacknowledged_messages()  # each one now has a count too
             msgs = consumer.batch_receive(in_flight + timed_acks, 1000)
             return _ack_commit(client, consumer, msgs[:timed_acks])
 
     few = run(10, "few")
     lots = run(many, "many")
     return Row(
-        f"ack + commit with {many:,} msgs in flight",
+        f"ack + commit with {many:,} msgs in flight, redelivered once",
         timed_acks,
         "txns",
         lots,

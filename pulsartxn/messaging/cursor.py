@@ -40,20 +40,6 @@ class Cursor:
             return acks is not None and acks.test(batch_index)
         return False
 
-    def acked_among(self, keys) -> list:
-        """Those of the (entry_id, batch_index) `keys` that are acknowledged: is_acked over many
-        keys, inline (it runs for every message delivered)."""
-        mark, acked, partly = self.mark_delete, self.acked, self.batch_acks
-        if not acked and not partly:  # only the mark-delete position
-            return [k for k in keys if k[0] <= mark]
-        return [
-            k
-            for k in keys
-            if k[0] <= mark
-            or k[0] in acked
-            or (k[1] >= 0 and (s := partly.get(k[0])) is not None and s.test(k[1]))
-        ]
-
     def ranges(self):
         """The entries acknowledged above mark-delete as half-open (start, end) ranges."""
         return self._starts.items()

@@ -317,25 +317,34 @@ class Subscription:
         if self.cursor.ack(entry_id):
             self._persist()
 
-    def _forget_acked(self, cumulative: tuple[int, int, int] | None = None) -> None:
-        """Drop bookkeeping of messages the cursor now covers after an acknowledgement was
-        applied to it (lock held). A message acknowledged one by one in a transaction left
-        the pending deliveries when it was acknowledged; a cumulative acknowledgement
-        (`cumulative`: entry id, batch index, batch size) leaves there exactly what is up to
-        its position, found by comparing positions rather than asking the cursor. With
-        neither (a transaction's individual acks), the pending deliveries are not scanned:
-        a transaction with few acks on a subscription with many messages in flight does not
-        pay for all of them."""
+    def _forget_acked(self, cumulative: tuple[int, int, int] | None = None, entries=()) -> None:
+        """Drop the bookkeeping (pending deliveries, redelivery counts) of the messages an
+        acknowledgement just applied to the cursor covers (lock held), by position rather
+        than by asking the cursor about every message held: a transaction with few acks on a
+        subscription with many messages in flight or redelivered does not pay for all.
+
+        `cumulative` (entry id, batch index, batch size): everything up to that position.
+        `entries` ((ledger, entry id, AckSet or None), as a pending-ack release gives them):
+        messages acknowledged one by one in a transaction, which left the pending deliveries
+        when they were acknowledged; only their redelivery counts are left to drop."""
+        pending, counts = self._pending, self._redelivery_counts
         if cumulative is not None:
             entry_id, batch_index, batch_size = cumulative
             bound = (entry_id, batch_index if batch_index >= 0 and batch_size > 1 else _LAST)
-            pending = self._pending
-            for key in [k for k in pending if k <= bound]:
-                del pending[key]
-        counts = self._redelivery_counts
+            for held in (pending, counts):
+                if held:
+                    for key in [k for k in held if k <= bound]:
+                        del held[key]
         if counts:
-            for key in self.cursor.acked_among(counts):
-                del counts[key]
+            for _, entry_id, ack_set in entries:
+                if ack_set is not None:
+                    for i in ack_set:
+                        counts.pop((entry_id, i), None)
+                    continue
+                counts.pop((entry_id, -1), None)
+                n = self.partition.message_count(entry_id)
+                for i in range(n if n > 1 else 0):
+                    counts.pop((entry_id, i), None)
 
     def _release_held(self, released) -> None:
         """An aborted transaction's held messages are delivered again, their redelivery count

@@ -305,7 +305,7 @@ class PendingAck:
                             changed |= cursor.ack_set(entry_id, ack_set)
                     if cum is not None:
                         changed |= cursor.ack_cumulative(*cum)
-                    sub._forget_acked(cum)
+                    sub._forget_acked(cum, entries)
                 else:
                     self.aborted += 1
                     released.extend(entries)

@@ -63,21 +63,6 @@ def test_ack_set_merges_and_ranges_stay_compact():
 
 
 @given(
-    st.lists(st.tuples(st.integers(0, 40), st.integers(-1, 7)), max_size=60),
-    st.integers(-1, 20),
-)
-def test_acked_among_is_is_acked_over_many_keys(acks, cumulative):
-    c = Cursor()
-    c.ack_cumulative(cumulative)
-    for entry, index in acks:
-        c.ack(entry, index, 8 if index >= 0 else 0)
-    keys = [(e, i) for e in range(45) for i in range(-1, 8)]
-    assert c.acked_among(keys) == [k for k in keys if c.is_acked(*k)]
-    only_mark = Cursor(cumulative)  # the mark-delete fast path
-    assert only_mark.acked_among(keys) == [k for k in keys if only_mark.is_acked(*k)]
-
-
-@given(
     st.lists(
         st.tuples(st.sampled_from(["ack", "batch", "cumulative"]), st.integers(0, 60)),
         max_size=120,

@@ -250,8 +250,10 @@ def test_committed_acks_leave_the_unacknowledged_set_and_nothing_else(env, cumul
     _batched(client, 60, 8)
     kind = ConsumerType.Exclusive if cumulative else ConsumerType.Shared
     consumer = client.subscribe("t", "s", subscription_type=kind)
-    msgs = drain(consumer)
-    assert len(msgs) == 60
+    drain(consumer)
+    consumer.redeliver_unacknowledged_messages()  # every message now has a redelivery count
+    msgs = sorted(drain(consumer), key=lambda m: m.message_id())
+    assert len(msgs) == 60 and all(m.redelivery_count() == 1 for m in msgs)
     if cumulative:
         first = client.new_transaction()
         consumer.acknowledge_cumulative(msgs[13], txn=first)  # inside the second entry
@@ -269,12 +271,14 @@ def test_committed_acks_leave_the_unacknowledged_set_and_nothing_else(env, cumul
             txn.commit()
     stats = broker.admin.topic_stats("t")["subscriptions"]["s"]
     assert stats["unacked"] == 60 - len(acked)  # no committed message left among them
+    sub = broker._partitions[broker.topic_partitions("t")[0]].subscriptions["s"]
+    assert len(sub._redelivery_counts) == 60 - len(acked)  # nor among the counts
     consumer.redeliver_unacknowledged_messages()
     again = drain(consumer)
     assert sorted(m.data() for m in again) == sorted(
         b"m%d" % i for i in range(60) if i not in acked
     )
-    assert all(m.redelivery_count() == 1 for m in again)
+    assert all(m.redelivery_count() == 2 for m in again)
     assert broker.admin.topic_stats("t")["subscriptions"]["s"]["backlog"] == 60 - len(acked)
 
 
