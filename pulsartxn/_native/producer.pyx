@@ -134,7 +134,7 @@ cdef class PartitionProducer:
         self.producer = producer
         self.partition = partition
         self.lock = Lock()
-        self.last_sequence = partition.dedup_highest.get(producer.name, -1)
+        self.last_sequence = partition.highest_sequence(producer.name)
         self.batch = None
         self.inflight = []  # sent, not yet durable
         self.closed = False  # set by the producer's close()

@@ -58,14 +58,6 @@ class Partition:
             if last >= 0:
                 self.first_entry_id = first
                 self._recover_counts(first, last, replay_from)
-            self.dedup_highest: dict[str, int] = {}
-            cursor = txn.cursor(db=self._dedup_db)
-            if cursor.set_range(self._dedup_prefix):
-                for key, value in cursor:
-                    if not bytes(key).startswith(self._dedup_prefix):
-                        break
-                    producer = bytes(key)[len(self._dedup_prefix) :].decode()
-                    self.dedup_highest[producer] = _DEDUP.unpack(value)[0]
         self.next_entry_id = last + 1 if last >= 0 else 0
         snapshots.recovered(replay_from > 0)
         self.subscriptions: dict[str, Subscription] = {}
@@ -185,7 +177,7 @@ class Partition:
             with self.lock:
                 if before_publish is not None:
                     before_publish(first)
-                self._published(first, counts, nbytes, producer, first_sequence)
+                self._published(first, counts, nbytes)
             if on_published is not None:
                 on_published(first)
 
@@ -231,7 +223,7 @@ class Partition:
             with self.lock:
                 if txn_id is not None:
                     self.buffer.appended(txn_id, first)
-                self._published(first, counts, nbytes, producer, first_sequence)
+                self._published(first, counts, nbytes)
 
         return WriteOp(apply, nbytes=nbytes, records=max(1, n // batch_size), on_commit=on_commit)
 
@@ -250,9 +242,7 @@ class Partition:
             seq += n
         txn.cursor(db=self._dedup_index_db).putmulti(rows)
 
-    def _published(
-        self, first: int, counts: list[int], nbytes: int, producer, first_sequence
-    ) -> None:
+    def _published(self, first: int, counts: list[int], nbytes: int) -> None:
         with self.lock:
             if not self._counts and self.next_entry_id == 0:
                 self.first_entry_id = first
@@ -264,8 +254,6 @@ class Partition:
             self.next_entry_id = first + len(counts)
             self.msg_in += sum(counts)
             self.bytes_in += nbytes
-            if producer is not None and first_sequence >= 0:
-                self.dedup_highest[producer] = first_sequence + sum(counts) - 1
             subscriptions = list(self.subscriptions.values())
         for sub in subscriptions:
             sub.notify()
@@ -327,6 +315,14 @@ class Partition:
                     f"{self.topic} (ledger {self.ledger_id}): entry {entry_id}: {reason}"
                 )
         return CorruptEntry(f"{self.topic} (ledger {self.ledger_id}): a damaged entry header")
+
+    def highest_sequence(self, producer: str) -> int:
+        """The highest sequence id persisted for `producer` here, or -1: read when a producer
+        of that name attaches, not held in memory for every producer that ever wrote (a
+        producer per task or request would make that grow for good)."""
+        with self.storage.read() as txn:
+            raw = txn.get(self._dedup_prefix + producer.encode(), db=self._dedup_db)
+        return _DEDUP.unpack(raw)[0] if raw is not None else -1
 
     def lookup_sequence(self, producer: str, sequence_id: int) -> tuple[int, int, int] | None:
         """(entry id, messages in entry, batch index) of a persisted (producer, sequence)."""

@@ -72,6 +72,11 @@ def test_dedup_returns_the_original_id_and_stores_once(broker, tmp_path):
     producer.close()
     values = [v for b in client.scan("t") for v in b.column("value").to_pylist()]
     assert values == [b"a", b"b0", b"b1", b"b2", b"b3"]
+    # The same name again on this broker continues after its highest sequence too.
+    same = client.create_producer("t", producer_name="p1")
+    assert same.last_sequence_id() == 13
+    assert same.send(b"b0-again", sequence_id=10) == batch[0].result()
+    same.close()
     # After a restart the same producer name continues after its highest sequence.
     broker.close()
     with pulsartxn.Broker(broker.data_dir, sync=False) as again:

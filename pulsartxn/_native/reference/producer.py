@@ -94,7 +94,7 @@ class PartitionProducer:
         self.producer = producer
         self.partition = partition
         self.lock = threading.Lock()
-        self.last_sequence = partition.dedup_highest.get(producer.name, -1)
+        self.last_sequence = partition.highest_sequence(producer.name)
         self.batch: Batch | None = None
         self.inflight: list[Batch] = []  # sent, not yet durable
         self.closed = False  # set by the producer's close()
