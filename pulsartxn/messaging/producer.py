@@ -19,10 +19,14 @@ import pyarrow as pa
 
 from .._native import PartitionProducer, TxnBatch, encode_entry, value_sizes
 from ..errors import AlreadyClosed, InvalidTxnStatus, MessageTooBig
+from ..txn.state import FINAL
 from .message import MessageId
 from .partition import Partition
 
 _names = itertools.count()
+# Waiting transaction batches past which a producer drops those of transactions that ended
+# without them (a transaction left to its timeout never flushes them), and twice what is left.
+_SWEEP_TXN_BATCHES_AT = 64
 
 
 def _route(key: str | bytes, n: int) -> int:
@@ -73,6 +77,7 @@ class Producer:
         self._closed = False
         self._round_robin = itertools.count()
         self._txn_batches: dict = {}  # (partition producer, TxnID) -> TxnBatch
+        self._sweep_at = _SWEEP_TXN_BATCHES_AT
         self._parts: list[PartitionProducer] = []
         for partition in partitions:
             self._parts.append(PartitionProducer(self, partition))
@@ -354,6 +359,8 @@ class Producer:
     def _txn_add(self, txn, content, properties, partition_key, sequence_id) -> Future:
         """Queue one message of a transaction in its (partition, transaction) batch."""
         txn = self.client._txn_for(txn)
+        if len(self._txn_batches) >= self._sweep_at:
+            self._drop_ended()
         part = self._part_for(partition_key)
         with part.lock:
             if sequence_id is None:
@@ -481,6 +488,15 @@ class Producer:
                     if self._txn_batches.pop(key, None) is batch:
                         batch.part.txn_sealed(batch)
                         batch.fail(InvalidTxnStatus(f"transaction {txn.id} was aborted"))
+
+    def _drop_ended(self) -> None:
+        """Drop the waiting batches of transactions that have ended (timed out or aborted
+        elsewhere): their messages fail, as they would at the next flush, instead of being
+        held until then."""
+        for txn in {b.txn for b in list(self._txn_batches.values())}:
+            if txn.state in FINAL:
+                self._txn_drop(txn)
+        self._sweep_at = max(_SWEEP_TXN_BATCHES_AT, 2 * len(self._txn_batches))
 
     def flush(self) -> None:
         """Send every waiting batch and wait until all are durable."""

@@ -1,7 +1,11 @@
-"""BySequence against a plain model, and the participants' low-watermark work with one long
-transaction holding a coordinator's watermark back while thousands of others come and go."""
+"""Bookkeeping that must not grow with a long run: BySequence against a plain model, the
+participants' low-watermark work with one long transaction holding a coordinator's watermark
+back while thousands of others come and go, the coordinators' outcome ring, and a producer's
+batches of transactions that ended without them."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 from hypothesis import given
@@ -157,3 +161,34 @@ def test_an_end_with_a_zero_low_watermark_on_a_new_partition(tmp_path):
         part = broker._partitions[broker.topic_partitions("out")[0]]
         part.buffer.end_txn(txn.id, True, 0)
         assert scanned(client, "out") == [b"x"]
+
+
+def test_a_producer_drops_the_batches_of_transactions_that_ended_without_them(
+    tmp_path, monkeypatch
+):
+    """Transactions left to their timeout with messages still waiting in the producer's
+    batches: once such batches pile up, the producer fails those messages and lets them go
+    instead of holding them until its next flush; open transactions keep theirs."""
+    from pulsartxn.messaging import producer as producer_module
+
+    monkeypatch.setattr(producer_module, "_SWEEP_TXN_BATCHES_AT", 16)
+    with pulsartxn.Broker(tmp_path / "d", sync=False) as broker:
+        client = broker.client()
+        out = client.create_producer(
+            "out", batching_max_messages=100, batching_max_publish_delay_ms=60_000
+        )
+        abandoned = []
+        for i in range(20):
+            txn = client.new_transaction(timeout_ms=50)
+            abandoned.append(out.send_async(b"gone%d" % i, txn=txn))
+        time.sleep(0.4)  # past their timeouts (the timer ticks every 100 ms)
+        kept = [client.new_transaction() for _ in range(20)]
+        futures = [out.send_async(b"kept%d" % i, txn=t) for i, t in enumerate(kept)]
+        assert len(out._txn_batches) <= 20 + 1  # the ended ones' batches are gone
+        for fut in abandoned:
+            with pytest.raises(InvalidTxnStatus):
+                fut.result(timeout=5)
+        for t in kept:
+            t.commit()
+        assert all(f.result(timeout=5) for f in futures)
+        assert sorted(scanned(client, "out")) == sorted(b"kept%d" % i for i in range(20))
