@@ -1,17 +1,7 @@
 from collections.abc import Sequence
 from typing import Any
 
-from .entrycodec import CRC32C_HARDWARE as CRC32C_HARDWARE
-from .entrycodec import crc32c as crc32c
-from .entrycodec import decode_entries as decode_entries
-from .entrycodec import decode_header as decode_header
-from .entrycodec import encode_entries as encode_entries
-from .entrycodec import encode_entry as encode_entry
-from .entrycodec import header_columns as header_columns
-from .entrycodec import value_sizes as value_sizes
-from .entryformat import HEADER_SIZE as HEADER_SIZE
-from .entryformat import DecodedEntries as DecodedEntries
-from .entryformat import EntryHeader as EntryHeader
+from .entryformat import DecodedEntries
 
 ARENA_ROUND_BYTES: int
 

@@ -2,8 +2,7 @@
 """The LMDB entry log of a partition: appends, scans and trims of encoded entries.
 
 Entries are encoded and decoded by entrycodec.pyx: a bulk append cimports its message
-gathering and entry writer and runs them without the GIL; its Python functions are
-re-exported here.
+gathering and entry writer and runs them without the GIL.
 """
 
 from cpython.bytes cimport PyBytes_Check
@@ -16,23 +15,8 @@ import struct
 import threading
 
 from .checks import check_bulk, entry_range
-from .entrycodec import (
-    CRC32C_HARDWARE,
-    crc32c,
-    decode_entries,
-    decode_header,
-    encode_entries,
-    encode_entry,
-    header_columns,
-    value_sizes,
-)
-from .entryformat import (
-    DEFAULT_MAX_ENTRY_BYTES,
-    HEADER_SIZE,
-    DecodedEntries,
-    EntryHeader,
-    check_header_ints,
-)
+from .entrycodec import decode_entries, encode_entries
+from .entryformat import DEFAULT_MAX_ENTRY_BYTES, DecodedEntries, check_header_ints
 
 _BE64 = struct.Struct(">Q")
 

@@ -21,7 +21,7 @@ from concurrent.futures import Future
 
 from pulsartxn.messaging.message import MessageId
 
-from .entrylog import encode_entry
+from .entrycodec import encode_entry
 
 __all__ = ["PartitionProducer", "Batch", "TxnBatch"]
 

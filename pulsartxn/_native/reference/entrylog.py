@@ -1,41 +1,15 @@
 """Pure-Python twin of pulsartxn._native.entrylog: a partition's ledger in LMDB. The codec's
-twin is reference/entrycodec.py; its functions are re-exported here, as the native module
-re-exports the native codec's."""
+twin is reference/entrycodec.py."""
 
 from __future__ import annotations
 
 import struct
 
 from ..checks import entry_range
-from ..entryformat import (
-    DEFAULT_MAX_ENTRY_BYTES,
-    HEADER_SIZE,
-    DecodedEntries,
-    EntryHeader,
-)
-from .entrycodec import (
-    crc32c,
-    decode_entries,
-    decode_header,
-    encode_entries,
-    encode_entry,
-    header_columns,
-    value_sizes,
-)
+from ..entryformat import DEFAULT_MAX_ENTRY_BYTES, DecodedEntries
+from .entrycodec import decode_entries, decode_header, encode_entries
 
-__all__ = [
-    "HEADER_SIZE",
-    "EntryHeader",
-    "DecodedEntries",
-    "crc32c",
-    "value_sizes",
-    "encode_entry",
-    "encode_entries",
-    "decode_header",
-    "header_columns",
-    "decode_entries",
-    "EntryLog",
-]
+__all__ = ["EntryLog"]
 
 _BE64 = struct.Struct(">Q")
 

@@ -14,7 +14,7 @@ import time
 from concurrent.futures import Future
 
 from ...messaging.message import MessageId
-from . import entrylog
+from .entrycodec import encode_entry
 from .outcome import MessageFuture, Outcome
 
 __all__ = ["PartitionProducer", "Batch", "TxnBatch"]
@@ -260,7 +260,7 @@ class PartitionProducer:
             return
         self.batch = None
         producer = self.producer
-        entry = entrylog.encode_entry(
+        entry = encode_entry(
             batch.values,
             batch.keys,
             batch.props,
