@@ -43,7 +43,6 @@ protocol._ERRORS["SessionLost"] = SessionLost
 # A session's transaction handles are pruned of ended ones when they exceed this (and twice
 # what was left after the last pruning).
 _PRUNE_TXNS_AT = 1024
-_ENDED = FINAL  # not ERROR: a coordinator that cannot answer now may hold it open
 
 
 class _Session:
@@ -60,11 +59,13 @@ class _Session:
     def remember(self, key: str, txn) -> None:
         """Keep the handle of a transaction this session uses (its acks and pending sends are
         counted there). Those that have ended are dropped once they pile up: a long session
-        runs millions of transactions, and one that timed out is never ended by its client."""
+        runs millions of transactions, and one that timed out is never ended by its client.
+        Not those in ERROR (not in FINAL): a coordinator that cannot answer now may hold one
+        open."""
         with self.lock:
             self.txns[key] = txn
             if len(self.txns) > self._prune_at:
-                self.txns = {k: t for k, t in self.txns.items() if t.state not in _ENDED}
+                self.txns = {k: t for k, t in self.txns.items() if t.state not in FINAL}
                 self._prune_at = max(_PRUNE_TXNS_AT, 2 * len(self.txns))
 
     def forget(self, key: str) -> None:
@@ -421,7 +422,7 @@ class BrokerServer(flight.FlightServerBase):
         else:
             txn.abort(args.get("timeout_ms"))
         state = txn.state
-        if state in _ENDED:
+        if state in FINAL:
             s.forget(args["txn"])
         return {"state": state.value}
 

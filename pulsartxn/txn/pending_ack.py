@@ -162,7 +162,7 @@ class PendingAck:
                 self.registrations.setdefault(txn, []).append(registration)
             self.acks += 1
             if txn not in self.counts:
-                self._track(txn)
+                self._by_sequence.add(txn)
             self.counts[txn] = self.counts.get(txn, 0) + 1
             queue = not self._flush_queued
             if queue:
@@ -342,10 +342,6 @@ class PendingAck:
             sub.notify()
         return fut
 
-    def _track(self, txn: TxnID) -> None:
-        """A transaction holds its first ack here (lock held)."""
-        self._by_sequence.add(txn)
-
     def _below(self, txn: TxnID, low_watermark: int) -> list:
         """The other transactions of txn's coordinator below its low watermark that still
         hold acks here: the coordinator has finished them, so they end here as aborted
@@ -379,7 +375,7 @@ class PendingAck:
                 for off in range(20, len(raw), _ACK.size):
                     kind, entry_id, bi, size = _ACK.unpack_from(raw, off)
                     if t not in self.counts:
-                        self._track(t)
+                        self._by_sequence.add(t)
                     self.counts[t] = self.counts.get(t, 0) + 1
                     if kind == 1:
                         prev = self.cumulative.get(t)

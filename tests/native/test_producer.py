@@ -47,7 +47,9 @@ def producers_of(impl):
         producer_module.PartitionProducer, producer_module.TxnBatch = old
 
 
-def run(impl, tmp_path, workload, name):
+@contextmanager
+def producing_with(impl, tmp_path, name):
+    """(client, producer of "t" in batches of 4) on a fresh broker, on `impl`'s containers."""
     with producers_of(impl), pulsartxn.Broker(tmp_path / name, sync=False) as broker:
         client = broker.client()
         p = client.create_producer(
@@ -57,6 +59,11 @@ def run(impl, tmp_path, workload, name):
             batching_max_publish_delay_ms=60_000,
         )
         assert type(p._parts[0]) is impl.PartitionProducer
+        yield client, p
+
+
+def run(impl, tmp_path, workload, name):
+    with producing_with(impl, tmp_path, name) as (client, p):
         futures = []
         for value, key, props, seq, flush in workload:
             futures.append(
@@ -94,40 +101,32 @@ txn_sends = st.lists(
 
 
 def run_txns(impl, tmp_path, workload, name):
-    with producers_of(impl):
-        with pulsartxn.Broker(tmp_path / name, sync=False) as broker:
-            client = broker.client()
-            p = client.create_producer(
-                "t",
-                producer_name="p",
-                batching_max_messages=4,
-                batching_max_publish_delay_ms=60_000,
-            )
-            txns = [client.new_transaction() for _ in range(3)]
-            outcomes = []
-            sent: dict = {}  # transaction -> values sent in it
-            committed = []
-            for value, which, key, then in workload:
-                fut = p.send_async(value, partition_key=key, txn=txns[which])
-                outcomes.append(fut)
-                sent.setdefault(txns[which].id, []).append(value)
-                if then == "flush":
-                    p.flush()
-                elif then in ("commit", "abort"):
-                    getattr(txns[which], then)()
-                    if then == "commit":
-                        committed.extend(sent.get(txns[which].id, []))
-                    txns[which] = client.new_transaction()
-            for t in txns:
-                t.commit()
-                committed.extend(sent.get(t.id, []))
-            answers = []
-            for f in outcomes:
-                exc = f.exception()
-                answers.append(type(exc).__name__ if exc else f.result().batch_index())
-            stored = [(r["key"], r["value"]) for b in client.scan("t") for r in b.to_pylist()]
-            assert sorted(v for _, v in stored) == sorted(committed)  # read committed
-            return answers, stored
+    with producing_with(impl, tmp_path, name) as (client, p):
+        txns = [client.new_transaction() for _ in range(3)]
+        outcomes = []
+        sent: dict = {}  # transaction -> values sent in it
+        committed = []
+        for value, which, key, then in workload:
+            fut = p.send_async(value, partition_key=key, txn=txns[which])
+            outcomes.append(fut)
+            sent.setdefault(txns[which].id, []).append(value)
+            if then == "flush":
+                p.flush()
+            elif then in ("commit", "abort"):
+                getattr(txns[which], then)()
+                if then == "commit":
+                    committed.extend(sent.get(txns[which].id, []))
+                txns[which] = client.new_transaction()
+        for t in txns:
+            t.commit()
+            committed.extend(sent.get(t.id, []))
+        answers = []
+        for f in outcomes:
+            exc = f.exception()
+            answers.append(type(exc).__name__ if exc else f.result().batch_index())
+        stored = [(r["key"], r["value"]) for b in client.scan("t") for r in b.to_pylist()]
+        assert sorted(v for _, v in stored) == sorted(committed)  # read committed
+        return answers, stored
 
 
 @settings(max_examples=25, deadline=None)
