@@ -14,7 +14,16 @@ import os
 import warnings
 from types import SimpleNamespace
 
-MODULES = ("txnid", "abortset", "ackset", "entrycodec", "entrylog", "outcome", "producer")
+MODULES = (
+    "txnid",
+    "abortset",
+    "ackset",
+    "entrycodec",
+    "entrydecode",
+    "entrylog",
+    "outcome",
+    "producer",
+)
 
 NAMES = (
     "TxnID",

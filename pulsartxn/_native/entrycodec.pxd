@@ -6,6 +6,44 @@ cdef enum:
     NO_KEY = 0xFFFFFFFF
 
 
+# -- the magic and little-endian fields (the encoder writes them, the decoder reads them) ----
+
+cdef inline void put_magic(uint8_t *p) noexcept nogil:
+    p[0] = 0x50     # "PTXE"
+    p[1] = 0x54
+    p[2] = 0x58
+    p[3] = 0x45
+
+
+cdef inline bint has_magic(const uint8_t *p) noexcept nogil:
+    return p[0] == 0x50 and p[1] == 0x54 and p[2] == 0x58 and p[3] == 0x45
+
+
+cdef inline void put_u32(uint8_t *p, uint32_t v) noexcept nogil:
+    p[0] = v & 0xFF
+    p[1] = (v >> 8) & 0xFF
+    p[2] = (v >> 16) & 0xFF
+    p[3] = (v >> 24) & 0xFF
+
+
+cdef inline void put_u64(uint8_t *p, uint64_t v) noexcept nogil:
+    cdef int i
+    for i in range(8):
+        p[i] = (v >> (8 * i)) & 0xFF
+
+
+cdef inline uint32_t get_u32(const uint8_t *p) noexcept nogil:
+    return <uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) | (<uint32_t>p[3] << 24)
+
+
+cdef inline uint64_t get_u64(const uint8_t *p) noexcept nogil:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(8):
+        v |= (<uint64_t>p[i]) << (8 * i)
+    return v
+
+
 cdef struct EntryHead:
     uint8_t marker_type
     uint64_t txn_msb

@@ -3,8 +3,6 @@ from typing import Any
 
 import numpy as np
 
-from .entryformat import DecodedEntries, EntryHeader
-
 HEADER_SIZE: int
 CRC32C_HARDWARE: bool
 
@@ -35,10 +33,3 @@ def encode_entries(
     first_sequence_id: int = 0,
     publish_time: int = 0,
 ) -> list[bytes]: ...
-def decode_header(buf: Any, verify: bool = True) -> EntryHeader: ...
-def decode_entries(
-    entry_ids: Any, buffers: Sequence[Any], verify: bool = True
-) -> DecodedEntries: ...
-def header_columns(
-    buffers: Sequence[Any],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]: ...

@@ -1,8 +1,8 @@
 # cython: language_level=3
 """The LMDB entry log of a partition: appends, scans and trims of encoded entries.
 
-Entries are encoded and decoded by entrycodec.pyx: a bulk append cimports its message
-gathering and entry writer and runs them without the GIL.
+Entries are encoded by entrycodec.pyx and decoded by entrydecode.pyx: a bulk append cimports the
+encoder's message gathering and entry writer and runs them without the GIL.
 """
 
 from cpython.bytes cimport PyBytes_Check
@@ -15,7 +15,8 @@ import struct
 import threading
 
 from .checks import check_bulk, entry_range
-from .entrycodec import decode_entries, encode_entries
+from .entrycodec import encode_entries
+from .entrydecode import decode_entries
 from .entryformat import DEFAULT_MAX_ENTRY_BYTES, DecodedEntries, check_header_ints
 
 _BE64 = struct.Struct(">Q")

@@ -1,5 +1,5 @@
-"""Pure-Python twin of pulsartxn._native.entrylog: a partition's ledger in LMDB. The codec's
-twin is reference/entrycodec.py."""
+"""Pure-Python twin of pulsartxn._native.entrylog: a partition's ledger in LMDB. The codec's twins
+are reference/entrycodec.py and reference/entrydecode.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import struct
 
 from ..checks import entry_range
 from ..entryformat import DEFAULT_MAX_ENTRY_BYTES, DecodedEntries
-from .entrycodec import decode_entries, decode_header, encode_entries
+from .entrycodec import encode_entries
+from .entrydecode import decode_entries, decode_header
 
 __all__ = ["EntryLog"]
 
