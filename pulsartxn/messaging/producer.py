@@ -505,7 +505,13 @@ class Producer:
             self._txn_flush(txn)
         pending = []  # the outcome of every batch not yet durable
         for part in self._parts:
-            pending.extend(part.flush())
+            pending.extend(part.flush(True))  # committed here, as send() does
+        if pending:
+            # Its queued batches (and any others queued before them) are committed in this
+            # thread unless a group is being committed: no hand-off to the writer thread.
+            self._parts[0].partition.storage.commits.wait_until(
+                lambda: all(o.done for o in pending)
+            )
         for outcome in pending:
             outcome.wait()  # a failed batch is reported by its messages' futures
 

@@ -151,22 +151,26 @@ class GroupCommit:
         """Until `fut` (of a submitted op) is done, commit what is queued in this thread, the
         lazy ops too when nothing else is; when a group is being committed, wait for it and
         look again."""
-        while not fut.done() and not self._closed:
+        self.wait_until(fut.done)
+
+    def wait_until(self, done: Callable[[], bool]) -> None:
+        """``wait_for`` of whatever `done()` says has landed (ops submitted before the call)."""
+        while not done() and not self._closed:
             if getattr(self._local, "committing", False):
                 return  # inside a commit callback: the op is committed after it
             with self._commit_lock:
-                if fut.done():
+                if done():
                     return
                 self._local.committing = True
                 try:
-                    if not self._drain() and not fut.done():
-                        group = self._with_lazy([])  # fut may be a lazy op's
+                    if not self._drain() and not done():
+                        group = self._with_lazy([])  # it may be a lazy op's
                         if group:
                             self._run_group(group)
                 finally:
                     self._local.committing = False
             # Not done: the writer thread took it from the queue and waits for the lock.
-            if not fut.done():
+            if not done():
                 time.sleep(0)
 
     def flush_lazy(self) -> None:

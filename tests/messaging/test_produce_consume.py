@@ -391,6 +391,41 @@ def test_threads_producing_and_consuming_at_once(client):
     assert all(len(v) == per_thread for v in per_producer.values())
 
 
+@pytest.mark.parametrize("sync", [False, True])
+def test_flush_returns_with_every_future_done_from_many_threads(tmp_path, sync):
+    """flush() commits its batches in the calling thread unless a group is being committed
+    (then it waits for that one and looks again): from several threads at once each returns
+    with all of its futures done and durable, and a flush from a send callback (run inside
+    the commit) returns too."""
+    with pulsartxn.Broker(tmp_path / "d", sync=sync) as broker:
+        client = broker.client()
+        from_callback = []
+
+        def work(t):
+            # A long publish delay: only flush() sends the batches.
+            p = client.create_producer("t", batching_max_publish_delay_ms=60_000)
+            for round_ in range(20):
+                futures = [p.send_async(b"%d-%d-%d" % (t, round_, i)) for i in range(7)]
+                p.flush()
+                assert all(f.done() for f in futures)
+                assert [f.result().entry_id() for f in futures] == [
+                    futures[0].result().entry_id()
+                ] * 7
+            p.send_async(b"cb-%d" % t, callback=lambda e, mid: (p.flush(), from_callback.append(e)))
+            p.flush()
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        assert not any(th.is_alive() for th in threads)
+        assert from_callback == [None] * 4
+    with pulsartxn.Broker(tmp_path / "d", sync=sync) as broker:
+        values = [v for b in broker.client().scan("t") for v in b.column("value").to_pylist()]
+        assert len(values) == 4 * (20 * 7 + 1) and len(set(values)) == len(values)
+
+
 def test_send_async_futures_behave_as_futures(client):
     from concurrent.futures import as_completed, wait
 
