@@ -308,6 +308,8 @@ class Coordinator(TransactionEnd):
         db = self.db
 
         def apply(txn) -> None:
+            if meta.atomic_end:
+                return  # its end is in this same write, with every participant's part
             if first is not None:
                 txn.put(first[0], first[1], db=db)  # the same bytes whoever writes it
             txn.put(key, record, db=db)

@@ -48,7 +48,9 @@ class TransactionEnd:
         were still waiting to ride with a group commit (`riding`: (op, carries a staged
         registration, partition)). Only the subscriptions' cursor updates follow, deferred:
         the END record stays until they have landed, so a crash before that finalizes them
-        again."""
+        again. When that one write holds every participant's part (only partitions of this
+        broker), it is the whole end: no END record, and it deletes what the transaction had
+        in the log."""
         op = "commit" if commit else "abort"
         taken = self.storage.commits.take_lazy([r[0] for r in riding]) if riding else []
         if taken and not commit:
@@ -92,12 +94,22 @@ class TransactionEnd:
                 self._write(self._delete_records(meta, index), 16 * index)
             else:
                 try:
-                    ops = self._decision_ops(meta, index, expected_acks, lwm, done, per_partition)
+                    ops, end_at = self._decision_ops(meta, expected_acks, lwm, done, per_partition)
                 except BaseException as exc:
                     _fail_ops(taken, exc)
                     raise
+                # Every participant's part is in this write (partitions of this broker only):
+                # the write is the whole end, so nothing of it needs the log. Its staged
+                # records are not written, those already in the log are deleted with it.
+                atomic = not meta.subscriptions and len(done) == len(meta.partitions)
+                if atomic:
+                    with self.lock:
+                        meta.atomic_end = True
+                    ops.append(WriteOp(self._delete_records(meta, meta.records), nbytes=16))
+                else:
+                    ops.insert(end_at, self._end_op(meta, index))
                 ops[:0] = taken
-                if first is not None:
+                if first is not None and not atomic:
                     ops.insert(0, self._put_op(first[0], first[1]))
                 try:
                     decision = combine(ops)
@@ -113,7 +125,13 @@ class TransactionEnd:
                     # alone, then finalize every participant the slow way, retried until
                     # each succeeds.
                     done.clear()
+                    with self.lock:
+                        meta.atomic_end = False
                     self._decide_alone(meta, index, expected_acks, first)
+                else:
+                    if atomic:
+                        with self.lock:
+                            meta.records = 0  # none left in the log: nothing to clean up
         except BaseException:
             self.reopen(meta)
             raise
@@ -150,20 +168,22 @@ class TransactionEnd:
         db = self.db
         return WriteOp(lambda t: t.put(key, value, db=db), nbytes=len(value))
 
+    def _end_op(self, meta: TxnMeta, index: int) -> WriteOp:
+        """The END record, at `index` of the transaction's records."""
+        key = log.record_key(meta.seq, index)
+        return self._put_op(key, log.encode_end(meta.commit, meta.reason))
+
     def _decide_alone(self, meta: TxnMeta, index: int, expected_acks, first) -> None:
         if meta.commit:
             self.prepare(meta, expected_acks)
-        ops = [
-            self._put_op(log.record_key(meta.seq, index), log.encode_end(meta.commit, meta.reason))
-        ]
+        ops = [self._end_op(meta, index)]
         if first is not None:
             ops.insert(0, self._put_op(first[0], first[1]))
         self.storage.run(combine(ops))
 
-    def _decision_ops(
-        self, meta: TxnMeta, index: int, expected_acks, lwm: int, done: set, riding=None
-    ):
-        """The END record and what local participants write with it; `done` gets the
+    def _decision_ops(self, meta: TxnMeta, expected_acks, lwm: int, done: set, riding=None):
+        """What local participants write with the decision, and where in those ops the END
+        record goes (after the pending acks, before the markers); `done` gets the
         participants whose part is in those ops."""
         ops: list[WriteOp] = []
         commit = meta.commit
@@ -179,9 +199,7 @@ class TransactionEnd:
                             ops.append(o)
                     elif hasattr(participant, "prepare"):
                         participant.prepare(meta.txn_id, expected_acks.get(tuple(name)))
-            ops.append(
-                self._put_op(log.record_key(meta.seq, index), log.encode_end(commit, meta.reason))
-            )
+            end_at = len(ops)
             for name in sorted(meta.partitions):
                 try:
                     participant = self.service.participant("partition", name)
@@ -198,7 +216,7 @@ class TransactionEnd:
         except BaseException as exc:
             _fail_ops(ops, exc)
             raise
-        return ops
+        return ops, end_at
 
     def prepare(self, meta: TxnMeta, expected_acks: dict | None = None) -> None:
         """Before a commit is decided: participants that batch their own logs (pending acks)
@@ -217,6 +235,7 @@ class TransactionEnd:
             meta.state = OPEN
             meta.reason = 0
             meta.decision = None
+            meta.atomic_end = False
             heapq.heappush(self._deadlines, (meta.deadline, meta.seq))
             self.append_failures += 1
 
@@ -327,7 +346,7 @@ class TransactionEnd:
 
     def _cleanup(self, meta: TxnMeta) -> None:
         storage = self.storage
-        if not storage.closed:
+        if meta.records and not storage.closed:
             try:
                 storage.submit(
                     WriteOp(self._delete_records(meta, meta.records), nbytes=16), lazy=True

@@ -41,6 +41,7 @@ class TxnMeta:
         "last_error",
         "writes",
         "new_record",
+        "atomic_end",
     )
 
     def __init__(self, txn_id, seq, timeout_ms, open_ms, deadline, group) -> None:
@@ -66,6 +67,8 @@ class TxnMeta:
         # (key, value) of the NEW record while it is not known to be in the log: every write
         # of the transaction carries it until one has landed (Coordinator.stage).
         self.new_record: tuple | None = None
+        # Ended in one write with every participant's part: its staged records are not put.
+        self.atomic_end = False
 
     @property
     def commit(self) -> bool:

@@ -282,6 +282,75 @@ def test_committed_acks_leave_the_unacknowledged_set_and_nothing_else(env, cumul
     assert broker.admin.topic_stats("t")["subscriptions"]["s"]["backlog"] == 60 - len(acked)
 
 
+def _logged(broker, txn_id) -> list[bytes]:
+    """The keys of the records `txn_id` has in its coordinator's log now."""
+    from pulsartxn.txn import log
+
+    prefix = log.seq_prefix(txn_id.sequence)
+    keys = []
+    with broker.storage.read() as t:
+        cursor = t.cursor(db=broker.txn.of(txn_id).db)
+        if cursor.set_range(prefix):
+            for key in cursor.iternext(values=False):
+                if not bytes(key).startswith(prefix):
+                    break
+                keys.append(bytes(key))
+    return keys
+
+
+@pytest.mark.parametrize("durable_begin", [False, True])
+def test_a_produce_only_end_is_one_write_that_leaves_nothing_in_the_log(env, durable_begin):
+    """A transaction whose participants are all partitions of this broker ends in one write:
+    its batches still waiting, its markers, and the deletion of whatever it had logged (no
+    END record, no cleanup afterwards). One with a subscription keeps the logged decision."""
+    broker = env(durable_begin=durable_begin)
+    client = broker.client()
+    p = client.create_producer("t", batching_max_publish_delay_ms=60_000)
+    q = client.create_producer("u", batching_max_publish_delay_ms=60_000)
+    riding = client.new_transaction()  # its batches go into its commit's write
+    p.send_async(b"a1", txn=riding)
+    q.send_async(b"b1", txn=riding)
+    assert len(_logged(broker, riding.id)) == int(durable_begin)
+    landed = client.new_transaction()  # a synchronous send logs it (NEW and partition)
+    p.send(b"a2", txn=landed)
+    q.send_async(b"b2", txn=landed)
+    assert len(_logged(broker, landed.id)) == 2
+    again = client.new_transaction()
+    p.send(b"a3", txn=again)
+    q.send_async(b"b3", txn=again)
+
+    riding.commit()
+    assert _logged(broker, riding.id) == []  # at once: nothing waits for a cleanup
+    landed.abort()
+    assert _logged(broker, landed.id) == []
+    again.commit()
+    assert _logged(broker, again.id) == []
+    assert riding.state is TxnState.COMMITTED and landed.state is TxnState.ABORTED
+
+    producer = client.create_producer("in", batching_enabled=False)
+    producer.send(b"x")
+    consumer = client.subscribe("in", "s")
+    (m,) = drain(consumer)
+    acked = client.new_transaction()
+    p.send(b"a4", txn=acked)
+    consumer.acknowledge(m, txn=acked)
+    acked.commit()
+    assert acked.state is TxnState.COMMITTED
+    deadline = time.monotonic() + 5
+    while _logged(broker, acked.id):  # its END record goes once the cursor write landed
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+    broker.close()
+    broker = env(durable_begin=durable_begin)
+    client = broker.client()
+    assert scanned(client, "t") == [b"a1", b"a3", b"a4"]
+    assert scanned(client, "u") == [b"b1", b"b3"]
+    assert drain(client.subscribe("in", "s")) == []
+    for txn in (riding, landed, again, acked):
+        assert _logged(broker, txn.id) == []
+
+
 def test_timeout_aborts_produced_messages_and_acks(env):
     broker = env()
     client = broker.client()
