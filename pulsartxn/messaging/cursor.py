@@ -129,16 +129,6 @@ class Cursor:
         if entry_id - 1 > self.mark_delete:
             self.ack_cumulative(entry_id - 1)
 
-    def restore(self, data) -> None:
-        """Take back the state of an earlier ``serialize()`` (a write that did not land)."""
-        other = Cursor.deserialize(data)
-        self.mark_delete, self.acked, self.batch_acks = (
-            other.mark_delete,
-            other.acked,
-            other.batch_acks,
-        )
-        self._starts, self._ends = other._starts, other._ends
-
     # -- persistence -----------------------------------------------------------------------
 
     def serialize(self) -> bytes:

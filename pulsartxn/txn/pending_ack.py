@@ -174,8 +174,7 @@ class PendingAck:
     # -- the log ---------------------------------------------------------------------------
 
     def _take_unlogged(self, only: TxnID | None = None) -> tuple[list, list]:
-        """(rows, registrations) not yet in the log, of `only` or of every transaction; a row
-        is (txn, key, value)."""
+        """(rows, registrations) not yet in the log, of `only` or of every transaction."""
         rows, regs = [], []
         for txn in [only] if only is not None else list(self.unlogged):
             acks = self.unlogged.pop(txn, None)
@@ -185,8 +184,7 @@ class PendingAck:
             n = self.records.get(txn, 0)
             self.records[txn] = n + 1
             body = txn.pack() + b"".join(acks)
-            key = self._prefix + txn.pack() + _U32.pack(n)
-            rows.append((txn, key, _U32.pack(crc32c(body)) + body))
+            rows.append((self._prefix + txn.pack() + _U32.pack(n), _U32.pack(crc32c(body)) + body))
         if not self.unlogged:
             self._flush_queued = False
         return rows, regs
@@ -195,16 +193,12 @@ class PendingAck:
         db = self.storage.open_db(DB)
 
         def apply(txn):
-            with self.lock:
-                # Not the rows of a transaction that has ended here meanwhile: its end
-                # deleted what it had logged, in a write this one comes after.
-                live = [(k, v) for t, k, v in rows if t in self.counts]
             for registration in regs:
                 registration(txn)
-            txn.cursor(db=db).putmulti(live)
+            txn.cursor(db=db).putmulti(rows)
 
         self.log_writes += 1
-        return WriteOp(apply, nbytes=sum(len(v) for _, _, v in rows), records=len(rows))
+        return WriteOp(apply, nbytes=sum(len(v) for _, v in rows), records=len(rows))
 
     def _write_rows(self, taken, wait: bool) -> None:
         rows, regs = taken
@@ -261,7 +255,7 @@ class PendingAck:
             # Not logged: back in line, ahead of anything newer (its record number stays
             # unused; replay and cleanup go by the highest number, not the count).
             with self.lock:
-                acks = [bytes(v)[20:] for _, _, v in rows]
+                acks = [bytes(v)[20:] for _, v in rows]
                 pending = [a[i : i + _ACK.size] for a in acks for i in range(0, len(a), _ACK.size)]
                 self.unlogged[txn] = pending + self.unlogged.get(txn, [])
                 self.registrations[txn] = list(regs) + self.registrations.get(txn, [])
@@ -275,66 +269,6 @@ class PendingAck:
         self._write_rows(taken, wait=True)
 
     # -- ending ----------------------------------------------------------------------------
-
-    def end_op(self, txn: TxnID, commit: bool, low_watermark: int, expected: int | None = None):
-        """txn's end here as part of its coordinator's one-write end (every participant's part
-        in one LMDB transaction, no decision record): a commit writes the cursor with txn's
-        acks applied; either way txn's logged acks are deleted. What is only in memory
-        (release, redelivery, the transactions below the low watermark) follows once the
-        write has landed (``end_txn``). A write that does not land gives the cursor and the
-        acks not yet logged back. None when this subscription cannot take part (a damaged
-        log: it is finalized the logged way, retried until it is repaired)."""
-        sub = self.sub
-        if sub.error is not None:
-            return None
-        if commit:
-            with self.lock:
-                self._check_count(txn, expected)
-        storage = self.storage
-        db, cursors = storage.open_db(DB), storage.open_db(b"cursors")
-        sub_key = sub._key
-        undo: dict = {}
-
-        def apply(t) -> None:
-            with self.lock:
-                # Never logged now: the write that would have logged them (and the
-                # subscription's registration riding in it) is this one.
-                undo["acks"] = (self.unlogged.pop(txn, None), self.registrations.pop(txn, None))
-                n = self.records.get(txn, 0)
-                if commit:
-                    cursor = sub.cursor
-                    before = cursor.serialize()
-                    entries = self.index.entries_of(txn)
-                    if _ack_cursor(cursor, entries, self.cumulative.get(txn)):
-                        undo["cursor"] = before
-                        # The cursor as it is now, with txn's acks: as every cursor write,
-                        # serialized when applied.
-                        t.put(sub_key, cursor.serialize(), db=cursors)
-            for i in range(n):
-                t.delete(self._prefix + txn.pack() + _U32.pack(i), db=db)
-
-        def on_abort() -> None:
-            with self.lock:
-                before = undo.pop("cursor", None)
-                if before is not None:
-                    sub.cursor.restore(before)
-                acks, regs = undo.pop("acks", (None, None))
-                if acks:
-                    self.unlogged[txn] = acks + self.unlogged.get(txn, [])
-                if regs:
-                    self.registrations[txn] = regs + self.registrations.get(txn, [])
-
-        def on_commit(_) -> None:
-            with self.lock:
-                # Deleted by this write; and a log write of its acks still on its way (taken
-                # by the flusher) leaves them out (_rows_op), whatever happens below.
-                self.records.pop(txn, None)
-                self.counts.pop(txn, None)
-            # Its acks are in the cursor already (applying them again changes nothing), so
-            # this writes only for transactions below the low watermark, if any.
-            self.end_txn(txn, commit, low_watermark, wait=False)
-
-        return WriteOp(apply, nbytes=256, on_commit=on_commit, on_abort=on_abort)
 
     def end_txn(self, txn: TxnID, commit: bool, low_watermark: int, wait: bool = True):
         """Commit (acks to the cursor) or abort (release, redeliver) txn_id here; abort what
@@ -363,7 +297,14 @@ class PendingAck:
                     continue
                 if c:
                     self.committed += 1
-                    changed |= _ack_cursor(sub.cursor, entries, cum)
+                    cursor = sub.cursor
+                    for _, entry_id, ack_set in entries:
+                        if ack_set is None:
+                            changed |= cursor.ack(entry_id)
+                        else:
+                            changed |= cursor.ack_set(entry_id, ack_set)
+                    if cum is not None:
+                        changed |= cursor.ack_cumulative(*cum)
                     sub._forget_acked(cum, entries)
                 else:
                     self.aborted += 1
@@ -465,18 +406,3 @@ class PendingAck:
                 "log_writes": self.log_writes,
                 "unlogged_acks": sum(len(v) for v in self.unlogged.values()),
             }
-
-
-def _ack_cursor(cursor, entries, cumulative) -> bool:
-    """Apply a transaction's pending acks (its held entries and its cumulative ack, if any)
-    to `cursor`, subscription lock held; whether it changed. Applying them again changes
-    nothing."""
-    changed = False
-    for _, entry_id, ack_set in entries:
-        if ack_set is None:
-            changed |= cursor.ack(entry_id)
-        else:
-            changed |= cursor.ack_set(entry_id, ack_set)
-    if cumulative is not None:
-        changed |= cursor.ack_cumulative(*cumulative)
-    return changed
