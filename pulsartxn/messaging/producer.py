@@ -504,14 +504,15 @@ class Producer:
         for txn in {b.txn for b in list(self._txn_batches.values())}:
             self._txn_flush(txn)
         pending = []  # the outcome of every batch not yet durable
+        commits = self._parts[0].partition.storage.commits
+        # Without fsync, the batches (and whatever was queued before them) are committed in
+        # this thread unless a group is being committed: no hand-off to the writer thread.
+        # With fsync, they queue for the writer, whose groups gather concurrent flushes.
+        lead = not commits.synced
         for part in self._parts:
-            pending.extend(part.flush(True))  # committed here, as send() does
-        if pending:
-            # Its queued batches (and any others queued before them) are committed in this
-            # thread unless a group is being committed: no hand-off to the writer thread.
-            self._parts[0].partition.storage.commits.wait_until(
-                lambda: all(o.done for o in pending)
-            )
+            pending.extend(part.flush(lead))
+        if lead and pending:
+            commits.wait_until(lambda: all(o.done for o in pending))
         for outcome in pending:
             outcome.wait()  # a failed batch is reported by its messages' futures
 

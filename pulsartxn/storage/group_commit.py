@@ -115,6 +115,12 @@ class GroupCommit:
         return self._thread
 
     @property
+    def synced(self) -> bool:
+        """Whether a commit fsyncs: then callers that can queue should (one commit answers
+        many); without, a caller commits in its own thread sooner than hand it off."""
+        return self._linger_sync
+
+    @property
     def commit_lock(self) -> threading.Lock:
         """Held while a group is committed (and its after_group runs)."""
         return self._commit_lock
