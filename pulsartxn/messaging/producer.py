@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import weakref
 import zlib
 from concurrent.futures import Future
 
@@ -390,6 +391,8 @@ class Producer:
             if batch is None:
                 batch = self._txn_batches[key] = TxnBatch(part, txn, sequence_id)
                 part.txn_opened(txn, batch)
+                if txn._producers is None:
+                    txn._producers = weakref.WeakSet()
                 txn._producers.add(self)
             fut = batch.add(content, properties, partition_key)
             if not self.batching_enabled or len(batch.values) >= self.batching_max_messages:

@@ -217,25 +217,27 @@ class Coordinator(TransactionEnd):
         # The allocator may write (a block reservation): under its own lock, not self.lock,
         # which the group commit's callbacks take. Held until the sequence is in _order, so
         # that _order stays ascending.
+        staged = not self.service.durable_begin
         with self._alloc_lock:
             self._check_room()
             txn_id = self.allocator.next()
             seq = txn_id.sequence
             meta = TxnMeta(txn_id, seq, timeout_ms, open_ms, now + timeout_ms / 1000.0, group)
+            record = log.encode_new(timeout_ms, open_ms, group)
+            key = log.record_key(seq, 0)
+            if staged:
+                # The record rides with the transaction's first write: until then there is
+                # nothing a crash could leave half done (the sequence is reserved already).
+                meta.new_record = (key, record)
+                meta.durable = True
             with self.lock:
                 self.finished.begun(seq)
                 self.txns[seq] = meta
                 self._order.append(seq)
                 heapq.heappush(self._deadlines, (meta.deadline, seq))
-        record = log.encode_new(timeout_ms, open_ms, group)
-        key = log.record_key(seq, 0)
-        if not self.service.durable_begin:
-            # The record rides with the transaction's first write: until then there is
-            # nothing a crash could leave half done (the sequence is reserved already).
-            with self.lock:
-                meta.new_record = (key, record)
-                meta.durable = True
-                self.created += 1
+                if staged:
+                    self.created += 1
+        if staged:
             return meta
         try:
             self._write(lambda t: t.put(key, record, db=self.db), len(record))
@@ -249,14 +251,15 @@ class Coordinator(TransactionEnd):
         return meta
 
     def _check_room(self) -> None:
-        with self.lock:
-            self.check_ready()
-            limit = self.service.max_active
-            if len(self.txns) >= limit:
-                raise TooManyTransactions(
-                    f"coordinator {self.id} has {len(self.txns)} live transactions "
-                    f"(max_active_txns_per_coordinator={limit}); end some first"
-                )
+        """Under _alloc_lock: only new() adds live transactions, so the count read here can
+        only have gone down by the time this one is added (no need for self.lock)."""
+        self.check_ready()
+        limit = self.service.max_active
+        if len(self.txns) >= limit:
+            raise TooManyTransactions(
+                f"coordinator {self.id} has {len(self.txns)} live transactions "
+                f"(max_active_txns_per_coordinator={limit}); end some first"
+            )
 
     def add(self, seq: int, kind: int, names: list) -> None:
         """Log partitions (kind PARTITIONS) or subscriptions the transaction touches."""

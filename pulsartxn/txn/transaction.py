@@ -56,7 +56,8 @@ class Transaction(TransactionContext):
         # Participants this client has already registered with the coordinator (once each).
         self.partitions: set = set()
         self.subscriptions: set = set()
-        self._producers: weakref.WeakSet = weakref.WeakSet()  # with batches of this txn
+        # Producers with batches of this transaction (made at the first: most have none).
+        self._producers: weakref.WeakSet | None = None
         self._error: BaseException | None = None  # a failed send or a conflict: abort only
         # Acks made through this handle per (partition, subscription): the commit checks the
         # broker still holds them all.
@@ -105,11 +106,11 @@ class Transaction(TransactionContext):
     def _end(self, commit: bool, timeout_ms, expected_acks=None) -> None:
         self._client._check_open()
         if commit:
-            for producer in list(self._producers):
+            for producer in list(self._producers or ()):
                 producer._txn_flush(self, wait=False)
             self._check_sendable()
         else:
-            for producer in list(self._producers):
+            for producer in list(self._producers or ()):
                 producer._txn_drop(self)
         timeout_s = None if timeout_ms is None else max(float(timeout_ms), 0.0) / 1000.0
         expected = None
@@ -153,7 +154,7 @@ class Transaction(TransactionContext):
     def flush_for_commit(self) -> None:
         """Write what producers still hold of this transaction and wait until it is in the
         ledger; raise if a send or an ack of it failed (it can only abort then)."""
-        for producer in list(self._producers):
+        for producer in list(self._producers or ()):
             producer._txn_flush(self)
         self._check_sendable()
 
