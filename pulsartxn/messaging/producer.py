@@ -4,30 +4,27 @@ A message waits in its partition's batch container until the container is full (
 bytes), its publish delay passes, ``flush()`` is called or a synchronous ``send`` needs it; the
 container then becomes one entry, appended through the group commit. Sequence ids give
 broker-side de-duplication: a re-sent ``(producer_name, sequence_id)`` at or below the highest
-one persisted is not stored again and answers with the MessageId it was stored under.
+one persisted is not stored again and answers with the MessageId it was stored under. A
+transaction's messages wait in batches of their own (``txn_batches.py``).
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-import weakref
 import zlib
 from concurrent.futures import Future
 
 import numpy as np
 import pyarrow as pa
 
-from .._native import PartitionProducer, TxnBatch, encode_entry, value_sizes
-from ..errors import AlreadyClosed, InvalidTxnStatus, MessageTooBig
-from ..txn.state import FINAL
+from .._native import PartitionProducer, value_sizes
+from ..errors import AlreadyClosed, MessageTooBig
 from .message import MessageId
 from .partition import Partition
+from .txn_batches import TransactionBatches
 
 _names = itertools.count()
-# Waiting transaction batches past which a producer drops those of transactions that ended
-# without them (a transaction left to its timeout never flushes them), and twice what is left.
-_SWEEP_TXN_BATCHES_AT = 64
 
 
 def _route(key: str | bytes, n: int) -> int:
@@ -36,7 +33,7 @@ def _route(key: str | bytes, n: int) -> int:
     return zlib.crc32(raw) % n
 
 
-class Producer:
+class Producer(TransactionBatches):
     """``client.create_producer(topic, ...)``: send, send_async, send_batch, flush, close."""
 
     def __init__(
@@ -77,8 +74,7 @@ class Producer:
         self.max_message_size = max_message_size
         self._closed = False
         self._round_robin = itertools.count()
-        self._txn_batches: dict = {}  # (partition producer, TxnID) -> TxnBatch
-        self._sweep_at = _SWEEP_TXN_BATCHES_AT
+        self._init_txn_batches()
         self._parts: list[PartitionProducer] = []
         for partition in partitions:
             self._parts.append(PartitionProducer(self, partition))
@@ -354,152 +350,6 @@ class Producer:
                 op.prepend(staged[0])
             # Quiet: send_batch commits it itself when it waits (no writer wake-up).
             return part.partition.storage.submit(op, quiet=quiet)
-
-    # -- transactions ----------------------------------------------------------------------
-
-    def _txn_add(self, txn, content, properties, partition_key, sequence_id) -> Future:
-        """Queue one message of a transaction in its (partition, transaction) batch."""
-        txn = self.client._txn_for(txn)
-        if len(self._txn_batches) >= self._sweep_at:
-            self._drop_ended()
-        part = self._part_for(partition_key)
-        with part.lock:
-            if sequence_id is None:
-                sequence_id = part.last_sequence + 1
-            elif sequence_id <= part.last_sequence:
-                found = part.partition.lookup_sequence(self.name, sequence_id)
-                if found is not None:
-                    entry_id, n, bi = found
-                    pp = part.partition
-                    fut: Future = Future()
-                    fut.set_result(
-                        MessageId(pp.ledger_id, entry_id, pp.index, bi, n)
-                        if n > 1
-                        else MessageId(pp.ledger_id, entry_id, pp.index)
-                    )
-                    return fut
-            part.last_sequence = max(part.last_sequence, sequence_id)
-            key = (id(part), txn.id)
-            batch = self._txn_batches.get(key)
-            if batch is not None and (
-                len(batch.values) >= self.batching_max_messages
-                or batch.nbytes + len(content) > self.batching_max_bytes
-                or sequence_id != batch.first_sequence + len(batch.values)
-            ):
-                self._txn_send_locked(key)
-                batch = None
-            if batch is None:
-                batch = self._txn_batches[key] = TxnBatch(part, txn, sequence_id)
-                part.txn_opened(txn, batch)
-                if txn._producers is None:
-                    txn._producers = weakref.WeakSet()
-                txn._producers.add(self)
-            fut = batch.add(content, properties, partition_key)
-            if not self.batching_enabled or len(batch.values) >= self.batching_max_messages:
-                self._txn_send_locked(key)
-        return fut
-
-    def _txn_send_locked(self, key) -> None:
-        """Encode one transaction batch into an entry and append it (part lock held)."""
-        batch = self._txn_batches.pop(key)
-        part, txn = batch.part, batch.txn
-        part.txn_sealed(batch)
-        partition = part.partition
-        staged = None
-        try:
-            # The partition's registration with the coordinator rides in this write.
-            staged = txn.stage_partition(partition.topic)
-            partition.buffer.begin_append(txn.id)
-        except Exception as exc:  # noqa: BLE001 - every message of the batch gets it
-            if staged is not None:
-                staged[1](False)
-            batch.fail(exc)
-            txn._failed(exc)
-            return
-        entry = encode_entry(
-            batch.values,
-            batch.keys,
-            batch.props,
-            txn_msb=txn.id.most_sig_bits,
-            txn_lsb=txn.id.least_sig_bits,
-            producer_id=self.producer_id,
-            sequence_id=batch.first_sequence,
-            publish_time=int(time.time() * 1000),
-        )
-        n = len(batch.values)
-
-        def before_publish(first: int) -> None:
-            partition.buffer.appended(txn.id, first)
-
-        op = partition.append_op(
-            [entry],
-            [n],
-            batch.nbytes,
-            self.name,
-            batch.first_sequence,
-            on_published=batch.landed,
-            before_publish=before_publish,
-        )
-        if staged is not None:
-            op.prepend(staged[0])
-        # Lazy: it rides with the next group commit, or in the transaction's decision when
-        # that comes first (then data, decision and markers are one LMDB transaction).
-        fut = partition.storage.submit(op, lazy=True)
-        txn._riding.append((op, staged is not None, partition.topic))
-        batch.inflight = fut
-
-        def failed(f):
-            batch.inflight = None  # no cycle batch -> future -> this callback -> batch
-            exc = f.exception()
-            if staged is not None:
-                staged[1](exc is None)
-            if exc is not None:
-                partition.buffer.append_failed(txn.id)
-                batch.fail(exc)
-                txn._failed(exc)
-
-        fut.add_done_callback(failed)
-
-    def _txn_flush(self, txn, wait: bool = True) -> None:
-        """Send this transaction's waiting batches; with `wait`, until they are durable.
-        Without, they ride with the next group commit or in the transaction's decision."""
-        sent = []
-        for key, batch in list(self._txn_batches.items()):
-            if batch.txn is not txn and batch.txn.id != txn.id:
-                continue
-            with batch.part.lock:
-                if self._txn_batches.get(key) is batch:
-                    self._txn_send_locked(key)
-            sent.append(batch)
-        if not wait:
-            return
-        inflight = [b.inflight for b in sent if b.inflight is not None]
-        if inflight:
-            storage = sent[0].part.partition.storage
-            storage.commits.flush_lazy()
-            for fut in inflight:
-                try:
-                    storage.wait(fut)
-                except Exception:  # noqa: BLE001 - recorded on the transaction
-                    pass
-
-    def _txn_drop(self, txn) -> None:
-        """An abort: this transaction's waiting messages are never sent."""
-        for key, batch in list(self._txn_batches.items()):
-            if batch.txn.id == txn.id:
-                with batch.part.lock:
-                    if self._txn_batches.pop(key, None) is batch:
-                        batch.part.txn_sealed(batch)
-                        batch.fail(InvalidTxnStatus(f"transaction {txn.id} was aborted"))
-
-    def _drop_ended(self) -> None:
-        """Drop the waiting batches of transactions that have ended (timed out or aborted
-        elsewhere): their messages fail, as they would at the next flush, instead of being
-        held until then."""
-        for txn in {b.txn for b in list(self._txn_batches.values())}:
-            if txn.state in FINAL:
-                self._txn_drop(txn)
-        self._sweep_at = max(_SWEEP_TXN_BATCHES_AT, 2 * len(self._txn_batches))
 
     def flush(self) -> None:
         """Send every waiting batch and wait until all are durable."""

@@ -18,6 +18,7 @@ import pulsartxn
 from pulsartxn._native import load
 from pulsartxn.errors import InvalidTxnStatus
 from pulsartxn.messaging import producer as producer_module
+from pulsartxn.messaging import txn_batches as txn_batches_module
 
 NATIVE, REFERENCE = load("native"), load("reference")
 
@@ -35,16 +36,14 @@ sends = st.lists(
 
 @contextmanager
 def producers_of(impl):
-    """The producer module on `impl`'s batch containers and transaction batches."""
-    old = producer_module.PartitionProducer, producer_module.TxnBatch
-    producer_module.PartitionProducer, producer_module.TxnBatch = (
-        impl.PartitionProducer,
-        impl.TxnBatch,
-    )
+    """The producer modules on `impl`'s batch containers and transaction batches."""
+    old = producer_module.PartitionProducer, txn_batches_module.TxnBatch
+    producer_module.PartitionProducer = impl.PartitionProducer
+    txn_batches_module.TxnBatch = impl.TxnBatch
     try:
         yield
     finally:
-        producer_module.PartitionProducer, producer_module.TxnBatch = old
+        producer_module.PartitionProducer, txn_batches_module.TxnBatch = old
 
 
 @contextmanager

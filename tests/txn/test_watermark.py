@@ -169,9 +169,9 @@ def test_a_producer_drops_the_batches_of_transactions_that_ended_without_them(
     """Transactions left to their timeout with messages still waiting in the producer's
     batches: once such batches pile up, the producer fails those messages and lets them go
     instead of holding them until its next flush; open transactions keep theirs."""
-    from pulsartxn.messaging import producer as producer_module
+    from pulsartxn.messaging import txn_batches
 
-    monkeypatch.setattr(producer_module, "_SWEEP_TXN_BATCHES_AT", 16)
+    monkeypatch.setattr(txn_batches, "_SWEEP_TXN_BATCHES_AT", 16)
     with pulsartxn.Broker(tmp_path / "d", sync=False) as broker:
         client = broker.client()
         out = client.create_producer(

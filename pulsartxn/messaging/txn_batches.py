@@ -1,0 +1,173 @@
+"""A producer's transactional batching: a batch per (partition, transaction) waits until it
+fills or its transaction ends; a commit takes it into its end's write, an abort drops it unsent.
+
+``TransactionBatches`` is the part of :class:`~pulsartxn.messaging.producer.Producer` that
+does this; it uses the producer's partition producers, batching limits and client.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from concurrent.futures import Future
+
+from .._native import TxnBatch, encode_entry
+from ..errors import InvalidTxnStatus
+from ..txn.state import FINAL
+from .message import MessageId
+
+# Waiting transaction batches past which a producer drops those of transactions that ended
+# without them (a transaction left to its timeout never flushes them), and twice what is left.
+_SWEEP_TXN_BATCHES_AT = 64
+
+
+class TransactionBatches:
+    """A producer's batches of transactions (a mixin of Producer)."""
+
+    def _init_txn_batches(self) -> None:
+        self._txn_batches: dict = {}  # (partition producer, TxnID) -> TxnBatch
+        self._sweep_at = _SWEEP_TXN_BATCHES_AT
+
+    def _txn_add(self, txn, content, properties, partition_key, sequence_id) -> Future:
+        """Queue one message of a transaction in its (partition, transaction) batch."""
+        txn = self.client._txn_for(txn)
+        if len(self._txn_batches) >= self._sweep_at:
+            self._drop_ended()
+        part = self._part_for(partition_key)
+        with part.lock:
+            if sequence_id is None:
+                sequence_id = part.last_sequence + 1
+            elif sequence_id <= part.last_sequence:
+                found = part.partition.lookup_sequence(self.name, sequence_id)
+                if found is not None:
+                    entry_id, n, bi = found
+                    pp = part.partition
+                    fut: Future = Future()
+                    fut.set_result(
+                        MessageId(pp.ledger_id, entry_id, pp.index, bi, n)
+                        if n > 1
+                        else MessageId(pp.ledger_id, entry_id, pp.index)
+                    )
+                    return fut
+            part.last_sequence = max(part.last_sequence, sequence_id)
+            key = (id(part), txn.id)
+            batch = self._txn_batches.get(key)
+            if batch is not None and (
+                len(batch.values) >= self.batching_max_messages
+                or batch.nbytes + len(content) > self.batching_max_bytes
+                or sequence_id != batch.first_sequence + len(batch.values)
+            ):
+                self._txn_send_locked(key)
+                batch = None
+            if batch is None:
+                batch = self._txn_batches[key] = TxnBatch(part, txn, sequence_id)
+                part.txn_opened(txn, batch)
+                if txn._producers is None:
+                    txn._producers = weakref.WeakSet()
+                txn._producers.add(self)
+            fut = batch.add(content, properties, partition_key)
+            if not self.batching_enabled or len(batch.values) >= self.batching_max_messages:
+                self._txn_send_locked(key)
+        return fut
+
+    def _txn_send_locked(self, key) -> None:
+        """Encode one transaction batch into an entry and append it (part lock held)."""
+        batch = self._txn_batches.pop(key)
+        part, txn = batch.part, batch.txn
+        part.txn_sealed(batch)
+        partition = part.partition
+        staged = None
+        try:
+            # The partition's registration with the coordinator rides in this write.
+            staged = txn.stage_partition(partition.topic)
+            partition.buffer.begin_append(txn.id)
+        except Exception as exc:  # noqa: BLE001 - every message of the batch gets it
+            if staged is not None:
+                staged[1](False)
+            batch.fail(exc)
+            txn._failed(exc)
+            return
+        entry = encode_entry(
+            batch.values,
+            batch.keys,
+            batch.props,
+            txn_msb=txn.id.most_sig_bits,
+            txn_lsb=txn.id.least_sig_bits,
+            producer_id=self.producer_id,
+            sequence_id=batch.first_sequence,
+            publish_time=int(time.time() * 1000),
+        )
+        n = len(batch.values)
+
+        def before_publish(first: int) -> None:
+            partition.buffer.appended(txn.id, first)
+
+        op = partition.append_op(
+            [entry],
+            [n],
+            batch.nbytes,
+            self.name,
+            batch.first_sequence,
+            on_published=batch.landed,
+            before_publish=before_publish,
+        )
+        if staged is not None:
+            op.prepend(staged[0])
+        # Lazy: it rides with the next group commit, or in the transaction's decision when
+        # that comes first (then data, decision and markers are one LMDB transaction).
+        fut = partition.storage.submit(op, lazy=True)
+        txn._riding.append((op, staged is not None, partition.topic))
+        batch.inflight = fut
+
+        def failed(f):
+            batch.inflight = None  # no cycle batch -> future -> this callback -> batch
+            exc = f.exception()
+            if staged is not None:
+                staged[1](exc is None)
+            if exc is not None:
+                partition.buffer.append_failed(txn.id)
+                batch.fail(exc)
+                txn._failed(exc)
+
+        fut.add_done_callback(failed)
+
+    def _txn_flush(self, txn, wait: bool = True) -> None:
+        """Send this transaction's waiting batches; with `wait`, until they are durable.
+        Without, they ride with the next group commit or in the transaction's decision."""
+        sent = []
+        for key, batch in list(self._txn_batches.items()):
+            if batch.txn is not txn and batch.txn.id != txn.id:
+                continue
+            with batch.part.lock:
+                if self._txn_batches.get(key) is batch:
+                    self._txn_send_locked(key)
+            sent.append(batch)
+        if not wait:
+            return
+        inflight = [b.inflight for b in sent if b.inflight is not None]
+        if inflight:
+            storage = sent[0].part.partition.storage
+            storage.commits.flush_lazy()
+            for fut in inflight:
+                try:
+                    storage.wait(fut)
+                except Exception:  # noqa: BLE001 - recorded on the transaction
+                    pass
+
+    def _txn_drop(self, txn) -> None:
+        """An abort: this transaction's waiting messages are never sent."""
+        for key, batch in list(self._txn_batches.items()):
+            if batch.txn.id == txn.id:
+                with batch.part.lock:
+                    if self._txn_batches.pop(key, None) is batch:
+                        batch.part.txn_sealed(batch)
+                        batch.fail(InvalidTxnStatus(f"transaction {txn.id} was aborted"))
+
+    def _drop_ended(self) -> None:
+        """Drop the waiting batches of transactions that have ended (timed out or aborted
+        elsewhere): their messages fail, as they would at the next flush, instead of being
+        held until then."""
+        for txn in {b.txn for b in list(self._txn_batches.values())}:
+            if txn.state in FINAL:
+                self._txn_drop(txn)
+        self._sweep_at = max(_SWEEP_TXN_BATCHES_AT, 2 * len(self._txn_batches))
