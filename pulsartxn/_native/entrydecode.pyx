@@ -205,6 +205,16 @@ def decode_entries(entry_ids, buffers, verify=True) -> DecodedEntries:
         free(views)
 
 
+cdef inline uint64_t _copy_field(const uint8_t *p, uint64_t pos, uint8_t *out,
+                                 int64_t *filled) noexcept nogil:
+    """Copy the length-prefixed field at p + pos (checked by _check_entry) to out + filled,
+    moving filled past it; the position after the field."""
+    cdef uint64_t n = get_u32(p + pos)
+    memcpy(out + filled[0], p + pos + 4, n)
+    filled[0] += n
+    return pos + 4 + n
+
+
 cdef uint8_t *_data_ptr(object arr) except? NULL:
     cdef uint8_t[::1] view = arr
     if view.shape[0] == 0:
@@ -285,25 +295,13 @@ cdef object _fill(Py_buffer *views, Py_ssize_t ne, ids_arr, _Totals *t):
                 pairs = get_u32(p + pos)
                 pos += 4
                 for k in range(pairs):
-                    n = get_u32(p + pos)
-                    pos += 4
-                    memcpy(pk_data + pkb, p + pos, n)
-                    pkb += n
-                    pos += n
+                    pos = _copy_field(p, pos, pk_data, &pkb)
                     pk_off[pair + 1] = pkb
-                    n = get_u32(p + pos)
-                    pos += 4
-                    memcpy(pv_data + pvb, p + pos, n)
-                    pvb += n
-                    pos += n
+                    pos = _copy_field(p, pos, pv_data, &pvb)
                     pv_off[pair + 1] = pvb
                     pair += 1
                 prop_off[m + 1] = pair
-                n = get_u32(p + pos)
-                pos += 4
-                memcpy(val_data + vb, p + pos, n)
-                vb += n
-                pos += n
+                pos = _copy_field(p, pos, val_data, &vb)
                 val_off[m + 1] = vb
                 m += 1
     return DecodedEntries(**a)
