@@ -5,7 +5,13 @@ from __future__ import annotations
 import weakref
 
 from .._native import TxnID
-from ..errors import InvalidTxnStatus, PulsarTxnError, Timeout, TransactionConflict
+from ..errors import (
+    InvalidTxnStatus,
+    PulsarTxnError,
+    Timeout,
+    TransactionConflict,
+    TransactionTimeout,
+)
 from .state import FINAL, TxnState
 
 
@@ -160,11 +166,12 @@ class Transaction(TransactionContext):
 
     def _check_sendable(self) -> None:
         if self._error is not None:
-            cls = (
-                TransactionConflict
-                if isinstance(self._error, TransactionConflict)
-                else InvalidTxnStatus
-            )
+            # A send refused because the transaction had timed out says so, as the commit of
+            # a timed-out transaction does (TransactionTimeout), not just InvalidTxnStatus.
+            if isinstance(self._error, (TransactionConflict, TransactionTimeout)):
+                cls = type(self._error)
+            else:
+                cls = InvalidTxnStatus
             raise cls(
                 f"transaction {self.id} cannot commit, only abort: {self._error}"
             ) from self._error

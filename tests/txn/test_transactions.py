@@ -373,6 +373,25 @@ def test_timeout_aborts_produced_messages_and_acks(env):
     assert scanned(client, "t") == [b"in"]
 
 
+def test_a_timed_out_commit_says_timeout_even_when_its_batch_was_refused(env):
+    """A transaction whose messages still wait in the producer when its deadline passes: the
+    commit writes them first, which the coordinator refuses (timed out); the commit then
+    raises TransactionTimeout, as any commit of a timed-out transaction does."""
+    broker = env()
+    client = broker.client()
+    producer = client.create_producer("t", batching_max_publish_delay_ms=60_000)
+    txn = client.new_transaction(timeout_ms=50)
+    waiting = producer.send_async(b"late", txn=txn)
+    deadline = time.monotonic() + 5
+    while txn.state is not TxnState.TIMEOUT:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    with pytest.raises(TransactionTimeout, match="timed out"):
+        txn.commit()
+    assert isinstance(waiting.exception(timeout=5), InvalidTxnStatus)
+    assert scanned(client, "t") == []
+
+
 def test_read_uncommitted_sees_open_transactions_never_aborted_ones(env):
     broker = env()
     client = broker.client()
