@@ -100,12 +100,15 @@ class TransactionEnd:
                     raise
                 # Every participant's part is in this write (partitions of this broker only):
                 # the write is the whole end, so nothing of it needs the log. Its staged
-                # records are not written, those already in the log are deleted with it.
+                # records are not written, those already in the log are deleted with it. While
+                # the NEW record is still staged (`first`), none of its writes has landed (each
+                # carries that record until one does): there is nothing in the log to delete.
                 atomic = not meta.subscriptions and len(done) == len(meta.partitions)
                 if atomic:
                     with self.lock:
                         meta.atomic_end = True
-                    ops.append(WriteOp(self._delete_records(meta, meta.records), nbytes=16))
+                    if first is None:
+                        ops.append(WriteOp(self._delete_records(meta, meta.records), nbytes=16))
                 else:
                     ops.insert(end_at, self._end_op(meta, index))
                 ops[:0] = taken
