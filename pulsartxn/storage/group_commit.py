@@ -32,23 +32,35 @@ _STOP = object()
 
 
 class _OpQueue:
-    """The group commit's queue: a deque, plus a Condition for the writer thread's sleep only.
-    ``put_quiet`` queues without waking the writer, for a caller that commits its op itself
-    (``GroupCommit.wait_for``): no thread hand-off, no wake-up on the latency path."""
+    """The group commit's queue: a deque, plus a Condition for the writer thread's sleep and
+    for a leader gathering its group. ``put_quiet`` queues without waking the writer, for a
+    caller that commits its op itself (``GroupCommit.wait_for``): no thread hand-off, no
+    wake-up on the latency path."""
 
     def __init__(self) -> None:
         self._items: collections.deque = collections.deque()
         self._cond = threading.Condition(threading.Lock())
-        self._sleeping = False
+        self._sleeping = False  # the writer thread waits for an item
+        self._gather_at = 0  # a leader waits for this many items (0: none does)
 
     def put(self, item) -> None:
         self._items.append(item)
-        if self._sleeping:  # read after the append: a writer about to sleep sees the item
+        # Read after the append: a sleeper about to wait sees the item, or we see it.
+        if self._sleeping or (self._gather_at and len(self._items) >= self._gather_at):
             with self._cond:
-                self._cond.notify()
+                self._cond.notify_all()
 
     def put_quiet(self, item) -> None:
         self._items.append(item)
+        if self._gather_at and len(self._items) >= self._gather_at:
+            with self._cond:
+                self._cond.notify_all()
+
+    def wake_writer(self) -> None:
+        """Wake the writer thread if it sleeps (quiet items do not)."""
+        if self._sleeping:
+            with self._cond:
+                self._cond.notify_all()
 
     def get_nowait(self):
         try:
@@ -69,6 +81,22 @@ class _OpQueue:
             finally:
                 self._sleeping = False
         return self.get_nowait()
+
+    def wait_size(self, n: int, timeout: float) -> None:
+        """Sleep until `n` items are queued, at most `timeout` seconds. A real sleep: a loop
+        of sleep(0) keeps the GIL from the very callers it waits for (CPython hands the GIL
+        over to a waiting thread only after its switch interval, 5 ms)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._gather_at = n
+            try:
+                while len(self._items) < n:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+            finally:
+                self._gather_at = 0
 
     def qsize(self) -> int:
         return len(self._items)
@@ -153,28 +181,48 @@ class GroupCommit:
             self._queue.put(op)
         return op.future
 
-    def wait_for(self, fut: OpFuture) -> None:
+    def wait_for(self, fut) -> None:
         """Until `fut` (of a submitted op) is done, commit what is queued in this thread, the
-        lazy ops too when nothing else is; when a group is being committed, wait for it and
-        look again."""
-        self.wait_until(fut.done)
+        lazy ops too when nothing else is; when a group is being committed, sleep until `fut`
+        is answered (the writer thread commits it if that group did not)."""
 
-    def wait_until(self, done: Callable[[], bool]) -> None:
-        """``wait_for`` of whatever `done()` says has landed (ops submitted before the call)."""
+        def block(timeout: float) -> None:
+            try:
+                fut.exception(timeout)
+            except TimeoutError:
+                pass
+
+        self.wait_until(fut.done, block)
+
+    def wait_until(
+        self, done: Callable[[], bool], block: Callable[[float], None] | None = None
+    ) -> None:
+        """``wait_for`` of whatever `done()` says has landed (ops submitted before the call);
+        `block(timeout)`, if given, sleeps until it has, for when another thread commits."""
         while not done() and not self._closed:
             if getattr(self._local, "committing", False):
                 return  # inside a commit callback: the op is committed after it
-            with self._commit_lock:
+            if not self._commit_lock.acquire(blocking=block is None or not self._linger_sync):
+                # With fsync, another thread commits a group. Do not queue on the lock: a
+                # thread blocked in acquire() learns only once it holds the lock that its op
+                # landed in that group, and the leader, back first, takes the lock again
+                # before it, so groups shrink to one op. Sleep until the answer instead,
+                # with the writer thread awake to commit what that group did not take.
+                # (Without fsync a commit is short: wait for the lock and lead.)
+                self._queue.wake_writer()
+                block(0.05)
+                continue
+            try:
                 if done():
                     return
                 self._local.committing = True
-                try:
-                    if not self._drain() and not done():
-                        group = self._with_lazy([])  # it may be a lazy op's
-                        if group:
-                            self._run_group(group)
-                finally:
-                    self._local.committing = False
+                if not self._drain() and not done():
+                    group = self._with_lazy([])  # it may be a lazy op's
+                    if group:
+                        self._run_group(group)
+            finally:
+                self._local.committing = False
+                self._commit_lock.release()
             # Not done: the writer thread took it from the queue and waits for the lock.
             if not done():
                 time.sleep(0)
@@ -356,9 +404,7 @@ class GroupCommit:
         """
         if not self._linger_sync or want <= 0 or self._queue.qsize() >= want:
             return
-        deadline = time.monotonic() + min(self._last_commit_s * 0.5, 0.002)
-        while self._queue.qsize() < want and time.monotonic() < deadline:
-            time.sleep(0)  # let the GIL go to the callers on their way
+        self._queue.wait_size(want, min(self._last_commit_s * 0.5, 0.002))
 
     def _run(self) -> None:
         self._local.committing = True

@@ -14,6 +14,7 @@ import pytest
 
 import pulsartxn
 from pulsartxn.storage import Storage, WriteOp
+from pulsartxn.storage.group_commit import GroupCommit
 
 
 @pytest.fixture
@@ -45,6 +46,46 @@ def test_concurrent_writes_share_groups(storage):
         assert txn.stat(db)["entries"] == 1600
     assert storage.commits.records == 1600
     assert storage.commits.groups < 1600
+
+
+def test_a_synced_waiter_sleeps_on_its_answer_while_another_thread_commits(tmp_path):
+    """With fsync, a caller whose op is queued while another thread holds the commit lock
+    does not queue on that lock (it would learn that its op landed only once it held the
+    lock, after the leader took it again): it wakes the writer thread, which commits the op,
+    and sleeps until the answer."""
+    env = lmdb.open(str(tmp_path / "env"), max_dbs=2, sync=True)
+    # The writer thread looks at the queue on its own only once a minute: here it is woken.
+    commits = GroupCommit(env, sync=True, lazy_max_ms=60_000)
+    try:
+        applied_by = []
+
+        def apply(txn):
+            applied_by.append(threading.current_thread())
+            txn.put(b"k", b"v")
+
+        answered = threading.Event()
+
+        def caller():
+            fut = commits.submit(WriteOp(apply), quiet=True)
+            commits.wait_for(fut)
+            answered.set()
+
+        commits.commit_lock.acquire()  # another thread's group is being committed
+        try:
+            t = threading.Thread(target=caller)
+            t.start()
+            assert not answered.wait(0.2)  # nothing commits while the lock is held
+            assert applied_by == []
+        finally:
+            commits.commit_lock.release()
+        assert answered.wait(10)
+        t.join(10)
+        assert applied_by == [commits.writer_thread]
+        with env.begin() as txn:
+            assert txn.get(b"k") == b"v"
+    finally:
+        commits.close()
+        env.close()
 
 
 def test_a_failing_op_fails_alone(storage):
