@@ -61,6 +61,7 @@ class Coordinator(TransactionEnd):
         self._order: deque = deque()  # live sequences, ascending (for the low watermark)
         self._deadlines: list = []  # heap of (deadline, seq)
         self.allocator: TxnIdAllocator | None = None
+        self.reserved_ahead = 0  # a durable high-water mark written for it at open
         self.status = "RECOVERING"
         self.error: str | None = None
         self.created = self.committed = self.aborted = self.timed_out = 0
@@ -159,6 +160,8 @@ class Coordinator(TransactionEnd):
         return [metas[s] for s in sorted(metas)]
 
     def _reserve(self, mark: int) -> None:
+        if mark <= self.reserved_ahead:
+            return  # reserved (durably) with the other coordinators' first blocks at open
         key, value = log.hwm_key(self.id), mark.to_bytes(16, "big")
         self.storage.write(lambda txn: txn.put(key, value, db=self.storage.meta))
 

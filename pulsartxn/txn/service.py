@@ -19,10 +19,12 @@ from ..errors import (
     CoordinatorUnavailable,
     CorruptEntry,
     InvalidTxnStatus,
+    StorageError,
 )
 from ..storage import WriteOp
 from . import log
 from .coordinator import ABORTED, COMMITTED, OPEN, Coordinator, TxnMeta, status_error
+from .meta import RESERVE_BLOCK
 from .state import EndReason, TxnState
 from .timer import TxnTimer
 
@@ -114,6 +116,30 @@ class Coordinators:
         # logs say (OPEN ones time out). It is kept for inspection and reported.
         self.decision_errors = [f"decision record {k.hex()}: {exc}" for k, exc in corrupt]
         self._recovered = to_finalize
+        self._reserve_ahead(self.coordinators)
+
+    def _reserve_ahead(self, coordinators: list[Coordinator]) -> None:
+        """Reserve every ready coordinator's first block of sequences in one write: each would
+        otherwise make the first new_transaction() it serves wait for a synced write of its
+        own (16 of them after each start, by default)."""
+        marks = [
+            (c, c.allocator.next_sequence + RESERVE_BLOCK)
+            for c in coordinators
+            if c.status == "READY" and c.allocator is not None
+        ]
+        if not marks:
+            return
+
+        def apply(txn) -> None:
+            for c, mark in marks:
+                txn.put(log.hwm_key(c.id), mark.to_bytes(16, "big"), db=self.storage.meta)
+
+        try:
+            self.storage.write(apply)
+        except StorageError:
+            return  # a full disk, say: each reserves its own block when it first needs it
+        for c, mark in marks:
+            c.reserved_ahead = mark
 
     def start(self) -> None:
         """Finalize what recovery found mid-end (called once the broker is fully open)."""
@@ -421,6 +447,7 @@ class Coordinators:
             added = [Coordinator(self, i) for i in range(current, n)]
             for c in added:
                 c.recover({})
+            self._reserve_ahead(added)
             with self._lock:
                 self.coordinators = self.coordinators + added
 

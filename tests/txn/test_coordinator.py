@@ -19,6 +19,7 @@ from pulsartxn.errors import (
     TransactionNotFound,
     TransactionTimeout,
 )
+from pulsartxn.txn import log
 
 P1 = "persistent://public/default/t-partition-0"
 P2 = "persistent://public/default/t-partition-1"
@@ -399,6 +400,43 @@ def test_scale_coordinators_grows_and_persists(open_broker):
         admin.scale_coordinators(3)
     broker.close()
     assert len(open_broker(num_coordinators=2).admin.coordinators()) == 5
+
+
+def test_the_first_blocks_of_sequences_are_reserved_in_one_write_at_open(open_broker):
+    """Every coordinator's first block of sequences is reserved when the broker opens, all in
+    one write: the first new_transaction() of each writes nothing of its own (it would wait
+    for a synced write each), and a restart still never hands out a sequence twice."""
+    broker = open_broker(sync=True, num_coordinators=6)
+    commits = broker.storage.commits
+    client = broker.client()
+    groups = commits.groups
+    first = [client.new_transaction(coordinator_id=c) for c in range(6)]
+    assert commits.groups == groups  # the begins ride with a first write; no reservation
+    with broker.storage.read() as txn:
+        marks = [
+            int.from_bytes(bytes(txn.get(log.hwm_key(c), db=broker.storage.meta)), "big")
+            for c in range(6)
+        ]
+    assert all(t.id.sequence < marks[c] for c, t in enumerate(first))
+    # Past the first block, a coordinator reserves the next one itself, durably.
+    c0 = broker.txn.coordinators[0]
+    while c0.allocator.next_sequence < marks[0]:
+        c0.allocator.next()
+    groups = commits.groups
+    beyond = client.new_transaction(coordinator_id=0)
+    assert beyond.id.sequence >= marks[0]
+    assert commits.groups == groups + 1
+    broker.admin.scale_coordinators(8)  # coordinators added live: theirs in one write too
+    groups = commits.groups
+    client.new_transaction(coordinator_id=6)
+    client.new_transaction(coordinator_id=7)
+    assert commits.groups == groups
+    broker.close()
+    again = open_broker(sync=True).client()
+    for c in range(6):
+        t = again.new_transaction(coordinator_id=c)
+        assert t.id.sequence >= marks[c]
+    assert again.new_transaction(coordinator_id=0).id.sequence > beyond.id.sequence
 
 
 def test_concurrent_begin_and_end_from_threads(open_broker):
