@@ -16,6 +16,7 @@ SUITES = (
     "abortset",
     "ackset",
     "entrylog",
+    "dispatch",
     "messaging",
     "txn",
     "txn_messaging",

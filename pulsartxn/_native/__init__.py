@@ -23,6 +23,7 @@ MODULES = (
     "entrylog",
     "outcome",
     "producer",
+    "dispatch",
 )
 
 NAMES = (
@@ -47,6 +48,8 @@ NAMES = (
     "Outcome",
     "MessageFuture",
     "HEADER_SIZE",
+    "take_buffered",
+    "buffer_messages",
 )
 
 

@@ -136,7 +136,7 @@ class Message:
         return self._data
 
     def properties(self) -> dict:
-        return dict(self._properties)
+        return dict(self._properties) if self._properties else {}
 
     def partition_key(self) -> str | None:
         return self._key

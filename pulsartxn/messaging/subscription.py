@@ -17,7 +17,9 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from .._native import TxnID
+import numpy as np
+
+from .._native import TxnID, buffer_messages, take_buffered
 from ..errors import ConsumerBusy, CorruptEntry, InvalidConfiguration
 from ..storage import WriteOp
 from ..txn.pending_ack import PendingAck
@@ -34,7 +36,6 @@ TYPE_NAMES = {EXCLUSIVE: "Exclusive", SHARED: "Shared", FAILOVER: "Failover"}
 # receiverQueueSize): a ledger of large batch entries is not decoded all at once.
 READ_AHEAD_ENTRIES = 64
 READ_AHEAD_MESSAGES = 1000
-_COPY_VALUES_BELOW = 16 << 20
 _LAST = 1 << 62  # above any batch index: (entry, _LAST) follows every message of the entry
 
 
@@ -42,7 +43,7 @@ class _Pending:
     __slots__ = ("payload", "consumer", "count")
 
     def __init__(self, payload, consumer, count):
-        self.payload = payload  # (data, properties, key, publish_time, batch_size)
+        self.payload = payload  # (data, properties or None, key, publish_time, batch_size, txn)
         self.consumer = consumer
         self.count = count  # redelivery count of this delivery
 
@@ -160,47 +161,42 @@ class Subscription:
 
     def _take_buffered(self, consumer, n: int, out: list) -> None:
         """Deliver read-ahead messages into `out` until it holds n (lock held): the path every
-        message takes once, so the per-message tests and objects are inline here."""
-        cursor, pending, counts = self.cursor, self._pending, self._redelivery_counts
+        message takes once, walked by the native dispatch loop (``take_buffered``)."""
+        cursor = self.cursor
         pending_ack = self.pending_ack
         holds = pending_ack.holds if pending_ack.cumulative or len(pending_ack.index) else None
-        is_aborted = self.partition.buffer.is_aborted
         p = self.partition
-        ledger_id, index, topic = p.ledger_id, p.index, p.topic
+        is_aborted = p.buffer.is_aborted
         buffer = self._buffer
         delivered = nbytes = 0
         while len(out) < n:
             if not buffer and not self._fill():
                 break
             # The cursor may move between fills (an internal ack of a filtered entry).
-            mark, acked, partly = cursor.mark_delete, cursor.acked, cursor.batch_acks
-            while buffer and len(out) < n:
-                key, payload = buffer.popleft()
-                entry_id, batch_index = key
-                if (
-                    key in pending
-                    or entry_id <= mark
-                    or entry_id in acked
-                    or (
-                        batch_index >= 0
-                        and (s := partly.get(entry_id)) is not None
-                        and s.test(batch_index)
-                    )
-                    or (holds is not None and holds(entry_id, batch_index))
-                ):
-                    continue
-                data, properties, pkey, publish_time, batch_size, txn = payload
-                if txn is not None and is_aborted(txn):
-                    # Read uncommitted, aborted since it was read: never delivered.
-                    self._ack_internally(entry_id)
-                    mark, acked, partly = cursor.mark_delete, cursor.acked, cursor.batch_acks
-                    continue
-                count = counts.get(key, 0) if counts else 0
-                pending[key] = _Pending(payload, consumer, count)
-                mid = MessageId(ledger_id, entry_id, index, batch_index, batch_size)
-                out.append(Message(data, properties, pkey, mid, topic, publish_time, count))
-                delivered += 1
-                nbytes += len(data)
+            d, b, aborted = take_buffered(
+                buffer,
+                n,
+                out,
+                consumer,
+                self._pending,
+                self._redelivery_counts,
+                cursor.mark_delete,
+                cursor.acked,
+                cursor.batch_acks,
+                holds,
+                is_aborted,
+                p.ledger_id,
+                p.index,
+                p.topic,
+                _Pending,
+                Message,
+                MessageId,
+            )
+            delivered += d
+            nbytes += b
+            if aborted >= 0:
+                # Read uncommitted, aborted since it was read: never delivered.
+                self._ack_internally(aborted)
         self.msg_out += delivered
         self.bytes_out += nbytes
         p.msg_out += delivered
@@ -257,10 +253,8 @@ class Subscription:
         if in_txn.any():
             aborted = self.partition.buffer.aborted_mask(txn_msb, txn_lsb).tolist()
             txn_of = in_txn.tolist()
-        # One bytes object and a plain list: slicing them per message costs half of slicing
-        # the numpy arrays (large reads keep the arrays, rather than copy them twice).
-        values = value_data.tobytes() if len(value_data) <= _COPY_VALUES_BELOW else None
-        voff = value_off.tolist()
+        key_valid = key_valid.view(np.uint8)
+        props_of = (lambda m: _properties(decoded, m)) if any_props else None
         buffer_append = self._buffer.append
         mark, acked, partly = cursor.mark_delete, cursor.acked, cursor.batch_acks
         for e, entry_id in enumerate(entry_ids):
@@ -278,39 +272,21 @@ class Subscription:
             if aborted is not None and txn_of[e]:
                 txn = TxnID.from_halves(int(txn_msb[e]), int(txn_lsb[e]))
             n = counts[e]
-            batched = n > 1
-            size = n if batched else 0
-            some_acked = partly.get(entry_id) if batched else None
-            first = firsts[e]
-            when = publish[e]
-            for b in range(n):
-                if some_acked is not None and some_acked.test(b):
-                    continue
-                m = first + b
-                pkey = None
-                if key_valid[m]:
-                    pkey = (
-                        key_data[key_off[m] : key_off[m + 1]]
-                        .tobytes()
-                        .decode("utf-8", "surrogateescape")
-                    )
-                props = _properties(decoded, m) if any_props else {}
-                buffer_append(
-                    (
-                        (entry_id, b if batched else -1),
-                        (
-                            values[voff[m] : voff[m + 1]]
-                            if values is not None
-                            else value_data[voff[m] : voff[m + 1]].tobytes(),
-                            props,
-                            pkey,
-                            when,
-                            size,
-                            txn,
-                        ),
-                    )
-                )
-                added += 1
+            added += buffer_messages(
+                buffer_append,
+                entry_id,
+                n,
+                firsts[e],
+                publish[e],
+                txn,
+                partly.get(entry_id) if n > 1 else None,
+                value_data,
+                value_off,
+                key_valid,
+                key_off,
+                key_data,
+                props_of,
+            )
         return added
 
     def _ack_internally(self, entry_id: int) -> None:
@@ -508,10 +484,10 @@ class Subscription:
             }
 
 
-def _properties(decoded, m: int) -> dict[str, str]:
+def _properties(decoded, m: int) -> dict[str, str] | None:
     lo, hi = int(decoded.prop_offsets[m]), int(decoded.prop_offsets[m + 1])
     if lo == hi:
-        return {}
+        return None
     ko, kd = decoded.prop_key_offsets, decoded.prop_key_data
     vo, vd = decoded.prop_value_offsets, decoded.prop_value_data
     return {

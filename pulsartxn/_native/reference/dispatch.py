@@ -1,0 +1,106 @@
+"""Pure-Python twin of ``_native/dispatch.pyx``: the dispatch loop of a subscription."""
+
+from __future__ import annotations
+
+
+def take_buffered(
+    buffer,
+    n,
+    out,
+    consumer,
+    pending,
+    counts,
+    mark,
+    acked,
+    partly,
+    holds,
+    is_aborted,
+    ledger_id,
+    index,
+    topic,
+    pending_type,
+    message_type,
+    message_id_type,
+):
+    """Move read-ahead items ``((entry, batch_index), payload)`` from the left of `buffer`
+    into `out` as Messages for `consumer` until `out` holds `n` or `buffer` is empty.
+
+    Skipped: an item already delivered and not acknowledged (in `pending`), at or below
+    `mark`, in `acked`, acknowledged in its entry's batch (`partly`: entry -> AckSet), or held
+    by a transaction's pending ack (``holds(entry, batch_index)``, when `holds` is given).
+    Each delivery is recorded in `pending` as ``pending_type(payload, consumer, count)``, the
+    count taken from `counts`. Returns ``(delivered, nbytes, aborted)``: `aborted` is the entry
+    id of a message whose transaction has aborted since it was read (read uncommitted; taken
+    off the buffer, not delivered), after which the loop stops so that the caller acknowledges
+    it internally and calls again with the cursor's new state; -1 otherwise."""
+    delivered = nbytes = 0
+    popleft = buffer.popleft
+    while len(out) < n and buffer:
+        key, payload = popleft()
+        entry_id, batch_index = key
+        if (
+            entry_id <= mark
+            or entry_id in acked
+            or key in pending
+            or (
+                batch_index >= 0
+                and (acks := partly.get(entry_id)) is not None
+                and acks.test(batch_index)
+            )
+            or (holds is not None and holds(entry_id, batch_index))
+        ):
+            continue
+        data, properties, pkey, publish_time, batch_size, txn = payload
+        if txn is not None and is_aborted(txn):
+            return delivered, nbytes, entry_id
+        count = counts.get(key, 0) if counts else 0
+        pending[key] = pending_type(payload, consumer, count)
+        mid = message_id_type(ledger_id, entry_id, index, batch_index, batch_size)
+        out.append(message_type(data, properties, pkey, mid, topic, publish_time, count))
+        delivered += 1
+        nbytes += len(data)
+    return delivered, nbytes, -1
+
+
+def buffer_messages(
+    append,
+    entry_id,
+    n,
+    first,
+    when,
+    txn,
+    some_acked,
+    value_data,
+    value_offsets,
+    key_valid,
+    key_offsets,
+    key_data,
+    props_of,
+):
+    """Append the `n` messages of one entry (decoded messages first..first+n-1) to a
+    subscription's read-ahead through `append`, each as ``((entry_id, batch_index), (value,
+    properties, key, publish_time, batch_size, txn))``; batch_index and batch_size are -1 and
+    0 for an entry of one message. Skipped: batch indexes `some_acked` (an AckSet, or None)
+    holds. ``props_of(m)`` makes message m's properties (a dict, or None when it has none);
+    props_of None: no message has any. None rather than an empty dict keeps the item tuples
+    free of containers, so the garbage collector stops tracking them (a consumer's read-ahead
+    and its deliveries not yet acknowledged would otherwise be traversed by every collection).
+    `key_valid` is the decoded bool column as uint8.
+    Returns how many were appended."""
+    batched = n > 1
+    size = n if batched else 0
+    added = 0
+    for b in range(n):
+        if some_acked is not None and some_acked.test(b):
+            continue
+        m = first + b
+        pkey = None
+        if key_valid[m]:
+            lo, hi = int(key_offsets[m]), int(key_offsets[m + 1])
+            pkey = bytes(key_data[lo:hi]).decode("utf-8", "surrogateescape")
+        props = props_of(m) if props_of is not None else None
+        lo, hi = int(value_offsets[m]), int(value_offsets[m + 1])
+        value = bytes(value_data[lo:hi])
+        append(((entry_id, b if batched else -1), (value, props, pkey, when, size, txn)))
+        added += 1
+    return added
