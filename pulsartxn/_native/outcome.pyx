@@ -23,6 +23,18 @@ _FINISHED = "FINISHED"
 LOGGER = logging.getLogger("concurrent.futures")  # where Future reports a failing callback
 
 
+cdef extern from "Python.h":
+    int PyObject_GC_IsTracked(object op)
+    void PyObject_GC_Track(object op)
+
+
+cdef inline void _track(object op) noexcept:
+    """Let the garbage collector see `op` again (a future made untracked by the send path,
+    once it holds a callback or a waiter: those may refer back to it)."""
+    if not PyObject_GC_IsTracked(op):
+        PyObject_GC_Track(op)
+
+
 @cython.final
 cdef class Lock:
     """A plain lock that the send path takes from C; ``with lock:`` works from Python.
@@ -201,6 +213,7 @@ cdef class MessageFuture:
             if not outcome.done:
                 if self._callbacks is None:
                     self._callbacks = []
+                    _track(self)
                 self._callbacks.append(fn)
                 self.watch()
                 return
@@ -223,6 +236,7 @@ cdef class MessageFuture:
         with self._outcome.condition:
             if self._waiter_list is None:
                 self._waiter_list = []
+                _track(self)
             self.watch()
         return self._waiter_list
 

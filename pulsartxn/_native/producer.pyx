@@ -16,6 +16,9 @@ from libc.stdint cimport int64_t
 
 from .outcome cimport Lock, MessageFuture, Outcome
 
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(object op)
+
 import time
 from concurrent.futures import Future
 
@@ -36,9 +39,15 @@ def _done(value=None, error=None):
 
 
 cdef inline MessageFuture _future(Outcome outcome, Py_ssize_t index):
+    """A message's future, not tracked by the garbage collector: it refers to its batch's
+    Outcome only, which refers back to futures with callbacks or waiters alone (and those are
+    tracked again, see outcome.pyx), so it cannot be part of a cycle. A producer's caller that
+    keeps its futures would otherwise have every collection walk all of them: 1.7M against
+    2.8M msgs/s for send_async of 200k messages whose futures are kept."""
     cdef MessageFuture fut = MessageFuture.__new__(MessageFuture)
     fut._outcome = outcome
     fut._index = index
+    PyObject_GC_UnTrack(fut)
     return fut
 
 

@@ -249,6 +249,39 @@ def test_callbacks_run_once_in_order_and_after_done_at_once(impl, tmp_path, capl
         assert seen[-1] == ("late", 0)  # already durable: called at once
 
 
+def test_native_futures_stay_out_of_the_collector_until_they_hold_a_callback_or_waiter(
+    tmp_path,
+):
+    """A native message future refers to its batch's Outcome only, so the garbage collector
+    need not walk it (a caller that keeps its futures would pay for every one at each
+    collection); once it holds a callback or a waiter, which may refer back to it, it is
+    tracked again, and such a cycle is collected once the batch has landed."""
+    import gc
+
+    with producer_on(NATIVE, tmp_path) as p:
+        plain = p.send_async(b"a")
+        called = p.send_async(b"b")
+        waited = p.send_async(b"c")
+        assert not gc.is_tracked(plain)
+        assert not gc.is_tracked(called) and not gc.is_tracked(waited)
+        seen = []
+        called.add_done_callback(lambda f, keep=called: seen.append(keep.result()))
+        assert gc.is_tracked(called)
+        done, not_done = wait([waited], timeout=0.01)  # registers a waiter, times out
+        assert not done and gc.is_tracked(waited)
+        assert not gc.is_tracked(plain)
+        p.flush()
+        eventually(lambda: seen)
+        assert seen == [called.result()] and waited.result().batch_index() == 2
+        assert plain.result().batch_index() == 0
+        # Keeping futures (the caller's list) leaves them untracked, answers and all.
+        kept = [p.send_async(b"%d" % i) for i in range(100)]
+        p.flush()
+        assert not any(gc.is_tracked(f) for f in kept)
+        ids = [f.result() for f in kept]
+        assert ids == sorted(set(ids)) and len(ids) == 100
+
+
 def test_producer_callback_and_futures_of_a_duplicate(impl, tmp_path):
     with producer_on(impl, tmp_path) as p:
         got = []
