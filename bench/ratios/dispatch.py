@@ -11,27 +11,20 @@ from ._harness import Row, best_time
 def measure(quick: bool = False) -> list[Row]:
     native, twin = load("native"), load("reference")
     cols = columns()
-    rows = [
-        Row(
-            f"buffer_messages, one entry of {MESSAGES} msgs into the read-ahead",
-            MESSAGES,
-            "msgs",
-            best_time(lambda: buffer_entry(native, cols)),
-            best_time(lambda: buffer_entry(twin, cols), repeat=3),
-            "twin",
-            None,
-        )
-    ]
     items = list(buffer_entry(native, cols))
-    rows.append(
+    loops = (
+        (f"buffer_messages, one entry of {MESSAGES} msgs into the read-ahead", buffer_entry, cols),
+        (f"take_buffered, {MESSAGES} msgs from the read-ahead into Messages", take_all, items),
+    )
+    return [
         Row(
-            f"take_buffered, {MESSAGES} msgs from the read-ahead into Messages",
+            figure,
             MESSAGES,
             "msgs",
-            best_time(lambda: take_all(native, items)),
-            best_time(lambda: take_all(twin, items), repeat=3),
+            best_time(lambda: run(native, arg)),
+            best_time(lambda: run(twin, arg), repeat=3),
             "twin",
             None,
         )
-    )
-    return rows
+        for figure, run, arg in loops
+    ]

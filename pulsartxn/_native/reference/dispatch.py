@@ -22,17 +22,7 @@ def take_buffered(
     message_type,
     message_id_type,
 ):
-    """Move read-ahead items ``((entry, batch_index), payload)`` from the left of `buffer`
-    into `out` as Messages for `consumer` until `out` holds `n` or `buffer` is empty.
-
-    Skipped: an item already delivered and not acknowledged (in `pending`), at or below
-    `mark`, in `acked`, acknowledged in its entry's batch (`partly`: entry -> AckSet), or held
-    by a transaction's pending ack (``holds(entry, batch_index)``, when `holds` is given).
-    Each delivery is recorded in `pending` as ``pending_type(payload, consumer, count)``, the
-    count taken from `counts`. Returns ``(delivered, nbytes, aborted)``: `aborted` is the entry
-    id of a message whose transaction has aborted since it was read (read uncommitted; taken
-    off the buffer, not delivered), after which the loop stops so that the caller acknowledges
-    it internally and calls again with the cursor's new state; -1 otherwise."""
+    """The twin of ``take_buffered`` in dispatch.pyx, whose docstring states the contract."""
     delivered = nbytes = 0
     popleft = buffer.popleft
     while len(out) < n and buffer:
@@ -77,16 +67,7 @@ def buffer_messages(
     key_data,
     props_of,
 ):
-    """Append the `n` messages of one entry (decoded messages first..first+n-1) to a
-    subscription's read-ahead through `append`, each as ``((entry_id, batch_index), (value,
-    properties, key, publish_time, batch_size, txn))``; batch_index and batch_size are -1 and
-    0 for an entry of one message. Skipped: batch indexes `some_acked` (an AckSet, or None)
-    holds. ``props_of(m)`` makes message m's properties (a dict, or None when it has none);
-    props_of None: no message has any. None rather than an empty dict keeps the item tuples
-    free of containers, so the garbage collector stops tracking them (a consumer's read-ahead
-    and its deliveries not yet acknowledged would otherwise be traversed by every collection).
-    `key_valid` is the decoded bool column as uint8.
-    Returns how many were appended."""
+    """The twin of ``buffer_messages`` in dispatch.pyx, whose docstring states the contract."""
     batched = n > 1
     size = n if batched else 0
     added = 0
