@@ -11,6 +11,9 @@ every fsynced commit of a producing broker pays that.
 
 ``Headroom`` keeps some zeros written after the last page LMDB uses: after a group commit,
 when less than a chunk is left, it writes the next chunk of zeros past the end of the file.
+Not while the groups append in bulk (on average ``bulk_bytes`` or more each): every byte of
+zeros is written to the disk once more by the data that overwrites it, which costs such
+commits more than the journal commit it saves them.
 It does so inside an (aborted) LMDB write transaction, so no other LMDB writer can be writing
 pages at the same time; the pages past ``last_pgno`` belong to nobody, and LMDB later
 overwrites them like any free page. It never takes the last of the disk: below
@@ -37,6 +40,7 @@ class Headroom:
         min_chunk: int = _MiB,
         max_chunk: int = 8 * _MiB,
         min_free_bytes: int = 64 * _MiB,
+        bulk_bytes: int | None = 48 << 10,
     ) -> None:
         self._env = env
         self._dir = data_dir
@@ -47,6 +51,9 @@ class Headroom:
         self._max_chunk = max_chunk
         self._min_free = min_free_bytes
         self._size = os.fstat(self._fd).st_size
+        self._bulk = bulk_bytes
+        self._last_used = (env.info()["last_pgno"] + 1) * self._psize
+        self._growth = 0.0  # bytes appended per group that appended (moving average)
         self._skip = 0  # groups to let pass before trying again after a refusal
         self.extensions = 0
         self.bytes_written = 0
@@ -64,6 +71,14 @@ class Headroom:
             return
         try:
             used = (self._env.info()["last_pgno"] + 1) * self._psize
+            grown, self._last_used = used - self._last_used, used
+            if grown > 0:
+                self._growth += (grown - self._growth) / 8
+            if self._bulk is not None and self._growth >= self._bulk:
+                # Bulk appends: the zeros would double what reaches the disk, to save one
+                # journal commit per group (measured: at 100 KB a commit, 0.75 against 0.87
+                # ms with zeros ahead; at 10-30 KB the zeros win by 5-10%).
+                return
             if self._size - used >= self._chunk(self._size) // 2:
                 return
             self._extend()

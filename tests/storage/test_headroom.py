@@ -36,18 +36,22 @@ def _used(storage: Storage) -> int:
     return (storage.env.info()["last_pgno"] + 1) * storage.env.stat()["psize"]
 
 
+def _small(i: int) -> bytes:
+    return _value(i)[: 16 << 10]
+
+
 def test_synced_appends_overwrite_zeros_written_ahead(tmp_path):
     storage = Storage(str(tmp_path / "env"), sync=True)
     db = storage.open_db(b"t")
     grown_by_lmdb = 0
-    for i in range(300):
+    for i in range(1200):
         before, extensions = _file_size(storage), storage.headroom.extensions
-        storage.write(lambda txn, i=i: txn.put(b"%08d" % i, _value(i), db=db))
+        storage.write(lambda txn, i=i: txn.put(b"%08d" % i, _small(i), db=db))
         assert _file_size(storage) >= _used(storage)
         if _file_size(storage) > before and storage.headroom.extensions == extensions:
             grown_by_lmdb += 1
-    # About 19 MiB appended: the headroom grew the file a few times, LMDB itself (nearly)
-    # never did, and there is room left past the last page.
+    # About 19 MiB appended, 16 KiB a commit: the headroom grew the file a few times, LMDB
+    # itself (nearly) never did, and there is room left past the last page.
     assert storage.headroom.extensions >= 3
     assert grown_by_lmdb <= 1
     assert _file_size(storage) > _used(storage)
@@ -56,10 +60,33 @@ def test_synced_appends_overwrite_zeros_written_ahead(tmp_path):
     again = Storage(str(tmp_path / "env"), sync=True)
     db = again.open_db(b"t")
     with again.read() as txn:
-        assert [bytes(k) for k, _ in txn.cursor(db=db)] == [b"%08d" % i for i in range(300)]
-        assert all(bytes(txn.get(b"%08d" % i, db=db)) == _value(i) for i in range(300))
+        assert [bytes(k) for k, _ in txn.cursor(db=db)] == [b"%08d" % i for i in range(1200)]
+        assert all(bytes(txn.get(b"%08d" % i, db=db)) == _small(i) for i in range(1200))
     again.write(lambda txn: txn.put(b"after", b"reopen", db=db))
     again.close()
+
+
+def test_bulk_appends_write_no_zeros_ahead_and_small_ones_again(tmp_path):
+    """Groups that append 64 KiB or more each: zeros written ahead would be written to the
+    disk twice over for each byte, so the headroom stops and LMDB grows the file; once the
+    groups append little again, the headroom resumes."""
+    storage = Storage(str(tmp_path / "env"), sync=True)
+    db = storage.open_db(b"t")
+    for i in range(20):  # the moving average learns that these groups append in bulk
+        storage.write(lambda txn, i=i: txn.put(b"a%08d" % i, _value(i), db=db))
+    extensions = storage.headroom.extensions
+    for i in range(20, 320):  # about 19 MiB more
+        storage.write(lambda txn, i=i: txn.put(b"a%08d" % i, _value(i), db=db))
+    assert storage.headroom.extensions == extensions
+    assert _file_size(storage) > 19 << 20  # grown by LMDB itself
+    for i in range(1200):
+        storage.write(lambda txn, i=i: txn.put(b"b%08d" % i, _small(i), db=db))
+    assert storage.headroom.extensions > extensions
+    assert _file_size(storage) > _used(storage)
+    with storage.read() as txn:
+        assert all(bytes(txn.get(b"a%08d" % i, db=db)) == _value(i) for i in range(320))
+        assert all(bytes(txn.get(b"b%08d" % i, db=db)) == _small(i) for i in range(1200))
+    storage.close()
 
 
 def test_an_unsynced_store_writes_no_zeros(tmp_path):
