@@ -243,7 +243,7 @@ class Subscription:
         value_data = decoded.value_data
         key_off = decoded.key_offsets
         key_data = decoded.key_data
-        key_valid = decoded.key_valid
+        key_valid = decoded.key_valid.view(np.uint8)  # bool as bytes, for the native loop
         txn_msb = decoded.txn_msb
         txn_lsb = decoded.txn_lsb
         po = decoded.prop_offsets
@@ -253,7 +253,6 @@ class Subscription:
         if in_txn.any():
             aborted = self.partition.buffer.aborted_mask(txn_msb, txn_lsb).tolist()
             txn_of = in_txn.tolist()
-        key_valid = key_valid.view(np.uint8)
         props_of = (lambda m: _properties(decoded, m)) if any_props else None
         buffer_append = self._buffer.append
         mark, acked, partly = cursor.mark_delete, cursor.acked, cursor.batch_acks

@@ -13,7 +13,7 @@ import struct
 import threading
 import time
 
-from .._native import TxnID
+from .._native import MAX_SEQUENCE, TxnID
 from ..errors import (
     CoordinatorNotFound,
     CoordinatorUnavailable,
@@ -24,7 +24,6 @@ from ..errors import (
 from ..storage import WriteOp
 from . import log
 from .coordinator import ABORTED, COMMITTED, OPEN, Coordinator, TxnMeta, status_error
-from .meta import RESERVE_BLOCK
 from .state import EndReason, TxnState
 from .timer import TxnTimer
 
@@ -122,8 +121,10 @@ class Coordinators:
         """Reserve every ready coordinator's first block of sequences in one write: each would
         otherwise make the first new_transaction() it serves wait for a synced write of its
         own (16 of them after each start, by default)."""
+        # The mark the allocator would ask for at its first next(): a block past the next
+        # sequence, never past the end of the sequence space.
         marks = [
-            (c, c.allocator.next_sequence + RESERVE_BLOCK)
+            (c, min(c.allocator.next_sequence + c.allocator.block_size, MAX_SEQUENCE + 1))
             for c in coordinators
             if c.status == "READY" and c.allocator is not None
         ]
