@@ -108,6 +108,8 @@ class Broker:
             group_max_records=cfg.group_max_records,
             group_max_bytes=cfg.group_max_bytes,
             group_linger_ms=cfg.group_linger_ms,
+            journal=cfg.journal,
+            journal_bytes=cfg.journal_bytes,
         )
         self.broker_id = "standalone"
         self._lock = threading.RLock()

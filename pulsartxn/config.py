@@ -12,6 +12,11 @@ class BrokerConfig:
     num_coordinators: int = 16
     default_txn_timeout_ms: int = 60_000
     sync: bool = True  # fsync every group commit
+    # With sync: each group is made durable by one fdatasync of a write-ahead journal and
+    # LMDB is checkpointed in the background (storage/journal.py); False: LMDB syncs every
+    # commit itself (two device flushes). journal_bytes: the journal's circular region.
+    journal: bool = True
+    journal_bytes: int = 16 << 20
     map_size: int = 1 << 40  # LMDB map: virtual address space, the file grows as used
     max_dbs: int = 16_384  # LMDB named databases (ledgers are one per partition)
     max_message_size: int = 5 * 1024 * 1024  # Pulsar's default maxMessageSize
@@ -56,6 +61,7 @@ class BrokerConfig:
             "max_txn_timeout_ms",
             "max_active_txns_per_coordinator",
             "txn_snapshot_every_txns",
+            "journal_bytes",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):

@@ -22,6 +22,7 @@ from ..errors import (
 )
 from .group_commit import GroupCommit
 from .headroom import Headroom
+from .journal import Checkpointer, Journal
 from .ops import WriteOp, storage_error
 
 LOCK_FILE = "broker.lock"
@@ -40,23 +41,46 @@ class Storage:
         group_max_records: int = 512,
         group_max_bytes: int = 4 * 1024 * 1024,
         group_linger_ms: float = 0.0,
+        journal: bool = True,
+        journal_bytes: int = 16 << 20,
     ) -> None:
         self.data_dir = os.path.abspath(data_dir)
         _check_directory(self.data_dir)
         self._lock_fd = _lock_directory(self.data_dir)
+        data_path = os.path.join(self.data_dir, "data.mdb")
+        # A synced store makes its groups durable in a journal (journal.py) and lets LMDB
+        # write without syncing; without room for a journal, LMDB syncs every commit itself.
+        self.journal: Journal | None = None
+        try:
+            if sync and journal:
+                self.journal = Journal.open(self.data_dir, journal_bytes)
+            if self.journal is not None and self.journal.header is not None:
+                if not os.path.exists(data_path):
+                    raise InvalidConfiguration(
+                        f"{self.data_dir} has a journal but no data.mdb: not a whole store"
+                    )
+                self.journal.restore_meta(data_path)
+        except BaseException:
+            if self.journal is not None:
+                self.journal.close()
+            os.close(self._lock_fd)
+            raise
+        lmdb_sync = sync and self.journal is None
         try:
             self.env = lmdb.open(
                 self.data_dir,
                 map_size=map_size,
                 max_dbs=max_dbs,
-                sync=sync,
-                metasync=sync,
+                sync=lmdb_sync,
+                metasync=lmdb_sync,
                 writemap=False,
                 max_readers=1024,
                 lock=True,
                 readahead=False,
             )
         except lmdb.Error as exc:
+            if self.journal is not None:
+                self.journal.close()
             os.close(self._lock_fd)
             raise InvalidConfiguration(
                 f"cannot open the LMDB environment in {self.data_dir}: {exc}"
@@ -64,27 +88,42 @@ class Storage:
         self.sync = sync
         self._max_dbs = max_dbs
         self._dbs: dict[bytes, Any] = {}
+        self._names: dict[int, bytes] = {}  # id(handle) -> name, for the journal's records
         self._db_lock = threading.Lock()
         self._closed = False
         try:
             self._check_format()
             self.meta = self.open_db(b"meta")
+            if self.journal is not None:
+                self.journal.attach(self.env, data_path)
+                self.journal.replay(self.env)
+                self.journal.checkpoint()  # the format, the replayed records: durable
         except BaseException:
             # Nothing of a refused directory stays open: neither LMDB nor the lock.
+            if self.journal is not None:
+                self.journal.close()
             self.env.close()
             os.close(self._lock_fd)
             raise
         # Synced commits that append overwrite zeros written ahead instead of growing the
-        # file (see headroom.py); without fsync growing costs nothing worth saving.
-        self.headroom = Headroom(self.env, self.data_dir, map_size) if sync else None
+        # file (see headroom.py); without fsync growing costs nothing worth saving, and with
+        # a journal LMDB's commits do not sync.
+        self.headroom = Headroom(self.env, self.data_dir, map_size) if lmdb_sync else None
+        after_group = self.headroom.after_group if self.headroom is not None else None
+        self.checkpointer = None
         self.commits = GroupCommit(
             self.env,
             max_records=group_max_records,
             max_bytes=group_max_bytes,
             linger_ms=group_linger_ms,
             sync=sync,
-            after_group=self.headroom.after_group if self.headroom is not None else None,
+            after_group=after_group,
+            journal=self.journal,
+            names=self._names,
         )
+        if self.journal is not None:
+            self.checkpointer = Checkpointer(self.journal, self.commits.commit_lock)
+            self.commits.set_after_group(self.checkpointer.after_group)
 
     def _check_format(self) -> None:
         """Stamp a new store with FORMAT; refuse an LMDB environment that another program (or
@@ -131,6 +170,7 @@ class Storage:
                 try:
                     with self.env.begin(write=True) as txn:
                         db = self.env.open_db(name, txn=txn, create=True)
+                    self._names[id(db)] = name
                 except lmdb.DbsFullError:
                     raise InvalidConfiguration(
                         f"{self.data_dir} has room for {self._max_dbs} named databases (one "
@@ -171,7 +211,15 @@ class Storage:
         if self.headroom is not None:
             with self.commits.commit_lock:  # a caller may still be leading a last group
                 self.headroom.close()
-        if self.sync:
+        if self.journal is not None:
+            self.checkpointer.stop()
+            try:
+                if self.journal.failed is None:
+                    with self.commits.commit_lock:
+                        self.journal.checkpoint()  # a reopen then replays nothing
+            finally:
+                self.journal.close()
+        elif self.sync:
             self.env.sync(True)
         self.env.close()
         os.close(self._lock_fd)
@@ -183,7 +231,7 @@ class Storage:
 
 # Files of a store; anything else (dot files and lost+found aside) in a directory without a
 # store makes it someone else's directory.
-_STORE_FILES = frozenset({"data.mdb", "lock.mdb", LOCK_FILE})
+_STORE_FILES = frozenset({"data.mdb", "lock.mdb", "journal", LOCK_FILE})
 
 
 def _check_directory(path: str) -> None:

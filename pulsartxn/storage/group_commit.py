@@ -27,6 +27,7 @@ import lmdb
 
 from ..errors import AlreadyClosed
 from .ops import OpFuture, WriteOp, storage_error
+from .recording import Recorder, RecordingTxn
 
 _STOP = object()
 
@@ -114,8 +115,17 @@ class GroupCommit:
         sync: bool = False,
         lazy_max_ms: float = 20.0,
         after_group: Callable[[], None] | None = None,
+        journal=None,
+        names: dict | None = None,
+        direct_bytes: int = 1 << 20,
     ) -> None:
         self._env = env
+        # With a journal (journal.py), a group is durable once its record is: LMDB commits
+        # without syncing. A group of direct_bytes or more skips the journal and is made
+        # durable by a checkpoint instead (as large as a synced LMDB commit, with no copy).
+        self._journal = journal
+        self._names = names if names is not None else {}
+        self._direct_bytes = direct_bytes
         self._path = env.path()
         self._max_records = max_records
         self._max_bytes = max_bytes
@@ -137,6 +147,9 @@ class GroupCommit:
         self._after_group = after_group  # storage upkeep between groups (commit lock held)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+
+    def set_after_group(self, after_group: Callable[[], None] | None) -> None:
+        self._after_group = after_group
 
     @property
     def writer_thread(self) -> threading.Thread:
@@ -470,12 +483,20 @@ class GroupCommit:
 
     def _commit(self, group: list[WriteOp]) -> list[Any]:
         started = time.monotonic()
+        journal = self._journal
+        if journal is not None:
+            journal.check()
         txn = self._env.begin(write=True)
+        view = txn
+        rec = None
+        if journal is not None and sum(op.nbytes for op in group) < self._direct_bytes:
+            rec = Recorder(self._names)
+            view = RecordingTxn(txn, rec)
         results = []
         try:
             for op in group:
                 try:
-                    results.append(op.apply(txn))
+                    results.append(op.apply(view))
                 except BaseException as exc:
                     txn.abort()
                     txn = None
@@ -485,7 +506,22 @@ class GroupCommit:
                     if len(group) == 1:
                         op.future.set_exception(storage_error(exc, self._path))
                     raise _OpFailed() from exc
-            txn.commit()
+            if journal is None:
+                txn.commit()
+            elif rec is not None and (
+                not rec.parts or journal.append(rec.parts, rec.size, txn.id())
+            ):
+                # The record is durable: commit what it holds (no reader saw it before).
+                try:
+                    txn.commit()
+                except BaseException:
+                    if rec.parts:
+                        journal.retract()  # the group did not happen: never replay it
+                    raise
+            else:
+                txn.commit()
+                txn = None
+                journal.checkpoint()
             txn = None
             self._last_commit_s = time.monotonic() - started
         finally:

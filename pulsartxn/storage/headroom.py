@@ -1,5 +1,6 @@
 """Written-out room after the end of LMDB's data file, so that a synced commit that appends
-does not also grow the file.
+does not also grow the file. Only for a synced store without a journal (``journal=False``, or
+no room for one): with a journal, LMDB's commits do not sync (journal.py).
 
 LMDB (without WRITEMAP) writes a commit's new pages with pwrite; pages past the end of the file
 grow it, and then the commit's fdatasync must also commit the file system's journal (the new

@@ -41,7 +41,7 @@ def _small(i: int) -> bytes:
 
 
 def test_synced_appends_overwrite_zeros_written_ahead(tmp_path):
-    storage = Storage(str(tmp_path / "env"), sync=True)
+    storage = Storage(str(tmp_path / "env"), sync=True, journal=False)
     db = storage.open_db(b"t")
     grown_by_lmdb = 0
     for i in range(1200):
@@ -57,7 +57,7 @@ def test_synced_appends_overwrite_zeros_written_ahead(tmp_path):
     assert _file_size(storage) > _used(storage)
     storage.close()
 
-    again = Storage(str(tmp_path / "env"), sync=True)
+    again = Storage(str(tmp_path / "env"), sync=True, journal=False)
     db = again.open_db(b"t")
     with again.read() as txn:
         assert [bytes(k) for k, _ in txn.cursor(db=db)] == [b"%08d" % i for i in range(1200)]
@@ -70,7 +70,7 @@ def test_bulk_appends_write_no_zeros_ahead_and_small_ones_again(tmp_path):
     """Groups that append 64 KiB or more each: zeros written ahead would be written to the
     disk twice over for each byte, so the headroom stops and LMDB grows the file; once the
     groups append little again, the headroom resumes."""
-    storage = Storage(str(tmp_path / "env"), sync=True)
+    storage = Storage(str(tmp_path / "env"), sync=True, journal=False)
     db = storage.open_db(b"t")
     for i in range(20):  # the moving average learns that these groups append in bulk
         storage.write(lambda txn, i=i: txn.put(b"a%08d" % i, _value(i), db=db))
@@ -110,7 +110,7 @@ def test_sigkill_while_appending_loses_nothing_acknowledged(tmp_path, seed):
         def value(i):
             seed = hashlib.sha256(b"%d" % i).digest()
             return (seed * (VALUE // len(seed) + 1))[:VALUE]
-        broker = pulsartxn.Broker({str(data_dir)!r}, sync=True)
+        broker = pulsartxn.Broker({str(data_dir)!r}, sync=True, journal=False)
         producer = broker.client().create_producer("t", batching_enabled=False)
         i = 0
         while True:
@@ -129,7 +129,7 @@ def test_sigkill_while_appending_loses_nothing_acknowledged(tmp_path, seed):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     acknowledged += sum(1 for line in proc.stdout if line.endswith("\n"))
-    with pulsartxn.Broker(data_dir, sync=True) as broker:
+    with pulsartxn.Broker(data_dir, sync=True, journal=False) as broker:
         stored = scanned(broker.client(), "t")
         assert len(stored) >= acknowledged
         assert stored == [_value(i) for i in range(len(stored))]
@@ -143,7 +143,7 @@ def test_never_takes_the_last_of_the_disk(tmp_path):
     (no reserve), it stops at the first ENOSPC, cuts its partial write off again, and the
     store goes on writing into what it did write."""
     with small_tmpfs(tmp_path / "small", "24m") as mnt:
-        storage = Storage(str(mnt / "env"), sync=True, map_size=64 << 20)
+        storage = Storage(str(mnt / "env"), sync=True, journal=False, map_size=64 << 20)
         db = storage.open_db(b"t")
         for i in range(20):
             storage.write(lambda txn, i=i: txn.put(b"%08d" % i, _value(i), db=db))
@@ -172,7 +172,7 @@ def test_never_takes_the_last_of_the_disk(tmp_path):
         assert written > 20 + greedy.bytes_written // VALUE // 2
         greedy.close()
         storage.close()
-        again = Storage(str(mnt / "env"), sync=True, map_size=64 << 20)
+        again = Storage(str(mnt / "env"), sync=True, journal=False, map_size=64 << 20)
         db = again.open_db(b"t")
         with again.read() as txn:
             got = {bytes(k): bytes(v) for k, v in txn.cursor(db=db)}
@@ -183,7 +183,7 @@ def test_never_takes_the_last_of_the_disk(tmp_path):
 def test_a_write_transaction_elsewhere_waits_for_the_extension(tmp_path):
     """The zeros are written under LMDB's writer lock: a write transaction opened outside the
     group commit (as open_db does) cannot be writing pages past the end at that moment."""
-    storage = Storage(str(tmp_path / "env"), sync=True)
+    storage = Storage(str(tmp_path / "env"), sync=True, journal=False)
     db = storage.open_db(b"t")
     storage.write(lambda txn: txn.put(b"a", b"1", db=db))
     txn = storage.env.begin(write=True)  # holds LMDB's writer lock

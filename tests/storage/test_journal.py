@@ -1,0 +1,371 @@
+"""The write-ahead journal of a synced store (storage/journal.py): a group is durable once its
+record is, LMDB commits without syncing, and recovery after a kill, or after a power loss
+that kept any mix of the pages written since the last checkpoint, finds exactly what was
+acknowledged."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from pulsartxn.errors import CorruptEntry
+from pulsartxn.storage import Storage, WriteOp
+from pulsartxn.storage.journal import HEAD, Journal, _read_header
+from tests.helpers import small_tmpfs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DBS = (b"a", b"b", b"c")
+_BE = struct.Struct(">Q")
+
+
+# -- a deterministic workload: groups of every kind of write the recorder knows ------------
+
+
+def make_groups(seed: int, n: int) -> list[list[tuple]]:
+    rng = random.Random(seed)
+    appended = dict.fromkeys(DBS, 0)
+    groups = []
+    for _ in range(n):
+        group = []
+        for _ in range(rng.randint(1, 6)):
+            db = rng.choice(DBS)
+            key = b"k%03d" % rng.randrange(60)
+            kind = rng.choices(
+                ("put", "delete", "append", "cdelete", "replace", "pop"), (6, 2, 2, 1, 1, 1)
+            )[0]
+            if kind in ("put", "replace"):
+                group.append((kind, db, key, rng.randbytes(rng.choice((8, 200, 1500, 3000)))))
+            elif kind == "append":
+                count = rng.randint(1, 4)
+                rows = [
+                    (b"\xff" + _BE.pack(appended[db] + i), rng.randbytes(rng.randint(1, 900)))
+                    for i in range(count)
+                ]
+                appended[db] += count
+                group.append((kind, db, rows))
+            else:
+                group.append((kind, db, key))
+        groups.append(group)
+    return groups
+
+
+def open_dbs(storage) -> dict:
+    return {name: storage.open_db(name) for name in DBS}
+
+
+def apply_group(dbs, txn, group) -> None:
+    for op in group:
+        kind, db = op[0], dbs[op[1]]
+        if kind == "put":
+            txn.put(op[2], op[3], db=db)
+        elif kind == "replace":
+            txn.replace(op[2], op[3], db=db)
+        elif kind == "delete":
+            txn.delete(op[2], db=db)
+        elif kind == "pop":
+            txn.pop(op[2], db=db)
+        elif kind == "append":
+            txn.cursor(db=db).putmulti(op[2], append=True)
+        elif kind == "cdelete":
+            cursor = txn.cursor(db=db)
+            if cursor.set_key(op[2]):
+                cursor.delete()
+
+
+def model(groups, changed: list | None = None) -> dict:
+    """The databases after `groups`; `changed` gets, per group, whether it wrote anything
+    (deletes of absent keys write nothing, and such a group leaves no journal record)."""
+    state = {db: {} for db in DBS}
+    for group in groups:
+        wrote = False
+        for op in group:
+            kind, db = op[0], state[op[1]]
+            if kind in ("put", "replace"):
+                db[op[2]] = op[3]
+                wrote = True
+            elif kind == "append":
+                db.update(op[2])
+                wrote = True
+            else:
+                wrote |= db.pop(op[2], None) is not None
+        if changed is not None:
+            changed.append(wrote)
+    return state
+
+
+def contents(storage) -> dict:
+    out = {}
+    dbs = open_dbs(storage)  # before the read transaction, which sees only older handles
+    with storage.read() as txn:
+        for name in DBS:
+            out[name] = {bytes(k): bytes(v) for k, v in txn.cursor(db=dbs[name])}
+    return out
+
+
+CHILD = textwrap.dedent(
+    """
+    import os, shutil, signal, sys, threading, time
+    from pulsartxn.storage import Storage
+    from tests.storage.test_journal import apply_group, make_groups, open_dbs
+
+    path, seed, n, journal_bytes, copy_at, kill_after = sys.argv[1:7]
+    seed, n, journal_bytes, copy_at = int(seed), int(n), int(journal_bytes), int(copy_at)
+    storage = Storage(path, sync=True, journal_bytes=journal_bytes)
+    dbs = open_dbs(storage)
+    if float(kill_after) > 0:
+        timer = threading.Timer(float(kill_after), os.kill, (os.getpid(), signal.SIGKILL))
+        timer.daemon = True
+        timer.start()
+    for i, group in enumerate(make_groups(seed, n)):
+        storage.write(lambda txn, group=group: apply_group(dbs, txn, group))
+        if i == copy_at:
+            # The disk right after a checkpoint: every page written until now is on it.
+            with storage.commits.commit_lock:
+                storage.journal.checkpoint()
+                shutil.copyfile(os.path.join(path, "data.mdb"), os.path.join(path, "durable"))
+        print(i, storage.journal.records, storage.journal.checkpoints, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def run_child(path, seed, n, journal_bytes=16 << 20, copy_at=-1, kill_after=0.0):
+    """Run the workload in a process that SIGKILLs itself; the acknowledged groups' count
+    and the journal's last counters (records, checkpoints)."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(path),
+            str(seed),
+            str(n),
+            str(journal_bytes),
+            str(copy_at),
+            str(kill_after),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    # Whole lines only: the kill may cut the last one short.
+    lines = proc.stdout[: proc.stdout.rfind("\n") + 1].splitlines()
+    last = [int(x) for x in lines[-1].split()] if lines else [-1, 0, 0]
+    return last[0] + 1, last[1], last[2]
+
+
+def check_recovered(path, groups, acked) -> Storage:
+    storage = Storage(str(path), sync=True)
+    got = contents(storage)
+    # The group in flight at the kill may have landed or not; every acknowledged one has.
+    assert got in (model(groups[:acked]), model(groups[: acked + 1]))
+    return storage
+
+
+# -- tests ---------------------------------------------------------------------------------
+
+
+def test_a_synced_group_is_one_journal_record_and_lmdb_does_not_sync(tmp_path):
+    storage = Storage(str(tmp_path / "env"), sync=True)
+    try:
+        assert storage.journal is not None and storage.headroom is None
+        assert storage.env.flags()["sync"] is False
+        before = storage.journal.records
+        groups = make_groups(1, 40)
+        dbs = open_dbs(storage)
+        for group in groups:
+            storage.write(lambda txn, group=group: apply_group(dbs, txn, group))
+        changed: list = []
+        assert contents(storage) == model(groups, changed)
+        assert storage.journal.records == before + sum(changed) > before + 30
+    finally:
+        storage.close()
+    again = Storage(str(tmp_path / "env"), sync=True)
+    try:
+        assert again.journal.replayed == 0  # a clean close checkpoints
+        assert contents(again) == model(groups)
+    finally:
+        again.close()
+
+
+def test_without_a_journal_lmdb_syncs_itself(tmp_path):
+    storage = Storage(str(tmp_path / "env"), sync=True, journal=False)
+    try:
+        assert storage.journal is None and storage.env.flags()["sync"] is True
+    finally:
+        storage.close()
+    assert not os.path.exists(tmp_path / "env" / "journal")
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_sigkill_recovers_every_acknowledged_group(tmp_path, seed):
+    path = tmp_path / "env"
+    Storage(str(path), sync=True).close()
+    groups = make_groups(seed, 3000)
+    kill_after = random.Random(seed).uniform(0.15, 0.4)
+    acked, records, checkpoints = run_child(path, seed, len(groups), kill_after=kill_after)
+    assert 0 < acked < len(groups)  # killed while writing
+    storage = check_recovered(path, groups, acked)
+    try:
+        if checkpoints == 0:  # every record since the open's checkpoint (and the one in flight)
+            assert storage.journal.replayed in (records, records + 1)
+    finally:
+        storage.close()
+
+
+def _power_loss_image(path, rng) -> None:
+    """data.mdb as a power loss could leave it: each page written since the copy taken at
+    the checkpoint either reached the disk or did not (meta pages included), and the file's
+    growth since then may be lost."""
+    data = path / "data.mdb"
+    new = data.read_bytes()
+    old = (path / "durable").read_bytes()
+    psize = 4096
+    out = bytearray()
+    length = len(new) if rng.random() < 0.5 else len(old)
+    for off in range(0, length, psize):
+        page_new = new[off : off + psize]
+        page_old = old[off : off + psize].ljust(len(page_new), b"\0")
+        out += page_new if rng.random() < 0.5 else page_old
+    data.write_bytes(bytes(out))
+
+
+@pytest.mark.parametrize("seed", [21, 22])
+def test_power_loss_keeps_any_mix_of_unsynced_pages_and_loses_nothing(tmp_path, seed):
+    """The checkpoint's pages are never reused until the next checkpoint and its meta page is
+    put back, so whatever mix of later pages reached the disk, the journal rebuilds the rest."""
+    path = tmp_path / "env"
+    groups = make_groups(seed, 600)
+    acked, _, _ = run_child(path, seed, len(groups), copy_at=99)
+    assert acked == len(groups)
+    saved = tmp_path / "saved"
+    shutil.copytree(path, saved)
+    rng = random.Random(seed)
+    for _ in range(4):
+        shutil.rmtree(path)
+        shutil.copytree(saved, path)
+        _power_loss_image(path, rng)
+        storage = Storage(str(path), sync=True)
+        try:
+            changed: list = []
+            model(groups, changed)
+            assert storage.journal.replayed == sum(changed[100:])
+            assert contents(storage) == model(groups)
+        finally:
+            storage.close()
+
+
+def test_the_journal_wraps_around_behind_checkpoints(tmp_path):
+    path = tmp_path / "env"
+    groups = make_groups(31, 3000)
+    acked, records, checkpoints = run_child(path, 31, len(groups), journal_bytes=1 << 20)
+    assert acked == len(groups)
+    storage = check_recovered(path, groups, acked)
+    try:
+        assert checkpoints >= 4  # a quarter of the journal at a time
+        assert storage.journal.header["replay_lsn"] > storage.journal.region  # wrapped
+    finally:
+        storage.close()
+
+
+def test_a_group_too_large_for_the_journal_is_made_durable_by_a_checkpoint(tmp_path):
+    storage = Storage(str(tmp_path / "env"), sync=True, journal_bytes=1 << 20)
+    try:
+        db = storage.open_db(b"a")
+        records, checkpoints = storage.journal.records, storage.journal.checkpoints
+        big = os.urandom(2 << 20)
+        storage.run(WriteOp(lambda txn: txn.put(b"big", big, db=db), nbytes=len(big)))
+        assert (storage.journal.records, storage.journal.checkpoints) == (
+            records,
+            checkpoints + 1,
+        )
+        # An op that says it is small but writes much: recorded, refused by the journal
+        # (over half of it), committed directly all the same.
+        storage.run(WriteOp(lambda txn: txn.put(b"big2", big, db=db), nbytes=10))
+        assert storage.journal.records == records
+        assert storage.journal.checkpoints == checkpoints + 2
+        storage.write(lambda txn: txn.put(b"small", b"s", db=db))
+        assert storage.journal.records == records + 1
+    finally:
+        storage.close()
+    again = Storage(str(tmp_path / "env"), sync=True)
+    try:
+        db = again.open_db(b"a")
+        with again.read() as txn:
+            assert bytes(txn.get(b"big", db=db)) == big
+            assert bytes(txn.get(b"big2", db=db)) == big
+            assert bytes(txn.get(b"small", db=db)) == b"s"
+    finally:
+        again.close()
+
+
+def test_a_torn_or_stale_record_ends_the_replay(tmp_path):
+    """After a kill, garbage where the next record would go (a record torn by a crash, with
+    a plausible magic) is not replayed, nor are the records of earlier laps behind it."""
+    path = tmp_path / "env"
+    groups = make_groups(41, 300)
+    acked, _, _ = run_child(path, 41, len(groups), journal_bytes=1 << 20)
+    assert acked == len(groups)
+    with open(path / "journal", "r+b") as f:
+        header = _read_header(f.fileno())
+        # Walk the records after the checkpoint to the end of the last one.
+        journal = Journal(str(path / "journal"), f.fileno(), header["region"], header)
+        ends = [end for end, _ in journal._records(header["replay_lsn"])]
+        assert ends
+        lsn = ends[-1]
+        f.seek(HEAD + lsn % header["region"])
+        f.write(struct.pack("<IIQ", 0x4A525031, 100, lsn) + os.urandom(200))
+    storage = Storage(str(path), sync=True)
+    try:
+        assert contents(storage) == model(groups)
+    finally:
+        storage.close()
+
+
+def test_a_damaged_header_slot_is_passed_over_and_two_are_refused(tmp_path):
+    path = tmp_path / "env"
+    storage = Storage(str(path), sync=True)
+    db = storage.open_db(b"a")
+    storage.write(lambda txn: txn.put(b"k", b"v", db=db))
+    storage.close()
+    with open(path / "journal", "r+b") as f:
+        header = _read_header(f.fileno())
+        slot = header["seq"] & 1
+        f.seek(slot * 4096 + 40)
+        f.write(b"\x00\x01garbage")  # the newest slot
+        f.flush()
+        older = _read_header(f.fileno())
+        assert older is not None and older["seq"] == header["seq"] - 1
+        f.seek((1 - slot) * 4096 + 40)
+        f.write(b"\x00\x01garbage")
+        f.flush()
+        with pytest.raises(CorruptEntry):
+            _read_header(f.fileno())
+
+
+def test_a_small_disk_gets_a_small_journal(tmp_path):
+    with small_tmpfs(tmp_path / "mnt", "24m") as mnt:
+        storage = Storage(str(mnt / "env"), sync=True, map_size=64 << 20)
+        try:
+            # An eighth of the free space, in whole MiB: room left for the data.
+            assert storage.journal is not None and storage.journal.region <= 3 << 20
+            groups = make_groups(51, 100)
+            dbs = open_dbs(storage)
+            for group in groups:
+                storage.write(lambda txn, group=group: apply_group(dbs, txn, group))
+        finally:
+            storage.close()
+        with open(mnt / "filler", "wb") as f:  # leave under 8 MiB free
+            f.write(bytes(os.statvfs(mnt).f_bavail * 4096 - (6 << 20)))
+        (mnt / "other").mkdir()
+        assert Journal.open(str(mnt / "other"), 16 << 20) is None
