@@ -118,3 +118,9 @@ class TooManyTransactions(PulsarTxnError):
 
 class CoordinatorUnavailable(PulsarTxnError):
     """A coordinator exists but could not recover its log (see coordinator_stats)."""
+
+
+class Unrecordable(PulsarTxnError):
+    """Internal: a write of a synced store's group that its journal could not replay exactly
+    (a put that must not overwrite, a partial putmulti, a dropped database): the group fails
+    instead of being journaled without it."""

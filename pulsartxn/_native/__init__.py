@@ -24,6 +24,7 @@ MODULES = (
     "outcome",
     "producer",
     "dispatch",
+    "recording",
 )
 
 NAMES = (
@@ -50,6 +51,9 @@ NAMES = (
     "HEADER_SIZE",
     "take_buffered",
     "buffer_messages",
+    "Recorder",
+    "RecordingTxn",
+    "RecordingCursor",
 )
 
 

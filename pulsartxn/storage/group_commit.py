@@ -508,14 +508,12 @@ class GroupCommit:
                     raise _OpFailed() from exc
             if journal is None:
                 txn.commit()
-            elif rec is not None and (
-                not rec.parts or journal.append(rec.parts, rec.size, txn.id())
-            ):
+            elif rec is not None and (not rec.size or journal.append(rec.payload(), txn.id())):
                 # The record is durable: commit what it holds (no reader saw it before).
                 try:
                     txn.commit()
                 except BaseException:
-                    if rec.parts:
+                    if rec.size:
                         journal.retract()  # the group did not happen: never replay it
                     raise
             else:

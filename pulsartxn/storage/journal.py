@@ -52,6 +52,7 @@ _PAD_MAGIC = 0x4A525050  # "PPRJ": the rest of the lap is empty
 META_BYTES = 256
 _META_MAGIC = 0xBEEFC0DE
 _ZERO_CHUNK = 1 << 20
+_AHEAD = 2 << 20  # zeros kept written ahead of the next record in the first lap
 
 
 class Journal:
@@ -69,6 +70,7 @@ class Journal:
         self._size = os.fstat(fd).st_size  # bytes written (zeros included)
         self._last: int | None = None  # lsn of the last record appended (for retract)
         self._header_lock = threading.Lock()
+        self._size_lock = threading.Lock()  # growing the file: the checkpointer or a writer
         self._pin = None  # the read transaction that keeps the checkpoint's pages
         self._data_fd: int | None = None
         self._psize = 0
@@ -104,8 +106,7 @@ class Journal:
             return None
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            first = min(size, 4 * _ZERO_CHUNK)
-            _write_zeros(fd, 0, HEAD + first)
+            _write_zeros(fd, 0, HEAD + min(size, 2 * _AHEAD))
             os.fsync(fd)
             _fsync_dir(data_dir)
         except OSError:
@@ -200,10 +201,11 @@ class Journal:
                 "which recovers what was acknowledged"
             ) from None
 
-    def append(self, parts: list, size: int, txnid: int) -> bool:
-        """Write one record (the byte strings `parts`, `size` bytes in all) and make it
-        durable. False when it does not fit before the last checkpoint's first record (the
-        caller commits that group directly and checkpoints)."""
+    def append(self, payload: bytes, txnid: int) -> bool:
+        """Write one record and make it durable. False when it does not fit before the last
+        checkpoint's first record, or is over half the journal (the caller commits that group
+        directly and checkpoints)."""
+        size = len(payload)
         need = _REC.size + size
         if need > self.region // 2:
             return False
@@ -217,7 +219,6 @@ class Journal:
                 if left >= _REC.size:
                     self._pwrite(_REC.pack(_PAD_MAGIC, 0, lsn, txnid, _crc(lsn, txnid, b"")), lsn)
                 lsn += pad
-            payload = b"".join(parts)
             record = _REC.pack(_REC_MAGIC, size, lsn, txnid, _crc(lsn, txnid, payload)) + payload
             self._pwrite(record, lsn)
             os.fdatasync(self._fd)
@@ -248,25 +249,34 @@ class Journal:
         pos = HEAD + lsn % self.region
         end = pos + len(data)
         if end > self._size:
-            # The zeros of the first lap were not all written yet: now, in bulk.
-            target = min(HEAD + self.region, max(end, self._size + 4 * _ZERO_CHUNK))
-            _write_zeros(self._fd, self._size, target - self._size)
-            self._size = target
+            with self._size_lock:
+                if end > self._size:
+                    # The checkpointer's zeros are not that far yet: grow the file here.
+                    _write_zeros(self._fd, self._size, end - self._size)
+                    self._size = end
         os.pwrite(self._fd, data, pos)
 
+    @property
+    def short_of_room(self) -> bool:
+        """During the first lap, whether the zeros written ahead of the records run short."""
+        return (
+            self._size < HEAD + self.region and HEAD + self.lsn % self.region + _AHEAD > self._size
+        )
+
     def extend(self) -> None:
-        """Between groups: write zeros ahead of the next records during the first lap, so an
-        append overwrites written blocks (an fdatasync that also grows the file costs more)."""
-        if self._size >= HEAD + self.region or self.failed is not None:
-            return
-        if HEAD + self.lsn % self.region + _ZERO_CHUNK < self._size:
-            return
-        target = min(HEAD + self.region, self._size + 4 * _ZERO_CHUNK)
-        try:
-            _write_zeros(self._fd, self._size, target - self._size)
-        except OSError:
-            return  # a full disk: records grow the file as they come (_pwrite)
-        self._size = target
+        """Write (and flush) zeros ahead of the records during the first lap, so an append
+        overwrites written blocks: an fdatasync that also grows the file costs more. Off the
+        writers' path: the checkpointer's thread does it when they run short."""
+        with self._size_lock:
+            if not self.short_of_room or self.failed is not None:
+                return
+            target = min(HEAD + self.region, self._size + 2 * _AHEAD)
+            try:
+                _write_zeros(self._fd, self._size, target - self._size)
+                os.fdatasync(self._fd)
+            except OSError:
+                return  # a full disk: records grow the file as they come (_pwrite)
+            self._size = target
 
     @property
     def used(self) -> int:
@@ -366,8 +376,7 @@ class Checkpointer:
     def after_group(self) -> None:
         """Group commit lock held, between groups."""
         journal = self._journal
-        journal.extend()
-        if journal.used >= journal.region // 4:
+        if journal.used >= journal.region // 4 or journal.short_of_room:
             self._wake.set()
 
     def _run(self) -> None:
@@ -377,6 +386,7 @@ class Checkpointer:
             self._wake.clear()
             if self._stopped or journal.failed is not None:
                 continue
+            journal.extend()
             due = journal.used >= journal.region // 4 or (
                 journal.used and time.monotonic() - self._last >= self._every
             )
