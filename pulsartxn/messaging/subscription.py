@@ -424,7 +424,8 @@ class Subscription:
             return
         self._persist_queued = True
         self._persist_requested = time.monotonic()
-        self.partition.broker_flusher.watch(self)
+        flusher = self.partition.broker_flusher
+        flusher.watch(self, self._persist_requested + flusher.delay)
 
     def flush_if_older(self, seconds: float) -> bool:
         """Called by the broker's flusher: write the cursor once the interval has passed."""
