@@ -307,7 +307,11 @@ class Subscription:
             entry_id, batch_index, batch_size = cumulative
             bound = (entry_id, batch_index if batch_index >= 0 and batch_size > 1 else _LAST)
             for held in (pending, counts):
-                if held:
+                if not held:
+                    continue
+                if max(held) <= bound:
+                    held.clear()  # the usual case: everything up to the ack is covered
+                else:
                     for key in [k for k in held if k <= bound]:
                         del held[key]
         if counts:
