@@ -50,6 +50,7 @@ NAMES = (
     "HEADER_SIZE",
     "take_buffered",
     "buffer_messages",
+    "Pending",
 )
 
 
