@@ -15,10 +15,6 @@ from ..errors import (
 from .state import FINAL, TxnState
 
 
-def _call(ref):
-    return ref()
-
-
 class TransactionContext:
     """``with txn:`` commits on normal exit and aborts on an exception (the embedded and the
     remote transaction share this)."""
@@ -110,7 +106,7 @@ class Transaction(TransactionContext):
     def _live_producers(self) -> list:
         if not self._producers:
             return []
-        return [p for p in map(_call, list(self._producers.values())) if p is not None]
+        return [p for ref in list(self._producers.values()) if (p := ref()) is not None]
 
     def _failed(self, exc: BaseException) -> None:
         """A send or an acknowledgement of this transaction failed: it can only abort now."""
