@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
 import threading
+import time
 import weakref
 
 from .config import BrokerConfig
@@ -29,46 +31,69 @@ MAX_PARTITIONS = 4096
 
 class _BatchFlusher:
     """Flushes what waits for a delay: producer batches past their publish delay and
-    subscription cursors with acknowledgements to persist (one thread per broker)."""
+    subscription cursors and pending acks to persist (one thread per broker).
+
+    A watched part is asked (``flush_if_older``) from its due time on, then every half delay
+    until it answers True. The thread sleeps while nothing is due, and a watch wakes it only
+    when it is due before the thread would look anyway: each wake-up costs the threads that
+    produce a GIL hand-off, and an ack per transaction would otherwise wake it once each."""
 
     def __init__(self, delay_ms: float) -> None:
-        self._delay = delay_ms / 1000.0
+        self.delay = delay_ms / 1000.0
+        self._interval = max(self.delay / 2, 0.0002)
         self._watched: set = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopped = False
+        # When the thread looks next (time.monotonic()); None: not until a watch; inf: it is
+        # looking now (a watch meanwhile moves it up).
+        self._next: float | None = None
         self._thread = threading.Thread(
             target=self._run, name="pulsartxn-batch-flusher", daemon=True
         )
         self._thread.start()
 
-    def watch(self, part) -> None:
+    def watch(self, part, due: float | None = None) -> None:
+        """Ask `part` from `due` on (time.monotonic(); None: at once) until it is done."""
         with self._lock:
             self._watched.add(part)
+            if due is not None and self._next is not None and due >= self._next:
+                return  # the thread looks by then anyway
+            self._next = 0.0 if due is None else due
         self._wake.set()
 
     def _run(self) -> None:
         while not self._stopped:
-            self._wake.wait()
-            self._wake.clear()
-            while not self._stopped:
-                with self._lock:
-                    watched = list(self._watched)
-                if not watched:
-                    break
-                for part in watched:
-                    with self._lock:
-                        # Unwatch first: a watch() racing with this flush stays registered.
-                        self._watched.discard(part)
-                    try:
-                        done = part.flush_if_older(self._delay)
-                    except AlreadyClosed:
-                        done = True  # the broker is closing; close() writes what is left
-                    if not done:
-                        with self._lock:
-                            self._watched.add(part)
-                self._wake.wait(max(self._delay / 2, 0.0002))
+            with self._lock:
+                due = self._next
+            timeout = None if due is None else due - time.monotonic()
+            if timeout is None or timeout > 0:
+                self._wake.wait(timeout)
                 self._wake.clear()
+                continue  # a watch may have moved the next look up; or a stop
+            with self._lock:
+                self._next = math.inf
+                watched = list(self._watched)
+            for part in watched:
+                with self._lock:
+                    # Unwatch first: a watch() racing with this flush stays registered.
+                    self._watched.discard(part)
+                try:
+                    done = part.flush_if_older(self.delay)
+                except AlreadyClosed:
+                    done = True  # the broker is closing; close() writes what is left
+                if not done:
+                    with self._lock:
+                        self._watched.add(part)
+            with self._lock:
+                if self._watched:
+                    self._next = min(self._next, time.monotonic() + self._interval)
+                elif self._next == math.inf and watched:
+                    # Look once more after a delay before sleeping until a watch: parts
+                    # watched until then (the next transaction's acks) wake nobody.
+                    self._next = time.monotonic() + self.delay
+                else:
+                    self._next = None
 
     def stop(self) -> None:
         self._stopped = True

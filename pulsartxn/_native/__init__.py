@@ -51,6 +51,7 @@ NAMES = (
     "HEADER_SIZE",
     "take_buffered",
     "buffer_messages",
+    "Pending",
     "Recorder",
     "RecordingTxn",
     "RecordingCursor",

@@ -16,6 +16,22 @@ from cpython.set cimport PySet_Contains
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int64_t, uint8_t
 
+from .ackset cimport AckSet
+
+
+cdef class Pending:
+    """A message delivered and not yet acknowledged: its read-ahead payload, the consumer it
+    went to, and the redelivery count of that delivery."""
+
+    cdef public object payload
+    cdef public object consumer
+    cdef public object count
+
+    def __init__(self, payload, consumer, count):
+        self.payload = payload
+        self.consumer = consumer
+        self.count = count
+
 
 def take_buffered(
     object buffer,
@@ -52,6 +68,10 @@ def take_buffered(
     cdef tuple item, key, payload
     cdef object entry, bi, data, txn, acks, count
     cdef PyObject *found
+    cdef Pending held
+    cdef AckSet ack_set
+    # The subscription's own types are built here without a call through Python.
+    cdef bint plain_pending = pending_type is Pending
     popleft = buffer.popleft
     while len(out) < n and len(buffer):
         item = <tuple>popleft()
@@ -67,7 +87,11 @@ def take_buffered(
             found = PyDict_GetItem(partly, entry)
             if found is not NULL:
                 acks = <object>found
-                if acks.test(bi):
+                if type(acks) is AckSet and batch_index < (<AckSet>acks).nbits:
+                    ack_set = <AckSet>acks
+                    if (ack_set.words[batch_index >> 6] >> (batch_index & 63)) & 1:
+                        continue
+                elif acks.test(bi):
                     continue
         if holds is not None and holds(entry, bi):
             continue
@@ -79,7 +103,14 @@ def take_buffered(
             count = <object>found if found is not NULL else 0
         else:
             count = 0
-        PyDict_SetItem(pending, key, pending_type(payload, consumer, count))
+        if plain_pending:
+            held = Pending.__new__(Pending)
+            held.payload = payload
+            held.consumer = consumer
+            held.count = count
+            PyDict_SetItem(pending, key, held)
+        else:
+            PyDict_SetItem(pending, key, pending_type(payload, consumer, count))
         data = payload[0]
         out.append(
             message_type(

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .._native import TxnID, buffer_messages, take_buffered
+from .._native import Pending, TxnID, buffer_messages, take_buffered
 from ..errors import ConsumerBusy, CorruptEntry, InvalidConfiguration
 from ..storage import WriteOp
 from ..txn.pending_ack import PendingAck
@@ -39,15 +39,6 @@ READ_AHEAD_MESSAGES = 1000
 _LAST = 1 << 62  # above any batch index: (entry, _LAST) follows every message of the entry
 
 
-class _Pending:
-    __slots__ = ("payload", "consumer", "count")
-
-    def __init__(self, payload, consumer, count):
-        self.payload = payload  # (data, properties or None, key, publish_time, batch_size, txn)
-        self.consumer = consumer
-        self.count = count  # redelivery count of this delivery
-
-
 class Subscription:
     def __init__(self, partition: Partition, name: str, cursor: Cursor) -> None:
         self.partition = partition
@@ -60,7 +51,9 @@ class Subscription:
         self._buffer: deque = deque()  # ((entry, batch_index), payload) read ahead
         self._redeliver: list = []  # heap of ((entry, batch_index), payload)
         self._nacked: list = []  # heap of (due, (entry, batch_index), payload)
-        self._pending: dict[tuple[int, int], _Pending] = {}
+        # (entry, batch_index) -> Pending, whose payload is a read-ahead item's:
+        # (data, properties or None, key, publish_time, batch_size, txn)
+        self._pending: dict[tuple[int, int], Pending] = {}
         self._redelivery_counts: dict[tuple[int, int], int] = {}
         self._persist_queued = False
         self._persist_requested = 0.0
@@ -188,7 +181,7 @@ class Subscription:
                 p.ledger_id,
                 p.index,
                 p.topic,
-                _Pending,
+                Pending,
                 Message,
                 MessageId,
             )
@@ -204,7 +197,7 @@ class Subscription:
 
     def _deliver(self, consumer, key, payload, count) -> Message:
         """One redelivered message (the read-ahead path is _take_buffered)."""
-        self._pending[key] = _Pending(payload, consumer, count)
+        self._pending[key] = Pending(payload, consumer, count)
         data, properties, pkey, publish_time, batch_size, _ = payload
         entry_id, batch_index = key
         p = self.partition
@@ -307,7 +300,11 @@ class Subscription:
             entry_id, batch_index, batch_size = cumulative
             bound = (entry_id, batch_index if batch_index >= 0 and batch_size > 1 else _LAST)
             for held in (pending, counts):
-                if held:
+                if not held:
+                    continue
+                if max(held) <= bound:
+                    held.clear()  # the usual case: everything up to the ack is covered
+                else:
                     for key in [k for k in held if k <= bound]:
                         del held[key]
         if counts:
@@ -424,7 +421,8 @@ class Subscription:
             return
         self._persist_queued = True
         self._persist_requested = time.monotonic()
-        self.partition.broker_flusher.watch(self)
+        flusher = self.partition.broker_flusher
+        flusher.watch(self, self._persist_requested + flusher.delay)
 
     def flush_if_older(self, seconds: float) -> bool:
         """Called by the broker's flusher: write the cursor once the interval has passed."""

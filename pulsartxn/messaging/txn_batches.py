@@ -8,7 +8,6 @@ does this; it uses the producer's partition producers, batching limits and clien
 from __future__ import annotations
 
 import time
-import weakref
 from concurrent.futures import Future
 
 from .._native import TxnBatch, encode_entry
@@ -62,9 +61,7 @@ class TransactionBatches:
             if batch is None:
                 batch = self._txn_batches[key] = TxnBatch(part, txn, sequence_id)
                 part.txn_opened(txn, batch)
-                if txn._producers is None:
-                    txn._producers = weakref.WeakSet()
-                txn._producers.add(self)
+                txn.add_producer(self)
             fut = batch.add(content, properties, partition_key)
             if not self.batching_enabled or len(batch.values) >= self.batching_max_messages:
                 self._txn_send_locked(key)

@@ -273,18 +273,23 @@ class TransactionEnd:
                 participant = self.service.participant(*part)
             except Exception:  # noqa: BLE001 - _call retries it
                 participant = None
-            (deferred if getattr(participant, "deferred_end", False) else waiting).append(part)
+            if getattr(participant, "deferred_end", False):
+                deferred.append((part, participant))
+            else:
+                waiting.append(part)
         # Participants that write synchronously are told at once (all but one on the pool):
         # their writes (markers, cursors) then share one group commit instead of one fsync
         # after the other. Those that defer their write are quick: told here.
         for part in waiting[1:]:
             self.service.timer.submit(self._call, meta, part, 0)
-        for part in deferred:
-            self._call(meta, part, 0)
+        for part, participant in deferred:
+            self._call(meta, part, 0, participant)
         if waiting:
             self._call(meta, waiting[0], 0)
 
-    def _call(self, meta: TxnMeta, part, attempt: int) -> None:
+    def _call(self, meta: TxnMeta, part, attempt: int, participant=None) -> None:
+        """Tell one participant the outcome (`participant`: just looked up, else looked up
+        here, as every retry does)."""
         service = self.service
         if service.closed:
             return  # recovery finishes it after a restart
@@ -292,7 +297,8 @@ class TransactionEnd:
         try:
             with self.lock:
                 lwm = self._lwm()
-            participant = service.participant(*part)
+            if participant is None:
+                participant = service.participant(*part)
             if getattr(participant, "deferred_end", False):
                 # The decision is durable: the participant's write may ride with the next
                 # group; the records stay until it has landed (_complete).
@@ -325,6 +331,8 @@ class TransactionEnd:
             writes, meta.writes = meta.writes or [], None
         if not writes:
             self._cleanup(meta)
+        elif len(writes) == 1:
+            writes[0].add_done_callback(lambda fut: self._landed(meta, fut.exception()))
         else:
             left = [len(writes)]
             failed: list = []
@@ -336,16 +344,22 @@ class TransactionEnd:
                         failed.append(fut.exception())
                     left[0] -= 1
                     last = left[0] == 0
-                if last and not failed:
-                    self._cleanup(meta)
-                elif last:
-                    # The records stay: after a restart, recovery finalizes it again.
-                    meta.last_error = f"a participant's write failed: {failed[0]!r}"
-                    self.append_failures += 1
+                if last:
+                    self._landed(meta, failed[0] if failed else None)
 
             for fut in writes:
                 fut.add_done_callback(landed)
         self._finished(meta)
+
+    def _landed(self, meta: TxnMeta, error: BaseException | None) -> None:
+        """The participants' deferred writes have all landed (`error`: the first that
+        failed)."""
+        if error is None:
+            self._cleanup(meta)
+        else:
+            # The records stay: after a restart, recovery finalizes it again.
+            meta.last_error = f"a participant's write failed: {error!r}"
+            self.append_failures += 1
 
     def _cleanup(self, meta: TxnMeta) -> None:
         storage = self.storage
@@ -378,6 +392,8 @@ class TransactionEnd:
     def wait(self, meta: TxnMeta, timeout_s: float | None) -> bool:
         """Wait until the transaction is COMMITTED or ABORTED; False on timeout."""
         with self.lock:
+            if meta.state is COMMITTED or meta.state is ABORTED:
+                return True  # the usual case: the end finished in the caller's thread
             return self.cond.wait_for(
                 lambda: meta.state in (COMMITTED, ABORTED) or self.service.closed, timeout_s
             ) and meta.state in (COMMITTED, ABORTED)

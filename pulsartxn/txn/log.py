@@ -17,6 +17,7 @@ Every record starts with the CRC-32C of the rest, so a damaged log is reported, 
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass, field
 
@@ -109,6 +110,13 @@ def encode_new(timeout_ms: int, open_ms: int, group: str | None) -> bytes:
 
 def encode_names(kind: int, names) -> bytes:
     """PARTITIONS: partition names; SUBSCRIPTIONS: (partition, subscription) pairs."""
+    return _encode_names(kind, tuple(names))
+
+
+@functools.lru_cache(maxsize=4096)
+def _encode_names(kind: int, names: tuple) -> bytes:
+    # Cached: a pipeline registers the same few partitions and subscriptions in every
+    # transaction.
     parts = [bytes([kind]), _U32.pack(len(names))]
     for name in names:
         if kind == SUBSCRIPTIONS:
@@ -119,6 +127,7 @@ def encode_names(kind: int, names) -> bytes:
     return _seal(b"".join(parts))
 
 
+@functools.lru_cache(maxsize=64)
 def encode_end(commit: bool, reason: int) -> bytes:
     return _seal(bytes([END]) + _END.pack(1 if commit else 0, reason))
 

@@ -169,7 +169,8 @@ class PendingAck:
                 self._flush_queued = True
                 self._queued_at = time.monotonic()
         if queue:
-            sub.partition.broker_flusher.watch(self)
+            flusher = sub.partition.broker_flusher
+            flusher.watch(self, self._queued_at + flusher.delay)
 
     # -- the log ---------------------------------------------------------------------------
 

@@ -62,8 +62,9 @@ class Transaction(TransactionContext):
         # Participants this client has already registered with the coordinator (once each).
         self.partitions: set = set()
         self.subscriptions: set = set()
-        # Producers with batches of this transaction (made at the first: most have none).
-        self._producers: weakref.WeakSet | None = None
+        # Producers with batches of this transaction, id -> weak reference (made at the
+        # first: most have none; a WeakSet costs more to walk at every end).
+        self._producers: dict | None = None
         self._error: BaseException | None = None  # a failed send or a conflict: abort only
         # Acks made through this handle per (partition, subscription): the commit checks the
         # broker still holds them all.
@@ -96,6 +97,17 @@ class Transaction(TransactionContext):
     def abort(self, timeout_ms: float | None = None) -> None:
         self._end(False, timeout_ms)
 
+    def add_producer(self, producer) -> None:
+        """`producer` holds a batch of this transaction: the end flushes or drops it."""
+        if self._producers is None:
+            self._producers = {}
+        self._producers[id(producer)] = weakref.ref(producer)
+
+    def _live_producers(self) -> list:
+        if not self._producers:
+            return []
+        return [p for ref in list(self._producers.values()) if (p := ref()) is not None]
+
     def _failed(self, exc: BaseException) -> None:
         """A send or an acknowledgement of this transaction failed: it can only abort now."""
         if self._error is None:
@@ -112,11 +124,11 @@ class Transaction(TransactionContext):
     def _end(self, commit: bool, timeout_ms, expected_acks=None) -> None:
         self._client._check_open()
         if commit:
-            for producer in list(self._producers or ()):
+            for producer in self._live_producers():
                 producer._txn_flush(self, wait=False)
             self._check_sendable()
         else:
-            for producer in list(self._producers or ()):
+            for producer in self._live_producers():
                 producer._txn_drop(self)
         timeout_s = None if timeout_ms is None else max(float(timeout_ms), 0.0) / 1000.0
         expected = None
@@ -160,7 +172,7 @@ class Transaction(TransactionContext):
     def flush_for_commit(self) -> None:
         """Write what producers still hold of this transaction and wait until it is in the
         ledger; raise if a send or an ack of it failed (it can only abort then)."""
-        for producer in list(self._producers or ()):
+        for producer in self._live_producers():
             producer._txn_flush(self)
         self._check_sendable()
 

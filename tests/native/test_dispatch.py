@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from pulsartxn._native import load
 from pulsartxn.messaging.message import Message, MessageId
-from pulsartxn.messaging.subscription import _Pending
 
 NATIVE, REFERENCE = load("native"), load("reference")
 CONSUMER = object()
@@ -51,7 +50,7 @@ def _take(impl, case):
     items, mark, acked, partly, pending_keys, held, aborted, counts, n, use_holds = case
     buffer = collections.deque(items)
     out: list = []
-    pending = {k: _Pending(None, None, 0) for k in pending_keys}
+    pending = {k: impl.Pending(None, None, 0) for k in pending_keys}
     ack_sets = {}
     for e, bits in partly.items():
         s = impl.AckSet(4)
@@ -74,7 +73,7 @@ def _take(impl, case):
         3,
         2,
         "persistent://public/default/t-partition-2",
-        _Pending,
+        impl.Pending,
         Message,
         MessageId,
     )

@@ -3,6 +3,17 @@
 from __future__ import annotations
 
 
+class Pending:
+    """The twin of ``Pending`` in dispatch.pyx."""
+
+    __slots__ = ("payload", "consumer", "count")
+
+    def __init__(self, payload, consumer, count):
+        self.payload = payload
+        self.consumer = consumer
+        self.count = count
+
+
 def take_buffered(
     buffer,
     n,
