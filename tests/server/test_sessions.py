@@ -8,6 +8,7 @@ import time
 import pulsartxn
 from pulsartxn.server import service
 from pulsartxn.server.service import BrokerServer
+from pulsartxn.txn.state import FINAL
 from tests.helpers import scanned
 
 
@@ -28,12 +29,21 @@ def test_a_long_session_keeps_only_the_open_transactions(tmp_path, monkeypatch):
                 elif i % 3 == 1:
                     txn.abort()
                 # else: left to its 100 ms timeout, never ended by the client
-            time.sleep(0.5)
-            for _ in range(100):  # begins after the timeouts: the next pruning drops them
-                client.new_transaction().commit()
+            time.sleep(0.5)  # every left one has timed out now
             (session,) = server._sessions.values()
-            assert len(session.txns) <= 64 + 1  # 150 timed out, never ended by the client
+            # Begins (left open) until the next pruning: it comes before the handles pass
+            # twice what the last pruning left, and drops the 150 timed out ones. How many
+            # were still open at the last pruning depends on the loop's speed against their
+            # 100 ms timeouts, so the begins needed do too.
+            extra = []
+            while len(session.txns) > 1 + len(extra):
+                assert len(extra) <= 2 * (150 + 1) + 1, "no pruning"
+                extra.append(client.new_transaction())
+            assert not [t for t in session.txns.values() if t.state in FINAL]
             assert str(held.id) in session.txns
+            for txn in extra:
+                txn.commit()
+            assert len(session.txns) <= 64 + 1  # committed handles are forgotten at once
             held.commit()  # its send, counted in the kept handle, is in the commit
             got = set(scanned(client, "t"))
             assert b"held" in got
