@@ -17,6 +17,7 @@ SUITES = (
     "ackset",
     "entrylog",
     "dispatch",
+    "storage",
     "messaging",
     "txn",
     "txn_messaging",

@@ -26,12 +26,14 @@ CRC-32C, so a record of an earlier lap, or one a crash tore, ends the replay.
 
 from __future__ import annotations
 
+import errno
+import mmap
 import os
 import struct
 import threading
 import time
 
-from ..errors import CorruptEntry, StorageError
+from ..errors import CorruptEntry, StorageError, StorageFull
 from .recording import apply_record
 
 try:
@@ -52,6 +54,7 @@ _PAD_MAGIC = 0x4A525050  # "PPRJ": the rest of the lap is empty
 META_BYTES = 256
 _META_MAGIC = 0xBEEFC0DE
 _ZERO_CHUNK = 1 << 20
+BLOCK = 4096  # records start on block boundaries and take whole blocks (direct I/O)
 _AHEAD = 2 << 20  # zeros kept written ahead of the next record in the first lap
 
 
@@ -75,6 +78,8 @@ class Journal:
         self._data_fd: int | None = None
         self._psize = 0
         self.failed: BaseException | None = None
+        self._direct = _open_direct(path)
+        self._stage: mmap.mmap | None = None
         self.records = 0
         self.checkpoints = 0
         self.replayed = 0
@@ -102,6 +107,7 @@ class Journal:
         free = _free_bytes(data_dir)
         if free is not None and free < 8 * size:
             size = min(size, (free // 8) & ~(_ZERO_CHUNK - 1))
+        size &= ~(BLOCK - 1)
         if size < _ZERO_CHUNK:
             return None
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -172,9 +178,6 @@ class Journal:
         while True:
             offset = lsn % self.region
             left = self.region - offset
-            if left < _REC.size:
-                lsn += left
-                continue
             pos = HEAD + offset
             if pos + _REC.size > size:
                 return
@@ -184,12 +187,13 @@ class Journal:
             if magic == _PAD_MAGIC and length == 0 and crc == _crc(at, txnid, b""):
                 lsn += left
                 continue
-            if magic != _REC_MAGIC or _REC.size + length > left or pos + _REC.size + length > size:
+            span = _blocks(_REC.size + length)
+            if magic != _REC_MAGIC or span > left or pos + _REC.size + length > size:
                 return
             payload = os.pread(fd, length, pos + _REC.size)
             if len(payload) != length or crc != _crc(at, txnid, payload):
                 return
-            lsn += _REC.size + length
+            lsn += span
             yield lsn, payload
 
     # -- appending --------------------------------------------------------------------------
@@ -206,7 +210,7 @@ class Journal:
         checkpoint's first record, or is over half the journal (the caller commits that group
         directly and checkpoints)."""
         size = len(payload)
-        need = _REC.size + size
+        need = _blocks(_REC.size + size)
         if need > self.region // 2:
             return False
         lsn = self.lsn
@@ -216,15 +220,24 @@ class Journal:
             return False
         try:
             if pad:
-                if left >= _REC.size:
-                    self._pwrite(_REC.pack(_PAD_MAGIC, 0, lsn, txnid, _crc(lsn, txnid, b"")), lsn)
+                self._write(_REC.pack(_PAD_MAGIC, 0, lsn, txnid, _crc(lsn, txnid, b"")), lsn)
                 lsn += pad
-            record = _REC.pack(_REC_MAGIC, size, lsn, txnid, _crc(lsn, txnid, payload)) + payload
-            self._pwrite(record, lsn)
-            os.fdatasync(self._fd)
+            header = _REC.pack(_REC_MAGIC, size, lsn, txnid, _crc(lsn, txnid, payload))
+            self._write(header, lsn, payload)
         except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                # Growing the file during its first lap met a full disk: nothing was made
+                # durable, and the next record is written at the same place.
+                raise StorageFull(f"disk is full: the journal cannot grow ({exc})") from exc
             self.failed = exc
             raise StorageError(f"the journal could not write: {exc}") from exc
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            # After a failed fdatasync the kernel may have dropped the pages it could not
+            # write: nothing since the last good one can be trusted until a reopen recovers.
+            self.failed = exc
+            raise StorageError(f"the journal could not sync: {exc}") from exc
         self._last = lsn
         self.lsn = lsn + need
         self.records += 1
@@ -237,7 +250,7 @@ class Journal:
         if lsn is None:
             return
         try:
-            self._pwrite(bytes(_REC.size), lsn)
+            self._write(bytes(_REC.size), lsn)
             os.fdatasync(self._fd)
         except OSError as exc:
             self.failed = exc
@@ -245,16 +258,41 @@ class Journal:
         self.lsn = lsn
         self._last = None
 
-    def _pwrite(self, data: bytes, lsn: int) -> None:
+    def _write(self, header: bytes, lsn: int, payload: bytes = b"") -> None:
+        """The record at `lsn`, whole blocks of it: with O_DIRECT from an aligned staging
+        buffer (no page cache in between: the fdatasync that follows has only the device
+        cache to flush), else through the page cache."""
         pos = HEAD + lsn % self.region
-        end = pos + len(data)
+        n = len(header) + len(payload)
+        end = pos + _blocks(n)
         if end > self._size:
             with self._size_lock:
                 if end > self._size:
                     # The checkpointer's zeros are not that far yet: grow the file here.
                     _write_zeros(self._fd, self._size, end - self._size)
                     self._size = end
-        os.pwrite(self._fd, data, pos)
+        if self._direct is not None:
+            stage = self._stage
+            if stage is None or len(stage) < end - pos:
+                stage = self._stage = mmap.mmap(-1, max(end - pos, 1 << 16))
+            stage[: len(header)] = header
+            stage[len(header) : n] = payload
+            try:
+                os.pwrite(self._direct, memoryview(stage)[: end - pos], pos)
+                return
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                self._close_direct()  # this file system takes no direct writes after all
+        os.pwrite(self._fd, header + payload if payload else header, pos)
+
+    def _close_direct(self) -> None:
+        if self._direct is not None:
+            os.close(self._direct)
+            self._direct = None
+        if self._stage is not None:
+            self._stage.close()
+            self._stage = None
 
     @property
     def short_of_room(self) -> bool:
@@ -355,6 +393,7 @@ class Journal:
         if self._data_fd is not None:
             os.close(self._data_fd)
             self._data_fd = None
+        self._close_direct()
         os.close(self._fd)
 
 
@@ -404,6 +443,22 @@ class Checkpointer:
         self._stopped = True
         self._wake.set()
         self._thread.join()
+
+
+def _blocks(n: int) -> int:
+    return (n + BLOCK - 1) & ~(BLOCK - 1)
+
+
+def _open_direct(path: str) -> int | None:
+    """A descriptor of the journal for direct writes, or None where the file system has none
+    (tmpfs before Linux 6.6)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | flag)
+    except OSError:
+        return None
 
 
 def _crc(lsn: int, txnid: int, payload) -> int:

@@ -1,0 +1,65 @@
+"""asv: the synced store's journal (pulsartxn/storage/journal.py): synced small writes and the
+consume-process-produce pipeline with the journal and with LMDB syncing itself, and the
+recorder, native and twin."""
+
+import os
+import shutil
+import tempfile
+
+from pulsartxn._native import load
+from pulsartxn.storage import Storage
+
+from ._journal import open_broker, pipeline, record_group, recorder_env, small_writes
+
+
+class SyncedWrites:
+    timeout = 300
+    params = [True, False]
+    param_names = ["journal"]
+
+    def setup(self, journal):
+        self.tmp = tempfile.mkdtemp()
+        self.storage = Storage(os.path.join(self.tmp, "s"), sync=True, journal=journal)
+
+    def teardown(self, journal):
+        self.storage.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def time_200_small_synced_writes(self, journal):
+        small_writes(self.storage, 200)
+
+
+class Pipeline:
+    timeout = 300
+    params = [True, False]
+    param_names = ["journal"]
+
+    def setup(self, journal):
+        self.tmp = tempfile.mkdtemp()
+        self.broker = open_broker(os.path.join(self.tmp, "b"), journal)
+
+    def teardown(self, journal):
+        self.broker.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def time_consume_process_produce_5000(self, journal):
+        pipeline(self.broker, 5000)
+
+
+class Recorder:
+    params = ["native", "reference"]
+    param_names = ["impl"]
+
+    def setup(self, impl):
+        self.impl = load(impl)
+        self.tmp = tempfile.mkdtemp()
+        self.env, self.handles = recorder_env(self.tmp)
+
+    def teardown(self, impl):
+        self.env.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def time_record_a_group(self, impl):
+        with self.env.begin(write=True) as txn:
+            record_group(self.impl, txn, self.handles)
+            txn.abort()
