@@ -22,7 +22,8 @@ from ..errors import (
 )
 from .group_commit import GroupCommit
 from .headroom import Headroom
-from .journal import Checkpointer, Journal
+from .journal import FILE as JOURNAL
+from .journal import Checkpointer, Journal, fsync_dir
 from .ops import WriteOp, storage_error
 
 LOCK_FILE = "broker.lock"
@@ -52,6 +53,8 @@ class Storage:
         # write without syncing; without room for a journal, LMDB syncs every commit itself.
         self.journal: Journal | None = None
         try:
+            if not (sync and journal) and os.path.exists(os.path.join(self.data_dir, JOURNAL)):
+                _retire_journal(self.data_dir, data_path, map_size, max_dbs)
             if sync and journal:
                 self.journal = Journal.open(self.data_dir, journal_bytes)
             if self.journal is not None and self.journal.header is not None:
@@ -262,6 +265,26 @@ def _check_directory(path: str) -> None:
             f"data directory {path} holds no pulsartxn store but other files ({shown}): "
             "give an empty or a new directory"
         )
+
+
+def _retire_journal(data_dir: str, data_path: str, map_size: int, max_dbs: int) -> None:
+    """A store opened without a journal (sync=False, or journal=False) that was last opened
+    with one: what the journal holds beyond its last checkpoint goes into LMDB first, LMDB is
+    made durable, and only then is the journal removed."""
+    journal = Journal.open(data_dir, 0)
+    try:
+        if journal.header is not None and os.path.exists(data_path):
+            journal.restore_meta(data_path)
+            env = lmdb.open(data_dir, map_size=map_size, max_dbs=max_dbs, sync=False)
+            try:
+                journal.replay(env)
+                env.sync(True)
+            finally:
+                env.close()
+    finally:
+        journal.close()
+    os.unlink(os.path.join(data_dir, JOURNAL))
+    fsync_dir(data_dir)
 
 
 def _lock_directory(path: str) -> int:

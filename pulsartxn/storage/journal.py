@@ -101,8 +101,7 @@ class Journal:
             if header is None:
                 # Never checkpointed: the store was being created when it stopped. Nothing
                 # in it was ever acknowledged through this journal; start it anew.
-                region = max(os.fstat(fd).st_size - HEAD, 0)
-                return cls(path, fd, region or size, None)
+                return cls(path, fd, size & ~(BLOCK - 1), None)
             return cls(path, fd, header["region"], header)
         free = _free_bytes(data_dir)
         if free is not None and free < 8 * size:
@@ -114,7 +113,7 @@ class Journal:
         try:
             _write_zeros(fd, 0, HEAD + min(size, 2 * _AHEAD))
             os.fsync(fd)
-            _fsync_dir(data_dir)
+            fsync_dir(data_dir)
         except OSError:
             os.close(fd)
             os.unlink(path)
@@ -518,7 +517,7 @@ def _write_zeros(fd: int, offset: int, length: int) -> None:
         offset += n
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -223,6 +223,51 @@ def test_sigkill_recovers_every_acknowledged_group(tmp_path, seed):
         storage.close()
 
 
+@pytest.mark.parametrize("options", [{"sync": False}, {"sync": True, "journal": False}])
+def test_a_store_reopened_without_its_journal_replays_it_first(tmp_path, options):
+    """sync=False or journal=False on a store whose journaled run was killed: the records
+    after the last checkpoint go into LMDB, which is made durable, before the journal goes."""
+    path = tmp_path / "env"
+    groups = make_groups(61, 300)
+    acked, records, _ = run_child(path, 61, len(groups), copy_at=99)
+    assert acked == len(groups) and records > 0
+    _power_loss_image(path, random.Random(61))
+    storage = Storage(str(path), **options)
+    try:
+        assert storage.journal is None
+        assert not os.path.exists(path / "journal")
+        assert contents(storage) == model(groups)
+    finally:
+        storage.close()
+    storage = Storage(str(path), sync=True)  # and back: a new journal, nothing to replay
+    try:
+        assert storage.journal.replayed == 0
+        assert contents(storage) == model(groups)
+    finally:
+        storage.close()
+
+
+def test_a_store_of_a_broker_without_a_journal_gets_one(tmp_path):
+    path = tmp_path / "env"
+    storage = Storage(str(path), sync=True, journal=False)
+    groups = make_groups(71, 100)
+    try:
+        dbs = open_dbs(storage)
+        for group in groups[:50]:
+            storage.write(lambda txn, group=group: apply_group(dbs, txn, group))
+    finally:
+        storage.close()
+    storage = Storage(str(path), sync=True)
+    try:
+        assert storage.journal is not None and contents(storage) == model(groups[:50])
+        dbs = open_dbs(storage)
+        for group in groups[50:]:
+            storage.write(lambda txn, group=group: apply_group(dbs, txn, group))
+        assert contents(storage) == model(groups)
+    finally:
+        storage.close()
+
+
 def _power_loss_image(path, rng) -> None:
     """data.mdb as a power loss could leave it: each page written since the copy taken at
     the checkpoint either reached the disk or did not (meta pages included), and the file's
