@@ -5,9 +5,11 @@ page (LMDB's O_DSYNC descriptor), because the meta page must never reach the dis
 pages it points to. A synced store with a journal opens LMDB without syncing and makes each
 group durable here first, as BookKeeper's journal does for its ledger storage: the puts and
 deletes of the group's write transaction, recorded as they are made (recording.py), are
-appended to a preallocated file and fdatasynced, and only then is the LMDB transaction
-committed (so no reader sees a write before it is durable). One flush per group, of the bytes
-the group changed.
+appended to a file of zeros written in full when it is made (so an append overwrites written
+blocks: an fdatasync that also grows a file commits the file system's journal too) and
+fdatasynced, and only then is the LMDB transaction committed (so no reader sees a write before
+it is durable). One flush per group, of the bytes the group changed. Records are whole 4 KiB
+blocks written with O_DIRECT, so the fdatasync has only the device's cache to flush.
 
 A checkpoint makes the LMDB file itself durable at a snapshot S: fdatasync of data.mdb, then
 S, a copy of its meta page and the position of the journal's first later record go into the
@@ -55,7 +57,6 @@ META_BYTES = 256
 _META_MAGIC = 0xBEEFC0DE
 _ZERO_CHUNK = 1 << 20
 BLOCK = 4096  # records start on block boundaries and take whole blocks (direct I/O)
-_AHEAD = 2 << 20  # zeros kept written ahead of the next record in the first lap
 
 
 class Journal:
@@ -73,7 +74,6 @@ class Journal:
         self._size = os.fstat(fd).st_size  # bytes written (zeros included)
         self._last: int | None = None  # lsn of the last record appended (for retract)
         self._header_lock = threading.Lock()
-        self._size_lock = threading.Lock()  # growing the file: the checkpointer or a writer
         self._pin = None  # the read transaction that keeps the checkpoint's pages
         self._data_fd: int | None = None
         self._psize = 0
@@ -101,8 +101,11 @@ class Journal:
             if header is None:
                 # Never checkpointed: the store was being created when it stopped. Nothing
                 # in it was ever acknowledged through this journal; start it anew.
-                return cls(path, fd, size & ~(BLOCK - 1), None)
-            return cls(path, fd, header["region"], header)
+                journal = cls(path, fd, size & ~(BLOCK - 1), None)
+            else:
+                journal = cls(path, fd, header["region"], header)
+            journal._fill()
+            return journal
         free = _free_bytes(data_dir)
         if free is not None and free < 8 * size:
             size = min(size, (free // 8) & ~(_ZERO_CHUNK - 1))
@@ -111,7 +114,7 @@ class Journal:
             return None
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            _write_zeros(fd, 0, HEAD + min(size, 2 * _AHEAD))
+            _write_zeros(fd, 0, HEAD + size)
             os.fsync(fd)
             fsync_dir(data_dir)
         except OSError:
@@ -119,6 +122,17 @@ class Journal:
             os.unlink(path)
             return None
         return cls(path, fd, size, None)
+
+    def _fill(self) -> None:
+        """Zeros up to the end of the region, if a stop cut the file's creation short."""
+        end = HEAD + self.region
+        if self._size < end:
+            try:
+                _write_zeros(self._fd, self._size, end - self._size)
+                os.fsync(self._fd)
+                self._size = end
+            except OSError:
+                self._size = os.fstat(self._fd).st_size  # records grow it as they come
 
     def attach(self, env, data_path: str) -> None:
         """Use `env` (LMDB opened without syncing) from now on."""
@@ -225,8 +239,8 @@ class Journal:
             self._write(header, lsn, payload)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
-                # Growing the file during its first lap met a full disk: nothing was made
-                # durable, and the next record is written at the same place.
+                # Growing a journal that a full disk kept short: nothing was made durable,
+                # and the next record is written at the same place.
                 raise StorageFull(f"disk is full: the journal cannot grow ({exc})") from exc
             self.failed = exc
             raise StorageError(f"the journal could not write: {exc}") from exc
@@ -264,12 +278,9 @@ class Journal:
         pos = HEAD + lsn % self.region
         n = len(header) + len(payload)
         end = pos + _blocks(n)
-        if end > self._size:
-            with self._size_lock:
-                if end > self._size:
-                    # The checkpointer's zeros are not that far yet: grow the file here.
-                    _write_zeros(self._fd, self._size, end - self._size)
-                    self._size = end
+        if end > self._size:  # a journal that a full disk kept short: grow it here
+            _write_zeros(self._fd, self._size, end - self._size)
+            self._size = end
         if self._direct is not None:
             stage = self._stage
             if stage is None or len(stage) < end - pos:
@@ -292,28 +303,6 @@ class Journal:
         if self._stage is not None:
             self._stage.close()
             self._stage = None
-
-    @property
-    def short_of_room(self) -> bool:
-        """During the first lap, whether the zeros written ahead of the records run short."""
-        return (
-            self._size < HEAD + self.region and HEAD + self.lsn % self.region + _AHEAD > self._size
-        )
-
-    def extend(self) -> None:
-        """Write (and flush) zeros ahead of the records during the first lap, so an append
-        overwrites written blocks: an fdatasync that also grows the file costs more. Off the
-        writers' path: the checkpointer's thread does it when they run short."""
-        with self._size_lock:
-            if not self.short_of_room or self.failed is not None:
-                return
-            target = min(HEAD + self.region, self._size + 2 * _AHEAD)
-            try:
-                _write_zeros(self._fd, self._size, target - self._size)
-                os.fdatasync(self._fd)
-            except OSError:
-                return  # a full disk: records grow the file as they come (_pwrite)
-            self._size = target
 
     @property
     def used(self) -> int:
@@ -414,7 +403,7 @@ class Checkpointer:
     def after_group(self) -> None:
         """Group commit lock held, between groups."""
         journal = self._journal
-        if journal.used >= journal.region // 4 or journal.short_of_room:
+        if journal.used >= journal.region // 4:
             self._wake.set()
 
     def _run(self) -> None:
@@ -424,7 +413,6 @@ class Checkpointer:
             self._wake.clear()
             if self._stopped or journal.failed is not None:
                 continue
-            journal.extend()
             due = journal.used >= journal.region // 4 or (
                 journal.used and time.monotonic() - self._last >= self._every
             )
