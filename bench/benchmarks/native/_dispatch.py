@@ -9,7 +9,6 @@ import os
 import numpy as np
 
 from pulsartxn.messaging.message import Message, MessageId
-from pulsartxn.messaging.subscription import _Pending
 
 MESSAGES = 1000
 
@@ -51,7 +50,7 @@ def take_all(impl, items) -> list:
         1,
         0,
         "persistent://public/default/t",
-        _Pending,
+        impl.Pending,
         Message,
         MessageId,
     )
