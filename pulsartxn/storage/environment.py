@@ -19,6 +19,7 @@ from ..errors import (
     AlreadyClosed,
     DataDirectoryLocked,
     InvalidConfiguration,
+    StorageError,
 )
 from .group_commit import GroupCommit
 from .headroom import Headroom
@@ -220,6 +221,8 @@ class Storage:
                 if self.journal.failed is None:
                     with self.commits.commit_lock:
                         self.journal.checkpoint()  # a reopen then replays nothing
+            except StorageError:
+                pass  # the journal still holds every acknowledged write: a reopen replays it
             finally:
                 self.journal.close()
         elif self.sync:

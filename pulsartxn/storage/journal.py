@@ -18,7 +18,9 @@ no page of S or of any later snapshot: S stays intact on the disk whatever else 
 Recovery puts S's meta page back into data.mdb (a later meta page may point to pages that never
 reached the disk), opens LMDB at S and replays the records after it. Checkpoints run in the
 background once a quarter of the journal is in use, and inline for a group too large for the
-journal (that group's commit then costs what a synced LMDB commit does).
+journal (that group's commit then costs what a synced LMDB commit does; its pages are in LMDB
+a moment before the checkpoint makes them durable, but the broker publishes a group's effects,
+positions and answers, only once the commit returns).
 
 File: two header slots written alternately (the valid one with the highest sequence wins, so a
 torn header write loses nothing), then a circular region of records addressed by a byte
