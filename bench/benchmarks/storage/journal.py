@@ -12,38 +12,36 @@ from pulsartxn.storage import Storage
 from ._journal import open_broker, pipeline, record_group, recorder_env, small_writes
 
 
-class SyncedWrites:
+class _Synced:
+    """A synced store (SyncedWrites) or broker (Pipeline), with its journal and without."""
+
     timeout = 300
     params = [True, False]
     param_names = ["journal"]
 
     def setup(self, journal):
         self.tmp = tempfile.mkdtemp()
-        self.storage = Storage(os.path.join(self.tmp, "s"), sync=True, journal=journal)
+        self.store = self.open(os.path.join(self.tmp, "s"), journal)
 
     def teardown(self, journal):
-        self.storage.close()
+        self.store.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class SyncedWrites(_Synced):
+    @staticmethod
+    def open(path, journal):
+        return Storage(path, sync=True, journal=journal)
 
     def time_200_small_synced_writes(self, journal):
-        small_writes(self.storage, 200)
+        small_writes(self.store, 200)
 
 
-class Pipeline:
-    timeout = 300
-    params = [True, False]
-    param_names = ["journal"]
-
-    def setup(self, journal):
-        self.tmp = tempfile.mkdtemp()
-        self.broker = open_broker(os.path.join(self.tmp, "b"), journal)
-
-    def teardown(self, journal):
-        self.broker.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+class Pipeline(_Synced):
+    open = staticmethod(open_broker)
 
     def time_consume_process_produce_5000(self, journal):
-        pipeline(self.broker, 5000)
+        pipeline(self.store, 5000)
 
 
 class Recorder:
