@@ -59,14 +59,16 @@ def take_buffered(
     `mark`, in `acked`, acknowledged in its entry's batch (`partly`: entry -> AckSet), or held
     by a transaction's pending ack (``holds(entry, batch_index)``, when `holds` is given).
     Each delivery is recorded in `pending` as ``pending_type(payload, consumer, count)``, the
-    count taken from `counts`. Returns ``(delivered, nbytes, aborted)``: `aborted` is the entry
+    count taken from `counts`. Each Message gets ``message_id_type(ledger_id, entry, index,
+    batch_index, batch_size)``, or with `message_id_type` None those five as a tuple (the
+    Message makes its MessageId when first asked: most never are). Returns ``(delivered, nbytes, aborted)``: `aborted` is the entry
     id of a message whose transaction has aborted since it was read (read uncommitted; taken
     off the buffer, not delivered), after which the loop stops so that the caller acknowledges
     it internally and calls again with the cursor's new state; -1 otherwise."""
     cdef Py_ssize_t delivered = 0, nbytes = 0
     cdef long long entry_id, batch_index
     cdef tuple item, key, payload
-    cdef object entry, bi, data, txn, acks, count
+    cdef object entry, bi, data, txn, acks, count, mid
     cdef PyObject *found
     cdef Pending held
     cdef AckSet ack_set
@@ -112,17 +114,11 @@ def take_buffered(
         else:
             PyDict_SetItem(pending, key, pending_type(payload, consumer, count))
         data = payload[0]
-        out.append(
-            message_type(
-                data,
-                payload[1],
-                payload[2],
-                message_id_type(ledger_id, entry, index, bi, payload[4]),
-                topic,
-                payload[3],
-                count,
-            )
-        )
+        if message_id_type is None:
+            mid = (ledger_id, entry, index, bi, payload[4])
+        else:
+            mid = message_id_type(ledger_id, entry, index, bi, payload[4])
+        out.append(message_type(data, payload[1], payload[2], mid, topic, payload[3], count))
         delivered += 1
         nbytes += len(data)
     return delivered, nbytes, -1

@@ -96,7 +96,8 @@ class MessageId:
 
 
 class Message:
-    """A received message."""
+    """A received message. Its id may be given as the five fields of a MessageId (a tuple):
+    the MessageId is then made when first asked for."""
 
     __slots__ = (
         "_data",
@@ -114,7 +115,7 @@ class Message:
         data: bytes,
         properties: dict,
         key: str | None,
-        message_id: MessageId,
+        message_id: MessageId | tuple,
         topic: str,
         publish_time: int,
         redelivery_count: int = 0,
@@ -142,7 +143,11 @@ class Message:
         return self._key
 
     def message_id(self) -> MessageId:
-        return self._id
+        mid = self._id
+        if type(mid) is tuple:
+            # Delivered with the id's fields: made on first use (most messages never are).
+            mid = self._id = MessageId(*mid)
+        return mid
 
     def topic_name(self) -> str:
         return self._topic
@@ -154,4 +159,4 @@ class Message:
         return self._redelivery_count
 
     def __repr__(self) -> str:
-        return f"Message(topic={self._topic!r}, id={self._id!r}, {len(self._data)} bytes)"
+        return f"Message(topic={self._topic!r}, id={self.message_id()!r}, {len(self._data)} bytes)"
