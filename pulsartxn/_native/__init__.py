@@ -25,6 +25,7 @@ MODULES = (
     "producer",
     "dispatch",
     "recording",
+    "flushtimer",
 )
 
 NAMES = (
@@ -55,6 +56,7 @@ NAMES = (
     "Recorder",
     "RecordingTxn",
     "RecordingCursor",
+    "FlushTimer",
 )
 
 
