@@ -26,6 +26,7 @@ MODULES = (
     "dispatch",
     "recording",
     "flushtimer",
+    "message",
 )
 
 NAMES = (
@@ -57,6 +58,7 @@ NAMES = (
     "RecordingTxn",
     "RecordingCursor",
     "FlushTimer",
+    "Message",
 )
 
 

@@ -17,6 +17,7 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int64_t, uint8_t
 
 from .ackset cimport AckSet
+from .message cimport Message
 
 
 cdef class Pending:
@@ -72,8 +73,10 @@ def take_buffered(
     cdef PyObject *found
     cdef Pending held
     cdef AckSet ack_set
+    cdef Message msg
     # The subscription's own types are built here without a call through Python.
     cdef bint plain_pending = pending_type is Pending
+    cdef bint plain_message = message_type is Message
     popleft = buffer.popleft
     while len(out) < n and len(buffer):
         item = <tuple>popleft()
@@ -118,7 +121,19 @@ def take_buffered(
             mid = (ledger_id, entry, index, bi, payload[4])
         else:
             mid = message_id_type(ledger_id, entry, index, bi, payload[4])
-        out.append(message_type(data, payload[1], payload[2], mid, topic, payload[3], count))
+        if plain_message:
+            msg = Message.__new__(Message)
+            msg._data = data
+            msg._properties = payload[1]
+            msg._key = payload[2]
+            msg._id = mid
+            msg._topic = topic
+            msg._publish_time = payload[3]
+            msg._redelivery_count = count
+            msg._txn = None
+            out.append(msg)
+        else:
+            out.append(message_type(data, payload[1], payload[2], mid, topic, payload[3], count))
         delivered += 1
         nbytes += len(data)
     return delivered, nbytes, -1
