@@ -90,7 +90,7 @@ cdef class FlushTimer:
                     pthread_cond_wait(&self._cond, &self._mutex)
                 else:
                     ts.tv_sec = <long>at
-                    ts.tv_nsec = <long>((at - <double>ts.tv_sec) * 1e9)
+                    ts.tv_nsec = min(<long>((at - <double>ts.tv_sec) * 1e9), 999999999)
                     pthread_cond_timedwait(&self._cond, &self._mutex, &ts)
             stopped = self._stopped
             pthread_mutex_unlock(&self._mutex)
