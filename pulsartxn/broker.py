@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import heapq
+import itertools
 import json
 import math
 import os
@@ -11,6 +13,7 @@ import threading
 import time
 import weakref
 
+from ._native import FlushTimer
 from .config import BrokerConfig
 from .errors import (
     AlreadyClosed,
@@ -34,20 +37,21 @@ class _BatchFlusher:
     subscription cursors and pending acks to persist (one thread per broker).
 
     A watched part is asked (``flush_if_older``) from its due time on, then every half delay
-    until it answers True. The thread sleeps while nothing is due, and a watch wakes it only
-    when it is due before the thread would look anyway: each wake-up costs the threads that
-    produce a GIL hand-off, and an ack per transaction would otherwise wake it once each."""
+    until it answers True. A part watches again only once what it held has been written (by
+    this thread, or by another writer: a commit takes its transaction's pending acks), so its
+    latest watch gives its due time. The thread sleeps until the earliest one on a native
+    timer, which wakes up without the GIL when that time has moved later meanwhile (the next
+    transaction's acks): a wake-up that took the GIL cost the threads that produce a hand-off
+    each time, about once a delay while acks keep coming."""
 
     def __init__(self, delay_ms: float) -> None:
         self.delay = delay_ms / 1000.0
         self._interval = max(self.delay / 2, 0.0002)
-        self._watched: set = set()
+        self._due: dict = {}  # part -> when to ask it (time.monotonic())
+        self._heap: list = []  # (due, tie, part), stale once the part's due is another
+        self._tie = itertools.count()
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stopped = False
-        # When the thread looks next (time.monotonic()); None: not until a watch; inf: it is
-        # looking now (a watch meanwhile moves it up).
-        self._next: float | None = None
+        self._timer = FlushTimer()
         self._thread = threading.Thread(
             target=self._run, name="pulsartxn-batch-flusher", daemon=True
         )
@@ -56,48 +60,47 @@ class _BatchFlusher:
     def watch(self, part, due: float | None = None) -> None:
         """Ask `part` from `due` on (time.monotonic(); None: at once) until it is done."""
         with self._lock:
-            self._watched.add(part)
-            if due is not None and self._next is not None and due >= self._next:
-                return  # the thread looks by then anyway
-            self._next = 0.0 if due is None else due
-        self._wake.set()
+            self._put(part, 0.0 if due is None else due)
+            self._set_timer()
+
+    def _put(self, part, at: float) -> None:
+        self._due[part] = at
+        heapq.heappush(self._heap, (at, next(self._tie), part))
+
+    def _set_timer(self) -> None:
+        """The timer to the earliest due time (lock held)."""
+        heap, due = self._heap, self._due
+        while heap and due.get(heap[0][2]) != heap[0][0]:
+            heapq.heappop(heap)  # asked since, or watched again with another time
+        if len(heap) > 2 * len(due) + 64:
+            self._heap = heap = [(at, next(self._tie), part) for part, at in due.items()]
+            heapq.heapify(heap)
+        self._timer.set(heap[0][0] if heap else math.inf)
 
     def _run(self) -> None:
-        while not self._stopped:
+        timer = self._timer
+        while timer.wait():
+            now = time.monotonic()
             with self._lock:
-                due = self._next
-            timeout = None if due is None else due - time.monotonic()
-            if timeout is None or timeout > 0:
-                self._wake.wait(timeout)
-                self._wake.clear()
-                continue  # a watch may have moved the next look up; or a stop
-            with self._lock:
-                self._next = math.inf
-                watched = list(self._watched)
-            for part in watched:
-                with self._lock:
-                    # Unwatch first: a watch() racing with this flush stays registered.
-                    self._watched.discard(part)
+                # Unwatched before they are asked: a watch() racing with a flush stays.
+                asked = [part for part, at in self._due.items() if at <= now]
+                for part in asked:
+                    del self._due[part]
+            for part in asked:
                 try:
                     done = part.flush_if_older(self.delay)
                 except AlreadyClosed:
                     done = True  # the broker is closing; close() writes what is left
                 if not done:
                     with self._lock:
-                        self._watched.add(part)
+                        again = time.monotonic() + self._interval
+                        if self._due.get(part, math.inf) > again:
+                            self._put(part, again)
             with self._lock:
-                if self._watched:
-                    self._next = min(self._next, time.monotonic() + self._interval)
-                elif self._next == math.inf and watched:
-                    # Look once more after a delay before sleeping until a watch: parts
-                    # watched until then (the next transaction's acks) wake nobody.
-                    self._next = time.monotonic() + self.delay
-                else:
-                    self._next = None
+                self._set_timer()
 
     def stop(self) -> None:
-        self._stopped = True
-        self._wake.set()
+        self._timer.stop()
         self._thread.join()
 
 

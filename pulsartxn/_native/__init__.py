@@ -25,6 +25,8 @@ MODULES = (
     "producer",
     "dispatch",
     "recording",
+    "flushtimer",
+    "message",
 )
 
 NAMES = (
@@ -55,6 +57,8 @@ NAMES = (
     "Recorder",
     "RecordingTxn",
     "RecordingCursor",
+    "FlushTimer",
+    "Message",
 )
 
 

@@ -29,7 +29,7 @@ def take_buffered(
     topic: str,
     pending_type: Callable[..., Any],
     message_type: Callable[..., Any],
-    message_id_type: Callable[..., Any],
+    message_id_type: Callable[..., Any] | None,
 ) -> tuple[int, int, int]:
     """Read-ahead items into Messages for one consumer: (delivered, bytes, aborted entry or -1)."""
 

@@ -17,6 +17,7 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int64_t, uint8_t
 
 from .ackset cimport AckSet
+from .message cimport Message
 
 
 cdef class Pending:
@@ -59,19 +60,23 @@ def take_buffered(
     `mark`, in `acked`, acknowledged in its entry's batch (`partly`: entry -> AckSet), or held
     by a transaction's pending ack (``holds(entry, batch_index)``, when `holds` is given).
     Each delivery is recorded in `pending` as ``pending_type(payload, consumer, count)``, the
-    count taken from `counts`. Returns ``(delivered, nbytes, aborted)``: `aborted` is the entry
+    count taken from `counts`. Each Message gets ``message_id_type(ledger_id, entry, index,
+    batch_index, batch_size)``, or with `message_id_type` None those five as a tuple (the
+    Message makes its MessageId when first asked: most never are). Returns ``(delivered, nbytes, aborted)``: `aborted` is the entry
     id of a message whose transaction has aborted since it was read (read uncommitted; taken
     off the buffer, not delivered), after which the loop stops so that the caller acknowledges
     it internally and calls again with the cursor's new state; -1 otherwise."""
     cdef Py_ssize_t delivered = 0, nbytes = 0
     cdef long long entry_id, batch_index
     cdef tuple item, key, payload
-    cdef object entry, bi, data, txn, acks, count
+    cdef object entry, bi, data, txn, acks, count, mid
     cdef PyObject *found
     cdef Pending held
     cdef AckSet ack_set
+    cdef Message msg
     # The subscription's own types are built here without a call through Python.
     cdef bint plain_pending = pending_type is Pending
+    cdef bint plain_message = message_type is Message
     popleft = buffer.popleft
     while len(out) < n and len(buffer):
         item = <tuple>popleft()
@@ -112,17 +117,23 @@ def take_buffered(
         else:
             PyDict_SetItem(pending, key, pending_type(payload, consumer, count))
         data = payload[0]
-        out.append(
-            message_type(
-                data,
-                payload[1],
-                payload[2],
-                message_id_type(ledger_id, entry, index, bi, payload[4]),
-                topic,
-                payload[3],
-                count,
-            )
-        )
+        if message_id_type is None:
+            mid = (ledger_id, entry, index, bi, payload[4])
+        else:
+            mid = message_id_type(ledger_id, entry, index, bi, payload[4])
+        if plain_message:
+            msg = Message.__new__(Message)
+            msg._data = data
+            msg._properties = payload[1]
+            msg._key = payload[2]
+            msg._id = mid
+            msg._topic = topic
+            msg._publish_time = payload[3]
+            msg._redelivery_count = count
+            msg._txn = None
+            out.append(msg)
+        else:
+            out.append(message_type(data, payload[1], payload[2], mid, topic, payload[3], count))
         delivered += 1
         nbytes += len(data)
     return delivered, nbytes, -1

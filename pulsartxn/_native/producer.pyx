@@ -22,8 +22,6 @@ cdef extern from "Python.h":
 import time
 from concurrent.futures import Future
 
-from pulsartxn.messaging.message import MessageId
-
 from .entrycodec import encode_entry
 
 __all__ = ["PartitionProducer", "Batch", "TxnBatch"]
@@ -281,6 +279,9 @@ cdef class PartitionProducer:
             if batch is not None and (<Batch>batch).contains(sequence_id):
                 b = <Batch>batch
                 return MessageFuture(b.outcome, sequence_id - b.first_sequence)
+        # Imported here: pulsartxn.messaging.message imports this package (for Message).
+        from pulsartxn.messaging.message import MessageId
+
         found = self.partition.lookup_sequence(self.producer.name, sequence_id)
         if found is None:
             # Below the highest persisted but never stored (a gap): Pulsar answers -1:-1.

@@ -1,10 +1,12 @@
-"""MessageId and Message, as the Pulsar Python client shapes them."""
+"""MessageId and Message, as the Pulsar Python client shapes them (Message is native:
+``_native/message.pyx``, its twin ``_native/reference/message.py``)."""
 
 from __future__ import annotations
 
 import struct
 from functools import total_ordering
 
+from .._native import Message
 from ..errors import InvalidMessageId
 
 _ID = struct.Struct("<2sQQiii")
@@ -95,63 +97,4 @@ class MessageId:
         return f"({self._ledger_id},{self._entry_id},{self._partition},{self._batch_index})"
 
 
-class Message:
-    """A received message."""
-
-    __slots__ = (
-        "_data",
-        "_properties",
-        "_key",
-        "_id",
-        "_topic",
-        "_publish_time",
-        "_redelivery_count",
-        "_txn",
-    )
-
-    def __init__(
-        self,
-        data: bytes,
-        properties: dict,
-        key: str | None,
-        message_id: MessageId,
-        topic: str,
-        publish_time: int,
-        redelivery_count: int = 0,
-        txn=None,
-    ) -> None:
-        self._data = data
-        self._properties = properties
-        self._key = key
-        self._id = message_id
-        self._topic = topic
-        self._publish_time = publish_time
-        self._redelivery_count = redelivery_count
-        self._txn = txn
-
-    def data(self) -> bytes:
-        return self._data
-
-    def value(self) -> bytes:
-        return self._data
-
-    def properties(self) -> dict:
-        return dict(self._properties) if self._properties else {}
-
-    def partition_key(self) -> str | None:
-        return self._key
-
-    def message_id(self) -> MessageId:
-        return self._id
-
-    def topic_name(self) -> str:
-        return self._topic
-
-    def publish_timestamp(self) -> int:
-        return self._publish_time
-
-    def redelivery_count(self) -> int:
-        return self._redelivery_count
-
-    def __repr__(self) -> str:
-        return f"Message(topic={self._topic!r}, id={self._id!r}, {len(self._data)} bytes)"
+__all__ = ["Message", "MessageId"]

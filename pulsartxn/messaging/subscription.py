@@ -183,7 +183,7 @@ class Subscription:
                 p.topic,
                 Pending,
                 Message,
-                MessageId,
+                None,  # each Message makes its MessageId when first asked
             )
             delivered += d
             nbytes += b

@@ -69,6 +69,12 @@ class _OpQueue:
         except IndexError:
             raise queue.Empty from None
 
+    def pop(self):
+        """The next item, or None when there is none (no exception: a leader's loop ends
+        this way at every group)."""
+        items = self._items
+        return items.popleft() if items else None
+
     def get(self, timeout: float | None = None):
         try:
             return self._items.popleft()
@@ -287,9 +293,8 @@ class GroupCommit:
         True when a group was committed."""
         ran = False
         while True:
-            try:
-                first = self._queue.get_nowait()
-            except queue.Empty:
+            first = self._queue.pop()
+            if first is None:
                 return ran
             if first is _STOP:
                 self._queue.put(_STOP)  # leave it for the writer thread
@@ -343,9 +348,8 @@ class GroupCommit:
         nbytes = records = 0
         stop = False
         while True:
-            try:
-                queued = self._queue.get_nowait()
-            except queue.Empty:
+            queued = self._queue.pop()
+            if queued is None:
                 break
             if queued is _STOP:
                 stop = True
@@ -467,9 +471,14 @@ class GroupCommit:
                 self._fail(op, error)
             return
         self.groups += 1
-        self.records += sum(op.records for op in group)
+        records = waited = 0
+        for op in group:
+            records += op.records
+            if op.records and not op.lazy:
+                waited += 1
+        self.records += records
         # Callers that waited for this group: about as many will queue again (_gather).
-        self._last_group = sum(1 for op in group if not op.lazy and op.records)
+        self._last_group = waited
         for op, result in zip(group, results):
             try:
                 if op.on_commit is not None:

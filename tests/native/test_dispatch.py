@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pulsartxn._native import load
-from pulsartxn.messaging.message import Message, MessageId
+from pulsartxn.messaging.message import MessageId
 
 NATIVE, REFERENCE = load("native"), load("reference")
 CONSUMER = object()
@@ -74,7 +74,7 @@ def _take(impl, case):
         2,
         "persistent://public/default/t-partition-2",
         impl.Pending,
-        Message,
+        impl.Message,
         MessageId,
     )
     messages = [
@@ -202,3 +202,40 @@ def test_buffer_messages_native_equals_twin_equals_the_columns(case):
         if acked is None or b not in acked
     ]
     assert results[0] == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(read_aheads())
+def test_take_buffered_fills_native_messages_and_calls_any_other_message_type(case):
+    """The native loop fills its own Message in C; another message type (the twin's) is
+    called; the messages are the same either way."""
+    items = case[0]
+    seen = []
+    for impl, message_type in (
+        (NATIVE, NATIVE.Message),
+        (NATIVE, REFERENCE.Message),
+        (REFERENCE, REFERENCE.Message),
+    ):
+        out: list = []
+        impl.take_buffered(
+            collections.deque(items),
+            len(items),
+            out,
+            CONSUMER,
+            {},
+            {},
+            -1,
+            set(),
+            {},
+            None,
+            lambda t: False,
+            3,
+            2,
+            "t",
+            impl.Pending,
+            message_type,
+            None,
+        )
+        assert all(type(m) is message_type for m in out)
+        seen.append([(m.data(), m.properties(), m.message_id(), m.redelivery_count()) for m in out])
+    assert seen[0] == seen[1] == seen[2]

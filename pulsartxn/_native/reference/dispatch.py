@@ -56,7 +56,9 @@ def take_buffered(
             return delivered, nbytes, entry_id
         count = counts.get(key, 0) if counts else 0
         pending[key] = pending_type(payload, consumer, count)
-        mid = message_id_type(ledger_id, entry_id, index, batch_index, batch_size)
+        mid = (ledger_id, entry_id, index, batch_index, batch_size)
+        if message_id_type is not None:
+            mid = message_id_type(*mid)
         out.append(message_type(data, properties, pkey, mid, topic, publish_time, count))
         delivered += 1
         nbytes += len(data)

@@ -12,10 +12,13 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
-from ...messaging.message import MessageId
 from .entrycodec import encode_entry
 from .outcome import MessageFuture, Outcome
+
+if TYPE_CHECKING:
+    from ...messaging.message import MessageId
 
 __all__ = ["PartitionProducer", "Batch", "TxnBatch"]
 
@@ -212,6 +215,9 @@ class PartitionProducer:
             return fut
 
     def _duplicate(self, sequence_id: int) -> Future:
+        # Imported here: pulsartxn.messaging.message imports this package (for Message).
+        from ...messaging.message import MessageId
+
         for batch in [*self.inflight, self.batch]:
             if batch is not None and batch.contains(sequence_id):
                 return MessageFuture(batch.outcome, sequence_id - batch.first_sequence)
@@ -223,6 +229,8 @@ class PartitionProducer:
         return _done(self._message_id(entry_id, n, batch_index))
 
     def _message_id(self, entry_id: int, n: int, batch_index: int) -> MessageId:
+        from ...messaging.message import MessageId
+
         p = self.partition
         return MessageId(
             p.ledger_id, entry_id, p.index, batch_index if n > 1 else -1, n if n > 1 else 0

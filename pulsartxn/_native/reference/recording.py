@@ -65,10 +65,6 @@ class Recorder:
         self._record(DELETE, db, key, None)
 
 
-def _no_overwrite(kwargs: dict) -> bool:
-    return kwargs.get("overwrite", True) is False
-
-
 class RecordingCursor:
     """A py-lmdb cursor whose writes are recorded; reads pass through."""
 
@@ -84,22 +80,51 @@ class RecordingCursor:
             raise Unrecordable("cursor.drop is not journaled")
         return getattr(self._cursor, name)
 
+    # The reads the ops make, passed through without __getattr__ (as the native module).
+
+    def first(self):
+        return self._cursor.first()
+
+    def last(self):
+        return self._cursor.last()
+
+    def next(self):
+        return self._cursor.next()
+
+    def prev(self):
+        return self._cursor.prev()
+
+    def key(self):
+        return self._cursor.key()
+
+    def value(self):
+        return self._cursor.value()
+
+    def item(self):
+        return self._cursor.item()
+
+    def set_key(self, key):
+        return self._cursor.set_key(key)
+
+    def set_range(self, key):
+        return self._cursor.set_range(key)
+
     def __iter__(self):
         return iter(self._cursor)
 
-    def put(self, key, value, **kwargs) -> bool:
-        if _no_overwrite(kwargs):
+    def put(self, key, value, dupdata=False, overwrite=True, append=False) -> bool:
+        if overwrite is False:
             raise Unrecordable("put(overwrite=False) is not journaled")
-        done = self._cursor.put(key, value, **kwargs)
+        done = self._cursor.put(key, value, dupdata, overwrite, append)
         if done:
             self._rec.put(self._db, key, value)
         return done
 
-    def putmulti(self, items, **kwargs):
-        if _no_overwrite(kwargs):
+    def putmulti(self, items, dupdata=False, overwrite=True, append=False):
+        if overwrite is False:
             raise Unrecordable("putmulti(overwrite=False) is not journaled")
         rows = items if type(items) is list else list(items)
-        consumed, added = self._cursor.putmulti(rows, **kwargs)
+        consumed, added = self._cursor.putmulti(rows, dupdata, overwrite, append)
         if added != len(rows):
             raise Unrecordable(f"putmulti wrote {added} of {len(rows)} rows")
         self._rec.put_rows(self._db, rows)
@@ -145,10 +170,10 @@ class RecordingTxn:
     def cursor(self, db=None) -> RecordingCursor:
         return RecordingCursor(self._txn.cursor(db=db), self._rec, db)
 
-    def put(self, key, value, db=None, **kwargs) -> bool:
-        if _no_overwrite(kwargs):
+    def put(self, key, value, db=None, *, dupdata=False, overwrite=True, append=False) -> bool:
+        if overwrite is False:
             raise Unrecordable("put(overwrite=False) is not journaled")
-        done = self._txn.put(key, value, db=db, **kwargs)
+        done = self._txn.put(key, value, dupdata, overwrite, append, db)
         if done:
             self._rec.put(db, key, value)
         return done
