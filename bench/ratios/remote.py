@@ -76,9 +76,15 @@ def measure(quick: bool = False) -> list[Row]:
                 )
             )
             ours, base = [], []
+            counts = []
+
+            def scan(client):
+                counts.append(sum(b.num_rows for b in client.scan("t")))
+
             for _ in range(3):
-                base.append(timed(lambda: sum(b.num_rows for b in local.scan("t"))))
-                ours.append(timed(lambda: sum(b.num_rows for b in remote.scan("t"))))
+                base.append(timed(lambda: scan(local)))
+                ours.append(timed(lambda: scan(remote)))
+            assert counts == [3 * n] * 6, counts  # both read every message, every round
             rows.append(
                 Row(
                     f"scan over the network, {3 * n // 1000}k msgs",
