@@ -7,3 +7,6 @@ cdef class Message:
     cdef object _publish_time
     cdef object _redelivery_count
     cdef object _txn
+
+
+cdef object message_id_type()

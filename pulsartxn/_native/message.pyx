@@ -6,15 +6,16 @@ The twin is ``reference/message.py``.
 """
 
 # pulsartxn.messaging.message.MessageId, imported when first needed: that module imports
-# this package.
+# this package (for Message), so no module of it can import MessageId while the package loads.
+# outcome.pyx cimports this getter.
 cdef object MessageId = None
 
 
-cdef object _message_id_type():
+cdef object message_id_type():
     global MessageId
     if MessageId is None:
-        from pulsartxn.messaging.message import MessageId as message_id_type
-        MessageId = message_id_type
+        from pulsartxn.messaging.message import MessageId as found
+        MessageId = found
     return MessageId
 
 
@@ -49,7 +50,7 @@ cdef class Message:
         mid = self._id
         if type(mid) is tuple:
             # Delivered with the id's fields: made on first use (most messages never are).
-            mid = self._id = _message_id_type()(*mid)
+            mid = self._id = message_id_type()(*mid)
         return mid
 
     def topic_name(self):

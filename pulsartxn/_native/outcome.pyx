@@ -8,6 +8,8 @@ cimport cython
 from cpython.pythread cimport PyThread_allocate_lock, PyThread_free_lock
 from libc.stdint cimport int64_t
 
+from .message cimport message_id_type
+
 import logging
 import threading
 from concurrent.futures import Future
@@ -19,19 +21,6 @@ __all__ = ["MessageFuture", "Outcome", "Lock"]
 _RUNNING = "RUNNING"
 _FINISHED = "FINISHED"
 LOGGER = logging.getLogger("concurrent.futures")  # where Future reports a failing callback
-
-
-# pulsartxn.messaging.message.MessageId, imported when first needed: that module imports
-# this package (for Message), so this one cannot import it while the package loads.
-cdef object MessageId = None
-
-
-cdef object _message_id_type():
-    global MessageId
-    if MessageId is None:
-        from pulsartxn.messaging.message import MessageId as message_id_type
-        MessageId = message_id_type
-    return MessageId
 
 
 cdef extern from "Python.h":
@@ -94,10 +83,10 @@ cdef class Outcome:
 
     cdef object message_id(self, Py_ssize_t index):
         p = self.partition
-        message_id_type = _message_id_type()
+        id_type = message_id_type()
         if self.count > 1:
-            return message_id_type(p.ledger_id, self.entry_id, p.index, index, self.count)
-        return message_id_type(p.ledger_id, self.entry_id, p.index)
+            return id_type(p.ledger_id, self.entry_id, p.index, index, self.count)
+        return id_type(p.ledger_id, self.entry_id, p.index)
 
     cdef int wait_done(self, object timeout) except -1:
         with self.condition:
