@@ -76,10 +76,15 @@ class _OpQueue:
         return items.popleft() if items else None
 
     def get(self, timeout: float | None = None):
-        try:
-            return self._items.popleft()
-        except IndexError:
-            pass
+        if not self.wait(timeout):
+            raise queue.Empty
+        return self.get_nowait()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Sleep until an item is queued, at most `timeout` seconds; whether one is. The
+        item stays queued: the writer thread takes it only once it holds the commit lock."""
+        if self._items:
+            return True
         with self._cond:
             self._sleeping = True
             try:
@@ -87,7 +92,7 @@ class _OpQueue:
                     self._cond.wait(timeout)
             finally:
                 self._sleeping = False
-        return self.get_nowait()
+        return bool(self._items)
 
     def wait_size(self, n: int, timeout: float) -> None:
         """Sleep until `n` items are queued, at most `timeout` seconds. A real sleep: a loop
@@ -426,12 +431,16 @@ class GroupCommit:
     def _run(self) -> None:
         self._local.committing = True
         while True:
-            try:
-                first = self._queue.get(timeout=self._lazy_max)
-            except queue.Empty:
+            if not self._queue.wait(self._lazy_max):
                 self._commit_due_lazy()
                 continue
             with self._commit_lock:
+                # Taken only now: an op taken before the lock could be overtaken by the next
+                # ones, drained meanwhile by a caller that held it (a producer's batches
+                # would then land out of order).
+                first = self._queue.pop()
+                if first is None:
+                    continue  # a caller committed it meanwhile
                 if first is not _STOP:
                     self._gather(self._last_group - 1)
                 if first is _STOP:

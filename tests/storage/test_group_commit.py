@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import lmdb
 import pytest
@@ -243,3 +244,29 @@ def test_lmdb_write_errors_become_api_errors(tmp_path, monkeypatch):
     assert isinstance(ops.storage_error(nospace), StorageFull)
     other = ValueError("a caller's bug")
     assert ops.storage_error(other) is other
+
+
+def test_the_writer_thread_takes_an_op_only_under_the_commit_lock(tmp_path):
+    """Ops are committed in the order they were queued, whoever commits them. The writer
+    thread used to take the next op off the queue before it waited for the commit lock; a
+    caller that held the lock then committed the ops queued after it first (a producer's
+    batches landed out of order: entry 10 before entries 8 and 9)."""
+    env = lmdb.open(str(tmp_path / "env"), max_dbs=2, sync=False)
+    commits = GroupCommit(env, sync=False)
+    order = []
+    try:
+        with commits.commit_lock:
+            first = commits.submit(WriteOp(lambda txn: order.append("first")))  # wakes it
+            time.sleep(0.1)  # the writer thread is up, waiting for the lock
+            second = commits.submit(WriteOp(lambda txn: order.append("second")), quiet=True)
+            commits._local.committing = True
+            try:
+                commits._drain()  # what a caller that leads does with the lock held
+            finally:
+                commits._local.committing = False
+        first.result(5)
+        second.result(5)
+        assert order == ["first", "second"]
+    finally:
+        commits.close()
+        env.close()
