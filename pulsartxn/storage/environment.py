@@ -237,7 +237,7 @@ class Storage:
 
 # Files of a store; anything else (dot files and lost+found aside) in a directory without a
 # store makes it someone else's directory.
-_STORE_FILES = frozenset({"data.mdb", "lock.mdb", "journal", LOCK_FILE})
+_STORE_FILES = frozenset({"data.mdb", "lock.mdb", JOURNAL, LOCK_FILE})
 
 
 def _check_directory(path: str) -> None:

@@ -38,6 +38,7 @@ import threading
 import time
 
 from ..errors import CorruptEntry, StorageError, StorageFull
+from .ops import free_bytes
 from .recording import apply_record
 
 try:
@@ -57,6 +58,7 @@ _PAD_MAGIC = 0x4A525050  # "PPRJ": the rest of the lap is empty
 # txnid at 144). A checkpoint keeps its first META_BYTES.
 META_BYTES = 256
 _META_MAGIC = 0xBEEFC0DE
+_META_MAGIC_AT, _META_TXNID_AT = 16, 144
 _ZERO_CHUNK = 1 << 20
 BLOCK = 4096  # records start on block boundaries and take whole blocks (direct I/O)
 
@@ -108,7 +110,7 @@ class Journal:
                 journal = cls(path, fd, header["region"], header)
             journal._fill()
             return journal
-        free = _free_bytes(data_dir)
+        free = free_bytes(data_dir)
         if free is not None and free < 8 * size:
             size = min(size, (free // 8) & ~(_ZERO_CHUNK - 1))
         size &= ~(BLOCK - 1)
@@ -159,7 +161,7 @@ class Journal:
                 want = bytearray(meta)
                 if slot != txnid & 1:
                     struct.pack_into("<Q", want, 0, slot)
-                    struct.pack_into("<Q", want, 144, max(txnid - 1, 0))
+                    struct.pack_into("<Q", want, _META_TXNID_AT, max(txnid - 1, 0))
                 if os.pread(fd, META_BYTES, slot * psize) != bytes(want):
                     os.pwrite(fd, bytes(want), slot * psize)
                     changed = True
@@ -370,8 +372,8 @@ class Journal:
     def _read_meta(self, txnid: int) -> bytes | None:
         for slot in (txnid & 1, 1 - (txnid & 1)):
             page = os.pread(self._data_fd, META_BYTES, slot * self._psize)
-            magic = struct.unpack_from("<I", page, 16)[0]
-            if magic == _META_MAGIC and struct.unpack_from("<Q", page, 144)[0] == txnid:
+            magic = struct.unpack_from("<I", page, _META_MAGIC_AT)[0]
+            if magic == _META_MAGIC and struct.unpack_from("<Q", page, _META_TXNID_AT)[0] == txnid:
                 return page
         return None
 
@@ -513,11 +515,3 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _free_bytes(path: str) -> int | None:
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize

@@ -194,14 +194,14 @@ def storage_error(exc: BaseException, path: str | None = None) -> BaseException:
     if isinstance(exc, lmdb.Error) and "No space left" in text:
         return StorageFull(f"disk is full: {exc}")
     if isinstance(exc, lmdb.Error) and "Input/output error" in text:
-        free = _free_bytes(path)
+        free = free_bytes(path)
         if free is not None and free < NEARLY_FULL_BYTES:
             return StorageFull(f"disk is full ({free} bytes free): {exc}")
         return StorageError(f"the disk failed the write: {exc}")
     return exc
 
 
-def _free_bytes(path: str | None) -> int | None:
+def free_bytes(path: str | None) -> int | None:
     if path is None:
         return None
     try:
