@@ -17,7 +17,6 @@ their answers are in :mod:`pulsartxn.storage.ops`.
 from __future__ import annotations
 
 import collections
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -63,22 +62,11 @@ class _OpQueue:
             with self._cond:
                 self._cond.notify_all()
 
-    def get_nowait(self):
-        try:
-            return self._items.popleft()
-        except IndexError:
-            raise queue.Empty from None
-
     def pop(self):
         """The next item, or None when there is none (no exception: a leader's loop ends
         this way at every group)."""
         items = self._items
         return items.popleft() if items else None
-
-    def get(self, timeout: float | None = None):
-        if not self.wait(timeout):
-            raise queue.Empty
-        return self.get_nowait()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Sleep until an item is queued, at most `timeout` seconds; whether one is. The
@@ -388,15 +376,12 @@ class GroupCommit:
         deadline = time.monotonic() + self._linger if self._linger and wait else 0.0
         stop = False
         while records < self._max_records and nbytes < self._max_bytes:
-            try:
-                if deadline:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    op = self._queue.get(timeout=remaining)
-                else:
-                    op = self._queue.get_nowait()
-            except queue.Empty:
+            if deadline:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._queue.wait(remaining):
+                    break
+            op = self._queue.pop()
+            if op is None:
                 break
             if op is _STOP:
                 stop = True
@@ -456,13 +441,10 @@ class GroupCommit:
                     # with close(): answer it, never drop it silently.
                     while self._lazy:
                         self._run_group(self._with_lazy([]))
-                    while True:
-                        try:
-                            op = self._queue.get_nowait()
-                        except queue.Empty:
-                            return
+                    while (op := self._queue.pop()) is not None:
                         if op is not _STOP:
                             self._run_group([op])
+                    return
 
     def _run_group(self, group: list[WriteOp]) -> None:
         try:
