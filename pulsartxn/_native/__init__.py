@@ -27,6 +27,7 @@ MODULES = (
     "recording",
     "flushtimer",
     "message",
+    "asyncwrite",
 )
 
 NAMES = (
@@ -59,6 +60,7 @@ NAMES = (
     "RecordingCursor",
     "FlushTimer",
     "Message",
+    "AsyncWriter",
 )
 
 

@@ -506,16 +506,21 @@ class GroupCommit:
                     if len(group) == 1:
                         op.future.set_exception(storage_error(exc, self._path))
                     raise _OpFailed() from exc
-            if journal is None:
+            if journal is None or (rec is not None and not rec.size):
                 txn.commit()
-            elif rec is not None and (not rec.size or journal.append(rec.payload(), txn.id())):
-                # The record is durable: commit what it holds (no reader saw it before).
+            elif rec is not None and journal.start(rec.payload(), txn.id()):
+                # While the device writes the record, commit LMDB (without syncing). Its
+                # readers see the group now, but the broker publishes what a group did
+                # (positions, answers: the ops' on_commit) only once it is durable, below.
                 try:
                     txn.commit()
                 except BaseException:
-                    if rec.size:
-                        journal.retract()  # the group did not happen: never replay it
+                    journal.abandon()  # the group did not happen: never replay it
                     raise
+                txn = None
+                # A record that cannot be made durable fails the group and the journal: the
+                # store takes no more writes, and a reopen recovers to the last durable one.
+                journal.finish()
             else:
                 txn.commit()
                 txn = None

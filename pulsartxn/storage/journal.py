@@ -3,13 +3,17 @@
 An fsynced LMDB commit flushes the device twice: its data pages (fdatasync), then its meta
 page (LMDB's O_DSYNC descriptor), because the meta page must never reach the disk before the
 pages it points to. A synced store with a journal opens LMDB without syncing and makes each
-group durable here first, as BookKeeper's journal does for its ledger storage: the puts and
+group durable here, as BookKeeper's journal does for its ledger storage: the puts and
 deletes of the group's write transaction, recorded as they are made (recording.py), are
 appended to a file of zeros written in full when it is made (so an append overwrites written
 blocks: an fdatasync that also grows a file commits the file system's journal too) and
-fdatasynced, and only then is the LMDB transaction committed (so no reader sees a write before
-it is durable). One flush per group, of the bytes the group changed. Records are whole 4 KiB
-blocks written with O_DIRECT, so the fdatasync has only the device's cache to flush.
+fdatasynced. One flush per group, of the bytes the group changed. Records are whole 4 KiB
+blocks written with O_DIRECT, so the fdatasync has only the device's cache to flush; through
+an io_uring (asyncwrite.pyx) the write runs while the group commit commits the LMDB
+transaction. LMDB's readers may see a group before its record is durable, then; the broker
+publishes what a group did (positions, answers) only once it is. A record that cannot be
+written or flushed fails its group and the journal, and the store takes no more writes until a
+reopen recovers it (without that group).
 
 A checkpoint makes the LMDB file itself durable at a snapshot S: fdatasync of data.mdb, then
 S, a copy of its meta page and the position of the journal's first later record go into the
@@ -37,14 +41,10 @@ import struct
 import threading
 import time
 
+from .._native import AsyncWriter, crc32c
 from ..errors import CorruptEntry, StorageError, StorageFull
 from .ops import free_bytes
 from .recording import apply_record
-
-try:
-    from .._native.entrycodec import crc32c
-except ImportError:  # no native core built: the twin (same values)
-    from .._native.reference.entrycodec import crc32c
 
 FILE = "journal"
 HEAD = 8192  # two header slots of 4 KiB
@@ -83,6 +83,9 @@ class Journal:
         self._psize = 0
         self.failed: BaseException | None = None
         self._direct = _open_direct(path)
+        self._writer = AsyncWriter(self._direct if self._direct is not None else -1)
+        self._writing: tuple[int, int] | None = None  # (position, bytes) of a direct write
+        self._started = 0  # blocks of the record started and not finished
         self._stage: mmap.mmap | None = None
         self.records = 0
         self.checkpoints = 0
@@ -226,6 +229,16 @@ class Journal:
         """Write one record and make it durable. False when it does not fit before the last
         checkpoint's first record, or is over half the journal (the caller commits that group
         directly and checkpoints)."""
+        if not self.start(payload, txnid):
+            return False
+        self.finish()
+        return True
+
+    def start(self, payload: bytes, txnid: int) -> bool:
+        """``append`` in two steps: start writing the record (False, and nothing written, as
+        ``append`` says); ``finish`` makes it durable, ``abandon`` takes it back. In between
+        the device writes while the caller goes on (the group commit commits the group's LMDB
+        transaction meanwhile), where the journal writes directly through an io_uring."""
         size = len(payload)
         need = _blocks(_REC.size + size)
         if need > self.region // 2:
@@ -240,14 +253,22 @@ class Journal:
                 self._write(_REC.pack(_PAD_MAGIC, 0, lsn, txnid, _crc(lsn, txnid, b"")), lsn)
                 lsn += pad
             header = _REC.pack(_REC_MAGIC, size, lsn, txnid, _crc(lsn, txnid, payload))
-            self._write(header, lsn, payload)
+            self._write(header, lsn, payload, wait=False)
         except OSError as exc:
-            if exc.errno == errno.ENOSPC:
-                # Growing a journal that a full disk kept short: nothing was made durable,
-                # and the next record is written at the same place.
-                raise StorageFull(f"disk is full: the journal cannot grow ({exc})") from exc
-            self.failed = exc
-            raise StorageError(f"the journal could not write: {exc}") from exc
+            raise self._write_error(exc) from exc
+        self._last = lsn
+        self._started = need
+        return True
+
+    def finish(self) -> None:
+        """The started record is written: make it durable (StorageError if it cannot be;
+        the journal then takes no more records)."""
+        lsn, need = self._last, self._started
+        self._started = 0
+        try:
+            self._written()
+        except OSError as exc:
+            raise self._write_error(exc) from exc
         try:
             os.fdatasync(self._fd)
         except OSError as exc:
@@ -255,10 +276,27 @@ class Journal:
             # write: nothing since the last good one can be trusted until a reopen recovers.
             self.failed = exc
             raise StorageError(f"the journal could not sync: {exc}") from exc
-        self._last = lsn
         self.lsn = lsn + need
         self.records += 1
-        return True
+
+    def abandon(self) -> None:
+        """Take back the started record: the group it holds did not happen."""
+        if self._started:
+            self._started = 0
+            try:
+                self._written()
+            except OSError as exc:
+                self.failed = exc
+                return
+        self.retract()
+
+    def _write_error(self, exc: OSError) -> StorageError:
+        if exc.errno == errno.ENOSPC:
+            # Growing a journal that a full disk kept short: nothing was made durable, and
+            # the next record is written at the same place.
+            return StorageFull(f"disk is full: the journal cannot grow ({exc})")
+        self.failed = exc
+        return StorageError(f"the journal could not write: {exc}")
 
     def retract(self) -> None:
         """Undo the record just appended: its LMDB commit failed, so the group did not happen
@@ -275,10 +313,11 @@ class Journal:
         self.lsn = lsn
         self._last = None
 
-    def _write(self, header: bytes, lsn: int, payload: bytes = b"") -> None:
+    def _write(self, header: bytes, lsn: int, payload: bytes = b"", wait: bool = True) -> None:
         """The record at `lsn`, whole blocks of it: with O_DIRECT from an aligned staging
         buffer (no page cache in between: the fdatasync that follows has only the device
-        cache to flush), else through the page cache."""
+        cache to flush), else through the page cache. Without `wait` a direct write may still
+        be running when this returns: ``_written`` waits for it."""
         pos = HEAD + lsn % self.region
         n = len(header) + len(payload)
         end = pos + _blocks(n)
@@ -291,22 +330,38 @@ class Journal:
                 stage = self._stage = mmap.mmap(-1, max(end - pos, 1 << 16))
             stage[: len(header)] = header
             stage[len(header) : n] = payload
-            try:
-                os.pwrite(self._direct, memoryview(stage)[: end - pos], pos)
-                return
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise
-                self._close_direct()  # this file system takes no direct writes after all
+            self._writing = (pos, n)
+            self._writer.start(memoryview(stage)[: end - pos], pos)
+            if wait:
+                self._written()
+            return
         os.pwrite(self._fd, header + payload if payload else header, pos)
 
+    def _written(self) -> None:
+        """Wait for the direct write in flight, if any. A file system that takes no direct
+        writes after all (EINVAL) gets the record through the page cache instead."""
+        if self._writing is None:
+            return
+        pos, n = self._writing
+        self._writing = None
+        try:
+            done = self._writer.wait()
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            record = bytes(self._stage[:n])
+            self._close_direct()
+            os.pwrite(self._fd, record, pos)
+            return
+        if done < n:
+            raise OSError(errno.EIO, f"short journal write ({done} of {n} bytes)")
+
     def _close_direct(self) -> None:
+        self._writer.close()
         if self._direct is not None:
             os.close(self._direct)
             self._direct = None
-        if self._stage is not None:
-            self._stage.close()
-            self._stage = None
+        self._stage = None
 
     @property
     def used(self) -> int:

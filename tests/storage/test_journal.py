@@ -5,6 +5,7 @@ acknowledged."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import random
 import shutil
@@ -16,7 +17,7 @@ import textwrap
 
 import pytest
 
-from pulsartxn.errors import CorruptEntry
+from pulsartxn.errors import CorruptEntry, StorageFull
 from pulsartxn.storage import Storage, WriteOp
 from pulsartxn.storage.journal import HEAD, Journal, _read_header
 from tests.helpers import small_tmpfs
@@ -414,3 +415,68 @@ def test_a_small_disk_gets_a_small_journal(tmp_path):
             f.write(bytes(os.statvfs(mnt).f_bavail * 4096 - (6 << 20)))
         (mnt / "other").mkdir()
         assert Journal.open(str(mnt / "other"), 16 << 20) is None
+
+
+def test_a_group_lmdb_fails_to_commit_is_taken_back_from_the_journal(tmp_path):
+    """The journal writes a group's record while LMDB commits it; when that commit fails (a
+    full disk: data.mdb cannot grow), the group fails, its record is zeroed, and nothing of
+    it comes back: not in the store, not from a replay."""
+    with small_tmpfs(tmp_path / "mnt", "32m") as mnt:
+        path = mnt / "env"
+        storage = Storage(str(path), sync=True, map_size=64 << 20, journal_bytes=2 << 20)
+        try:
+            db = storage.open_db(b"a")
+            storage.write(lambda txn: txn.put(b"before", b"1", db=db))
+            records = storage.journal.records
+            with open(mnt / "filler", "wb") as f:  # leave under 64 KiB free
+                f.write(bytes(os.statvfs(mnt).f_bavail * 4096 - (48 << 10)))
+            big = os.urandom(400 << 10)  # a journal record, but no room for its LMDB pages
+            with pytest.raises(StorageFull):
+                storage.write(lambda txn: txn.put(b"big", big, db=db), nbytes=len(big))
+            assert storage.journal.records == records
+            shutil.copytree(path, tmp_path / "killed")  # a kill right after the failure
+            os.unlink(mnt / "filler")
+            storage.write(lambda txn: txn.put(b"after", b"2", db=db))
+            with storage.read() as txn:
+                assert txn.get(b"big", db=db) is None
+            # As a kill would leave it: recovered from the checkpoint and the records.
+            shutil.copytree(path, tmp_path / "copy")
+        finally:
+            storage.close()
+        for copy, keys in (("killed", {b"before"}), ("copy", {b"before", b"after"})):
+            again = Storage(str(tmp_path / copy), sync=True)
+            try:
+                db = again.open_db(b"a")
+                with again.read() as txn:
+                    assert {bytes(k) for k, _ in txn.cursor(db=db)} == keys
+            finally:
+                again.close()
+
+
+def test_a_file_system_refusing_the_direct_write_gets_it_through_the_page_cache(tmp_path):
+    """A direct write the kernel refuses (EINVAL, as from a file system without direct I/O;
+    here a staging buffer off its alignment) is written through the page cache instead, and
+    the records still replay."""
+    path = tmp_path / "env"
+    storage = Storage(str(path), sync=True)
+    db = storage.open_db(b"a")
+    journal = storage.journal
+    if journal._direct is None:
+        storage.close()
+        pytest.skip("no direct writes on this file system")
+    journal._stage = memoryview(mmap.mmap(-1, 1 << 17))[16:]
+    records = journal.records
+    storage.write(lambda txn: txn.put(b"k1", b"v1", db=db))
+    assert journal._direct is None and journal.records == records + 1
+    storage.write(lambda txn: txn.put(b"k2", b"v2", db=db))
+    shutil.copytree(path, tmp_path / "copy")  # as a kill would leave it: no checkpoint
+    storage.close()
+    again = Storage(str(tmp_path / "copy"), sync=True)
+    try:
+        assert again.journal.replayed >= 2
+        db = again.open_db(b"a")
+        with again.read() as txn:
+            assert bytes(txn.get(b"k1", db=db)) == b"v1"
+            assert bytes(txn.get(b"k2", db=db)) == b"v2"
+    finally:
+        again.close()

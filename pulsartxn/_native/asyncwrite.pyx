@@ -1,0 +1,116 @@
+# cython: language_level=3
+"""A write that runs while its caller goes on: ``start`` hands it to the kernel, ``wait``
+collects its result.
+
+The journal (storage/journal.py) writes a group's record with O_DIRECT and, while the device
+works on it, commits the group's LMDB transaction (about 25 us that an ordinary ``pwrite``
+would have spent waiting). Through an io_uring, a direct write reaches the block layer before
+``start`` returns. Where there is no io_uring (an old kernel, a seccomp filter,
+kernel.io_uring_disabled), ``start`` writes synchronously with ``pwrite`` and ``wait`` gives
+its result: the same results, nothing overlapped (``asynchronous`` says which). The twin is
+``reference/asyncwrite.py``, always synchronous.
+"""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from libc.errno cimport errno
+from libc.stdint cimport int64_t
+
+from .includes.uring cimport ptx_ring, ptx_ring_close, ptx_ring_open, ptx_ring_wait, ptx_ring_write
+
+import os
+
+
+cdef extern from "<unistd.h>" nogil:
+    ssize_t pwrite(int fd, const void *buf, size_t count, long long offset)
+
+
+cdef class AsyncWriter:
+    """Writes to the descriptor `fd` (not owned: the caller closes it), one at a time."""
+
+    cdef ptx_ring _ring
+    cdef bint _open
+    cdef int _fd
+    cdef Py_buffer _view
+    cdef bint _busy
+    cdef int64_t _done  # a synchronous write's result (or -errno)
+
+    def __cinit__(self, int fd):
+        self._fd = fd
+        self._busy = False
+        self._open = ptx_ring_open(&self._ring) == 0
+
+    def __dealloc__(self):
+        if self._busy:
+            self._finish()
+        if self._open:
+            ptx_ring_close(&self._ring)
+
+    @property
+    def asynchronous(self):
+        """Whether writes run while the caller goes on (an io_uring was granted)."""
+        return bool(self._open)
+
+    @property
+    def busy(self):
+        """A write was started and not waited for."""
+        return bool(self._busy)
+
+    def start(self, buffer, long long offset):
+        """Start writing all of `buffer` (kept alive until ``wait``) at `offset`. OSError
+        when the kernel refuses the submission (nothing was written)."""
+        cdef int rc
+        cdef ssize_t n
+        if self._busy:
+            raise RuntimeError("a write is in flight: wait() for it first")
+        if self._fd < 0:
+            raise ValueError("the writer is closed")
+        PyObject_GetBuffer(buffer, &self._view, PyBUF_SIMPLE)
+        if self._open:
+            rc = ptx_ring_write(
+                &self._ring, self._fd, self._view.buf, <unsigned>self._view.len, offset
+            )
+            if rc < 0:
+                PyBuffer_Release(&self._view)
+                raise OSError(-rc, os.strerror(-rc))
+        else:
+            with nogil:
+                n = pwrite(self._fd, self._view.buf, <size_t>self._view.len, offset)
+                self._done = n if n >= 0 else -errno
+        self._busy = True
+
+    def wait(self):
+        """The bytes the write wrote; OSError if it failed."""
+        if not self._busy:
+            raise RuntimeError("no write is in flight")
+        cdef int64_t res = self._finish()
+        if res < 0:
+            raise OSError(<int>-res, os.strerror(<int>-res))
+        return res
+
+    cdef int64_t _finish(self):
+        cdef int err = 0
+        cdef int64_t res
+        if self._open:
+            with nogil:
+                res = ptx_ring_wait(&self._ring, &err)
+            if err:
+                # The wait failed, not the write: the ring is no longer to be trusted, and the
+                # buffer may still be read by the kernel (keep it).
+                ptx_ring_close(&self._ring)
+                self._open = False
+                self._busy = False
+                return -err
+        else:
+            res = self._done
+        PyBuffer_Release(&self._view)
+        self._busy = False
+        return res
+
+    def close(self):
+        """Wait for a write in flight, release the ring. Idempotent."""
+        if self._busy:
+            self._finish()
+        if self._open:
+            ptx_ring_close(&self._ring)
+            self._open = False
+        self._fd = -1
