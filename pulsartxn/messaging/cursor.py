@@ -8,6 +8,7 @@ position moves up whenever the entries after it have been acknowledged.
 
 from __future__ import annotations
 
+import bisect
 import struct
 
 from .._native import AckSet
@@ -15,6 +16,7 @@ from .._native import AckSet
 _HEAD = struct.Struct("<4sBqII")  # magic, version, mark_delete, n acked ranges, n batch
 _MAGIC = b"PTCU"
 _VERSION = 1
+_MAX = (1 << 63) - 1
 
 
 class Cursor:
@@ -131,16 +133,20 @@ class Cursor:
 
     # -- persistence -----------------------------------------------------------------------
 
-    def serialize(self) -> bytes:
-        """The cursor record: mark-delete, individually acknowledged ranges, batch acks."""
-        ranges = sorted(self.ranges())
-        parts = [_HEAD.pack(_MAGIC, _VERSION, self.mark_delete, len(ranges), len(self.batch_acks))]
-        if ranges:
-            parts.append(struct.pack(f"<{2 * len(ranges)}Q", *(x for r in ranges for x in r)))
-        for entry_id, acks in sorted(self.batch_acks.items()):
-            words = acks.to_words()
-            parts.append(struct.pack(f"<QII{len(words)}Q", entry_id, acks.size, len(words), *words))
-        return b"".join(parts)
+    def serialize(self, pending=()) -> bytes:
+        """The cursor record: mark-delete, individually acknowledged ranges, batch acks.
+
+        `pending`: ``(entries, cumulative)`` of transactions whose commits are being written
+        (held entries as ``(ledger, entry id, AckSet or None)``, and a cumulative ack as
+        ``(entry id, batch index, batch size)`` or None): the record as it will be once their
+        acks are applied, in order, as a commit applies them (``ack``/``ack_set`` per entry,
+        then ``ack_cumulative``). This cursor does not change."""
+        if not pending:
+            return _encode(self.mark_delete, sorted(self.ranges()), self.batch_acks)
+        mark, ranges, batch = self.mark_delete, sorted(self.ranges()), self.batch_acks
+        for entries, cumulative in pending:
+            mark, ranges, batch = _with_acks(mark, ranges, batch, entries, cumulative)
+        return _encode(mark, ranges, batch)
 
     @classmethod
     def deserialize(cls, data) -> Cursor:
@@ -170,6 +176,76 @@ class Cursor:
             f"Cursor(mark_delete={self.mark_delete}, acked={len(self.acked)}, "
             f"partial={len(self.batch_acks)})"
         )
+
+
+def _encode(mark_delete: int, ranges: list, batch_acks: dict) -> bytes:
+    parts = [_HEAD.pack(_MAGIC, _VERSION, mark_delete, len(ranges), len(batch_acks))]
+    if ranges:
+        parts.append(struct.pack(f"<{2 * len(ranges)}Q", *(x for r in ranges for x in r)))
+    for entry_id, acks in sorted(batch_acks.items()):
+        words = acks.to_words()
+        parts.append(struct.pack(f"<QII{len(words)}Q", entry_id, acks.size, len(words), *words))
+    return b"".join(parts)
+
+
+def _with_acks(mark: int, ranges: list, batch: dict, entries, cumulative):
+    """(mark-delete, sorted half-open ranges, batch acks) with one transaction's acks applied,
+    as ``Cursor`` applies them; the inputs are not changed (AckSets are never changed in
+    place here: a merge makes a new one)."""
+    ranges = list(ranges)
+    batch = dict(batch)
+
+    def acked(entry_id: int) -> bool:
+        if entry_id <= mark:
+            return True
+        i = bisect.bisect_right(ranges, (entry_id, _MAX)) - 1
+        return i >= 0 and ranges[i][0] <= entry_id < ranges[i][1]
+
+    def add(entry_id: int) -> None:  # above mark, not acknowledged: joins the ranges
+        batch.pop(entry_id, None)
+        i = bisect.bisect_left(ranges, (entry_id, 0))
+        before = i > 0 and ranges[i - 1][1] == entry_id
+        after = i < len(ranges) and ranges[i][0] == entry_id + 1
+        if before and after:
+            ranges[i - 1 : i + 1] = [(ranges[i - 1][0], ranges[i][1])]
+        elif before:
+            ranges[i - 1] = (ranges[i - 1][0], entry_id + 1)
+        elif after:
+            ranges[i] = (entry_id, ranges[i][1])
+        else:
+            ranges.insert(i, (entry_id, entry_id + 1))
+
+    def add_set(entry_id: int, acks) -> None:
+        if acked(entry_id):
+            return
+        held = batch.get(entry_id)
+        merged = acks.copy() if held is None else held | acks
+        if merged.is_full():
+            add(entry_id)
+        else:
+            batch[entry_id] = merged
+
+    for _, entry_id, ack_set in entries:
+        if ack_set is None:
+            if not acked(entry_id):
+                add(entry_id)
+        else:
+            add_set(entry_id, ack_set)
+    if cumulative is not None:
+        entry_id, batch_index, batch_size = cumulative
+        partial = batch_index >= 0 and batch_size > 1
+        upto = entry_id - 1 if partial else entry_id
+        if upto > mark:
+            mark = upto
+            ranges = [(max(a, upto + 1), b) for a, b in ranges if b > upto + 1]
+            batch = {e: a for e, a in batch.items() if e > upto}
+        if partial and entry_id > mark:
+            part = AckSet(batch_size)
+            part.set_range(0, batch_index + 1)
+            add_set(entry_id, part)
+    while ranges and ranges[0][0] == mark + 1:  # mark-delete moves over what follows it
+        mark = ranges.pop(0)[1] - 1
+    return mark, ranges, batch
 
 
 def _ranges(ids: list[int]) -> list[tuple[int, int]]:

@@ -59,6 +59,11 @@ class Subscription:
         self._persist_requested = 0.0
         self._last_persist = None
         self._key = partition.topic.encode() + b"\0" + name.encode()
+        # Transactions whose commits are being written with this cursor's record in the same
+        # write (pending_ack.end_op): TxnID -> (held entries, cumulative ack). Their acks
+        # reach the cursor once that write has landed; until then every cursor record
+        # written includes them, so that no record written after theirs drops them.
+        self.committing: dict = {}
         self.msg_out = 0
         self.bytes_out = 0
         self.read_committed = True
@@ -434,6 +439,12 @@ class Subscription:
         self._write_cursor()
         return True
 
+    def cursor_record(self) -> bytes:
+        """The cursor's record as a write made now must hold it (lock held): the cursor,
+        with the acks of the commits being written (``committing``) applied."""
+        committing = self.committing
+        return self.cursor.serialize(tuple(committing.values()) if committing else ())
+
     def _write_cursor(self):
         storage = self.partition.storage
         db = storage.open_db(b"cursors")
@@ -441,7 +452,7 @@ class Subscription:
         def apply(txn):
             with self.lock:
                 self._persist_queued = False
-                data = self.cursor.serialize()
+                data = self.cursor_record()
             txn.put(self._key, data, db=db)
 
         self._last_persist = storage.submit(WriteOp(apply, nbytes=64), lazy=True)

@@ -48,9 +48,9 @@ class TransactionEnd:
         were still waiting to ride with a group commit (`riding`: (op, carries a staged
         registration, partition)). Only the subscriptions' cursor updates follow, deferred:
         the END record stays until they have landed, so a crash before that finalizes them
-        again. When that one write holds every participant's part (only partitions of this
-        broker), it is the whole end: no END record, and it deletes what the transaction had
-        in the log."""
+        again. When that one write holds every participant's part (all of them live in this
+        broker; subscriptions then write their cursors in it too), it is the whole end: no
+        END record, and it deletes what the transaction had in the log."""
         op = "commit" if commit else "abort"
         taken = self.storage.commits.take_lazy([r[0] for r in riding]) if riding else []
         if taken and not commit:
@@ -94,16 +94,17 @@ class TransactionEnd:
                 self._write(self._delete_records(meta, index), 16 * index)
             else:
                 try:
-                    ops, end_at = self._decision_ops(meta, expected_acks, lwm, done, per_partition)
+                    ops, end_at, atomic, told = self._decision_ops(
+                        meta, expected_acks, lwm, done, per_partition
+                    )
                 except BaseException as exc:
                     _fail_ops(taken, exc)
                     raise
-                # Every participant's part is in this write (partitions of this broker only):
-                # the write is the whole end, so nothing of it needs the log. Its staged
-                # records are not written, those already in the log are deleted with it. While
-                # the NEW record is still staged (`first`), none of its writes has landed (each
+                # Every participant's part is in this write (all live in this broker): the
+                # write is the whole end, so nothing of it needs the log. Its staged records
+                # are not written, those already in the log are deleted with it. While the
+                # NEW record is still staged (`first`), none of its writes has landed (each
                 # carries that record until one does): there is nothing in the log to delete.
-                atomic = not meta.subscriptions and len(done) == len(meta.partitions)
                 if atomic:
                     with self.lock:
                         meta.atomic_end = True
@@ -135,6 +136,16 @@ class TransactionEnd:
                     if atomic:
                         with self.lock:
                             meta.records = 0  # none left in the log: nothing to clean up
+                        for part, o in told:
+                            exc = o.future.exception()
+                            if exc is not None:
+                                # Its write landed, what it keeps in memory did not: told
+                                # again (end_txn) by finalize, retried until it succeeds.
+                                done.discard(part)
+                                with self.lock:
+                                    meta.retries += 1
+                                    meta.last_error = f"{part[0]} {part[1]}: {exc!r}"
+                                    self.finalize_retries += 1
         except BaseException:
             self.reopen(meta)
             raise
@@ -185,14 +196,41 @@ class TransactionEnd:
         self.storage.run(combine(ops))
 
     def _decision_ops(self, meta: TxnMeta, expected_acks, lwm: int, done: set, riding=None):
-        """What local participants write with the decision, and where in those ops the END
-        record goes (after the pending acks, before the markers); `done` gets the
-        participants whose part is in those ops."""
+        """What local participants write with the decision: ``(ops, end_at, atomic, told)``,
+        with where in those ops the END record goes (after the pending acks, before the
+        markers); `done` gets the participants whose part is in those ops. `atomic` when that
+        is all of them (every one lives in this broker): the ops are then the whole end and no
+        END record is needed; subscriptions write their cursors in them too (the record as it
+        will be with the transaction's acks: the cursor in memory takes them once the write
+        has landed), and `told` lists them with their ops."""
         ops: list[WriteOp] = []
+        told: list = []  # (participant, its op) of the subscriptions in an atomic end
         commit = meta.commit
+        expected_acks = expected_acks or {}
+        local = {}
+        for part in meta.participants():
+            try:
+                participant = self.service.participant(*part)
+            except Exception:  # noqa: BLE001 - finalize retries it
+                continue
+            if getattr(participant, "end_op", None) is not None:
+                local[part] = participant
+        atomic = len(local) == len(meta.partitions) + len(meta.subscriptions)
         try:
-            if commit:
-                expected_acks = expected_acks or {}
+            if atomic:
+                for name in sorted(meta.subscriptions):
+                    expected = expected_acks.get(tuple(name)) if commit else None
+                    o = local["subscription", name].end_op(meta.txn_id, commit, lwm, expected)
+                    if o is None:  # it cannot take part: the logged way for all
+                        atomic = False
+                        ops.clear()
+                        told.clear()
+                        done.clear()
+                        break
+                    ops.append(o)
+                    told.append((("subscription", name), o))
+                    done.add(("subscription", name))
+            if not atomic and commit:
                 for name in sorted(meta.subscriptions):
                     participant = self.service.participant("subscription", name)
                     prepare_op = getattr(participant, "prepare_op", None)
@@ -204,14 +242,11 @@ class TransactionEnd:
                         participant.prepare(meta.txn_id, expected_acks.get(tuple(name)))
             end_at = len(ops)
             for name in sorted(meta.partitions):
-                try:
-                    participant = self.service.participant("partition", name)
-                except Exception:  # noqa: BLE001 - finalize retries it
-                    continue
-                end_op = getattr(participant, "end_op", None)
-                if end_op is None:
+                participant = local.get(("partition", name))
+                if participant is None:
                     continue
                 n = (riding or {}).get(name, 0)
+                end_op = participant.end_op
                 o = end_op(meta.txn_id, commit, lwm, n) if n else end_op(meta.txn_id, commit, lwm)
                 if o is not None:
                     ops.append(o)
@@ -219,7 +254,7 @@ class TransactionEnd:
         except BaseException as exc:
             _fail_ops(ops, exc)
             raise
-        return ops, end_at
+        return ops, end_at, atomic, told
 
     def prepare(self, meta: TxnMeta, expected_acks: dict | None = None) -> None:
         """Before a commit is decided: participants that batch their own logs (pending acks)

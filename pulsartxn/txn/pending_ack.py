@@ -175,7 +175,8 @@ class PendingAck:
     # -- the log ---------------------------------------------------------------------------
 
     def _take_unlogged(self, only: TxnID | None = None) -> tuple[list, list]:
-        """(rows, registrations) not yet in the log, of `only` or of every transaction."""
+        """(rows, registrations) not yet in the log, of `only` or of every transaction; a row
+        is (txn, key, value)."""
         rows, regs = [], []
         for txn in [only] if only is not None else list(self.unlogged):
             acks = self.unlogged.pop(txn, None)
@@ -185,7 +186,8 @@ class PendingAck:
             n = self.records.get(txn, 0)
             self.records[txn] = n + 1
             body = txn.pack() + b"".join(acks)
-            rows.append((self._prefix + txn.pack() + _U32.pack(n), _U32.pack(crc32c(body)) + body))
+            key = self._prefix + txn.pack() + _U32.pack(n)
+            rows.append((txn, key, _U32.pack(crc32c(body)) + body))
         if not self.unlogged:
             self._flush_queued = False
         return rows, regs
@@ -194,12 +196,16 @@ class PendingAck:
         db = self.storage.open_db(DB)
 
         def apply(txn):
+            with self.lock:
+                # Not the rows of a transaction that has ended here meanwhile: its end
+                # deleted what it had logged, in a write this one comes after.
+                live = [(k, v) for t, k, v in rows if t in self.counts]
             for registration in regs:
                 registration(txn)
-            txn.cursor(db=db).putmulti(rows)
+            txn.cursor(db=db).putmulti(live)
 
         self.log_writes += 1
-        return WriteOp(apply, nbytes=sum(len(v) for _, v in rows), records=len(rows))
+        return WriteOp(apply, nbytes=sum(len(v) for _, _, v in rows), records=len(rows))
 
     def _write_rows(self, taken, wait: bool) -> None:
         rows, regs = taken
@@ -256,7 +262,7 @@ class PendingAck:
             # Not logged: back in line, ahead of anything newer (its record number stays
             # unused; replay and cleanup go by the highest number, not the count).
             with self.lock:
-                acks = [bytes(v)[20:] for _, v in rows]
+                acks = [bytes(v)[20:] for _, _, v in rows]
                 pending = [a[i : i + _ACK.size] for a in acks for i in range(0, len(a), _ACK.size)]
                 self.unlogged[txn] = pending + self.unlogged.get(txn, [])
                 self.registrations[txn] = list(regs) + self.registrations.get(txn, [])
@@ -271,13 +277,81 @@ class PendingAck:
 
     # -- ending ----------------------------------------------------------------------------
 
-    def end_txn(self, txn: TxnID, commit: bool, low_watermark: int, wait: bool = True):
+    def end_op(self, txn: TxnID, commit: bool, low_watermark: int, expected: int | None = None):
+        """txn's end here as part of its coordinator's one-write end (every participant's part
+        in one LMDB transaction, no decision record): a commit writes the cursor with txn's
+        acks applied; either way txn's logged acks are deleted. What is only in memory
+        (release, redelivery, the transactions below the low watermark) follows once the
+        write has landed (``end_txn``). A write that does not land gives the cursor and the
+        acks not yet logged back. None when this subscription cannot take part (a damaged
+        log: it is finalized the logged way, retried until it is repaired)."""
+        sub = self.sub
+        if sub.error is not None:
+            return None
+        if commit:
+            with self.lock:
+                self._check_count(txn, expected)
+        storage = self.storage
+        db, cursors = storage.open_db(DB), storage.open_db(b"cursors")
+        sub_key = sub._key
+        undo: dict = {}
+
+        def apply(t) -> None:
+            with self.lock:
+                # Never logged now: the write that would have logged them (and the
+                # subscription's registration riding in it) is this one.
+                undo["acks"] = (self.unlogged.pop(txn, None), self.registrations.pop(txn, None))
+                n = self.records.get(txn, 0)
+                if commit:
+                    # The cursor changes once this write has landed (end_txn); the record
+                    # written here, and any written after it meanwhile, hold txn's acks.
+                    sub.committing[txn] = (
+                        list(self.index.entries_of(txn)),
+                        self.cumulative.get(txn),
+                    )
+                    t.put(sub_key, sub.cursor_record(), db=cursors)
+            for i in range(n):
+                t.delete(self._prefix + txn.pack() + _U32.pack(i), db=db)
+
+        def on_abort() -> None:
+            with self.lock:
+                sub.committing.pop(txn, None)
+                acks, regs = undo.pop("acks", (None, None))
+                if acks:
+                    self.unlogged[txn] = acks + self.unlogged.get(txn, [])
+                if regs:
+                    self.registrations[txn] = regs + self.registrations.get(txn, [])
+
+        def on_commit(_) -> None:
+            with self.lock:
+                # Deleted by this write; and a log write of its acks still on its way (taken
+                # by the flusher) leaves them out (_rows_op), whatever happens below.
+                self.records.pop(txn, None)
+                try:
+                    # txn's acks reach the cursor (already written) and its messages are
+                    # forgotten; the transactions below the low watermark end too, with a
+                    # write of their own if they need one.
+                    self.end_txn(txn, commit, low_watermark, wait=False, written=True)
+                finally:
+                    sub.committing.pop(txn, None)
+
+        return WriteOp(apply, nbytes=256, on_commit=on_commit, on_abort=on_abort)
+
+    def end_txn(
+        self,
+        txn: TxnID,
+        commit: bool,
+        low_watermark: int,
+        wait: bool = True,
+        written: bool = False,
+    ):
         """Commit (acks to the cursor) or abort (release, redeliver) txn_id here; abort what
         the low watermark says has finished. Idempotent.
 
         With wait=False the write (cursor, cleanup) rides with the next group commit and its
         future is returned (None when there is nothing to write): for a caller whose decision
-        is already durable, so that a crash before it lands only means doing it again."""
+        is already durable, so that a crash before it lands only means doing it again.
+        `written`: txn's part is in LMDB already (end_op): only the others need a write."""
         sub = self.sub
         if sub.error is not None:  # a damaged log: retried until it is repaired
             raise sub.error
@@ -298,14 +372,8 @@ class PendingAck:
                     continue
                 if c:
                     self.committed += 1
-                    cursor = sub.cursor
-                    for _, entry_id, ack_set in entries:
-                        if ack_set is None:
-                            changed |= cursor.ack(entry_id)
-                        else:
-                            changed |= cursor.ack_set(entry_id, ack_set)
-                    if cum is not None:
-                        changed |= cursor.ack_cumulative(*cum)
+                    acked = _ack_cursor(sub.cursor, entries, cum)
+                    changed |= acked and not (written and t == txn)
                     sub._forget_acked(cum, entries)
                 else:
                     self.aborted += 1
@@ -329,7 +397,7 @@ class PendingAck:
                 # Serialized when applied, as every cursor write is: the latest state wins
                 # whatever order concurrent cursor writes are applied in.
                 with sub.lock:
-                    data = sub.cursor.serialize()
+                    data = sub.cursor_record()
                 t.put(sub_key, data, db=cursors)
             for k in keys:
                 t.delete(k, db=db)
@@ -407,3 +475,18 @@ class PendingAck:
                 "log_writes": self.log_writes,
                 "unlogged_acks": sum(len(v) for v in self.unlogged.values()),
             }
+
+
+def _ack_cursor(cursor, entries, cumulative) -> bool:
+    """Apply a transaction's pending acks (its held entries and its cumulative ack, if any)
+    to `cursor`, subscription lock held; whether it changed. Applying them again changes
+    nothing."""
+    changed = False
+    for _, entry_id, ack_set in entries:
+        if ack_set is None:
+            changed |= cursor.ack(entry_id)
+        else:
+            changed |= cursor.ack_set(entry_id, ack_set)
+    if cumulative is not None:
+        changed |= cursor.ack_cumulative(*cumulative)
+    return changed

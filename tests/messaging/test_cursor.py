@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -100,3 +103,71 @@ def test_ranges_follow_a_model_of_acknowledged_entries(steps):
     back = Cursor.deserialize(c.serialize())
     assert back.mark_delete == c.mark_delete and back.acked == c.acked
     assert back._starts == c._starts and back._ends == c._ends
+
+
+def _size(entry_id: int) -> int:
+    return 2 + entry_id % 5  # one batch size per entry, as a ledger has
+
+
+def _random_cursor(rng):
+    cursor = Cursor(rng.randint(-1, 5))
+    for _ in range(rng.randint(0, 40)):
+        e = rng.randint(0, 60)
+        kind = rng.random()
+        if kind < 0.5:
+            cursor.ack(e)
+        elif kind < 0.8:
+            size = _size(e)
+            cursor.ack(e, rng.randrange(size), size)
+        elif kind < 0.9:
+            cursor.ack_cumulative(rng.randint(0, 30))
+        else:
+            size = _size(e)
+            cursor.ack_cumulative(e, rng.randrange(size), size)
+    return cursor
+
+
+def _random_pending(rng):
+    entries = []
+    for _ in range(rng.randint(0, 6)):
+        e = rng.randint(0, 70)
+        if rng.random() < 0.6:
+            entries.append((1, e, None))
+        else:
+            size = _size(e)
+            acks = AckSet(size)
+            for i in rng.sample(range(size), rng.randint(1, size)):
+                acks.set(i)
+            entries.append((1, e, acks))
+    cumulative = None
+    if rng.random() < 0.6:
+        e = rng.randint(0, 70)
+        if rng.random() < 0.5:
+            cumulative = (e, -1, 0)
+        else:
+            size = _size(e)
+            cumulative = (e, rng.randrange(size), size)
+    return entries, cumulative
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_record_with_pending_acks_is_the_record_once_they_are_applied(seed):
+    """serialize(pending) gives the record the cursor will have once a commit (or several)
+    has applied its acks, as the commit applies them, and changes nothing meanwhile."""
+    rng = random.Random(seed)
+    for _ in range(25):
+        cursor = _random_cursor(rng)
+        pending = [_random_pending(rng) for _ in range(rng.randint(1, 3))]
+        before = cursor.serialize()
+        got = cursor.serialize(pending)
+        assert cursor.serialize() == before
+        applied = Cursor.deserialize(before)
+        for entries, cumulative in pending:
+            for _, entry_id, acks in entries:
+                if acks is None:
+                    applied.ack(entry_id)
+                else:
+                    applied.ack_set(entry_id, acks)
+            if cumulative is not None:
+                applied.ack_cumulative(*cumulative)
+        assert got == applied.serialize()

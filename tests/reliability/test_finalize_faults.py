@@ -301,3 +301,140 @@ def test_broker_closed_mid_commit_finishes_the_commit_on_recovery(tmp_path):
         assert got == sorted(f"c{i}".encode() for i in range(6))
         tb = broker.admin.transaction_buffer_stats("t")["partitions"]
         assert all(p["ongoing_txn_size"] == 0 for p in tb.values())
+
+
+def test_a_one_write_end_that_fails_gives_the_cursor_back(tmp_path):
+    """A subscription's part of a one-write end applies the acks to its cursor inside the
+    write; when that write fails after it (a later part of the same LMDB transaction), the
+    cursor and the acks waiting to be logged are given back: the transaction is still open,
+    its acks still held, and an abort then delivers them again."""
+    from pulsartxn.storage import WriteOp, combine
+
+    with pulsartxn.Broker(tmp_path / "data", num_coordinators=2, sync=True) as broker:
+        client = broker.client()
+        inputs = client.create_producer("in", batching_enabled=False)
+        for i in range(4):
+            inputs.send(f"x{i}".encode())
+        consumer = client.subscribe("in", "s", subscription_type=pulsartxn.ConsumerType.Shared)
+        msgs = [consumer.receive(timeout_millis=2000) for _ in range(4)]
+        consumer.acknowledge(msgs[3])
+        sub = broker._partition(broker.topic_partitions("in")[0]).subscriptions["s"]
+        txn = client.new_transaction()
+        for m in msgs[:3]:
+            consumer.acknowledge(m, txn=txn)
+        with sub.lock:
+            cursor_before = sub.cursor.serialize()
+            unlogged_before = list(sub.pending_ack.unlogged[txn.id])
+        fault = Fault(exc=lmdb.Error("mdb_put: injected write error"))
+        part = sub.pending_ack.end_op(txn.id, True, 0, 3)
+        with pytest.raises(lmdb.Error, match="injected"):
+            broker.storage.run(combine([part, WriteOp(lambda t: fault.hit())]))
+        with sub.lock:
+            assert sub.cursor.serialize() == cursor_before
+            assert sub.pending_ack.unlogged[txn.id] == unlogged_before
+        with pytest.raises(pulsartxn.Timeout):
+            consumer.receive(timeout_millis=50)  # still held by the open transaction
+        txn.abort()
+        assert sorted(m.data() for m in drain(consumer)) == [b"x0", b"x1", b"x2"]
+    with pulsartxn.Broker(tmp_path / "data", num_coordinators=2, sync=True) as broker:
+        got = sorted(m.data() for m in drain(broker.client().subscribe("in", "s")))
+        assert got == [b"x0", b"x1", b"x2"]
+
+
+def test_a_log_write_still_on_its_way_after_a_one_write_end_writes_nothing_of_it(tmp_path):
+    """The broker's flusher takes a transaction's acks for the pending-ack log; the
+    transaction then ends in one write (which deletes what it had logged) before that log
+    write lands: it leaves those acks out, so no row of the finished transaction outlives it
+    (a reopen would replay it as held)."""
+    with pulsartxn.Broker(tmp_path / "data", num_coordinators=2, sync=True) as broker:
+        client = broker.client()
+        inputs = client.create_producer("in", batching_enabled=False)
+        inputs.send(b"x0")
+        inputs.send(b"x1")
+        consumer = client.subscribe("in", "s")
+        m0 = consumer.receive(timeout_millis=2000)
+        pending = broker._partition(broker.topic_partitions("in")[0]).subscriptions["s"]
+        pending = pending.pending_ack
+        txn = client.new_transaction()
+        consumer.acknowledge(m0, txn=txn)
+        with pending.lock:
+            late = pending._rows_op(*pending._take_unlogged())  # taken, not yet written
+        txn.commit()
+        broker.storage.run(late)
+        with broker.storage.read() as t:
+            rows = [bytes(k) for k, _ in t.cursor(db=broker.storage.open_db(b"pendingack"))]
+        assert rows == []
+        again = client.new_transaction()  # the message after it, acked in a new transaction
+        consumer.acknowledge(consumer.receive(timeout_millis=2000), txn=again)
+    with pulsartxn.Broker(tmp_path / "data", num_coordinators=2, sync=True) as broker:
+        client = broker.client()
+        assert broker.admin.pending_ack_stats("in", "s")["error"] is None
+        client.transaction(again.id).abort()
+        assert [m.data() for m in drain(client.subscribe("in", "s"))] == [b"x1"]
+
+
+def _one_subscription(tmp_path, n=4):
+    broker = pulsartxn.Broker(tmp_path / "data", sync=True)
+    client = broker.client()
+    inputs = client.create_producer("in", batching_enabled=False)
+    for i in range(n):
+        inputs.send(f"x{i}".encode())
+    consumer = client.subscribe("in", "s")
+    msgs = [consumer.receive(timeout_millis=2000) for _ in range(n)]
+    sub = broker._partition(broker.topic_partitions("in")[0]).subscriptions["s"]
+    return broker, client, consumer, msgs, sub
+
+
+def test_an_ack_made_while_a_one_write_end_fails_is_kept(tmp_path):
+    """The cursor takes a transaction's acks only once its one-write end has landed: a plain
+    ack made while that write is being applied, which then fails, stays acknowledged (a
+    cursor put back as it was before the write would drop it)."""
+    from pulsartxn.storage import WriteOp, combine
+
+    broker, client, consumer, msgs, sub = _one_subscription(tmp_path)
+    with broker:
+        txn = client.new_transaction()
+        consumer.acknowledge_cumulative(msgs[1], txn=txn)
+
+        def ack_then_fail(t):
+            consumer.acknowledge(msgs[3])  # another thread's plain ack, meanwhile
+            raise lmdb.Error("mdb_put: injected write error")
+
+        part = sub.pending_ack.end_op(txn.id, True, 0, 1)
+        with pytest.raises(lmdb.Error, match="injected"):
+            broker.storage.run(combine([part, WriteOp(ack_then_fail)]))
+        with sub.lock:
+            assert sub.cursor.mark_delete == msgs[0].message_id().entry_id() - 1
+            assert sub.cursor.is_acked(msgs[3].message_id().entry_id())
+            assert not sub.committing
+        txn.abort()
+        consumer.redeliver_unacknowledged_messages()
+        assert sorted(m.data() for m in drain(consumer)) == [b"x0", b"x1", b"x2"]
+
+
+def test_a_cursor_written_after_a_one_write_end_in_its_group_keeps_its_acks(tmp_path):
+    """Another cursor write in the same LMDB transaction as a one-write end, after it (a
+    plain ack's persist riding in that group), writes the cursor with the transaction's acks
+    although the cursor in memory takes them only once the write has landed: the record
+    never loses a committed transaction's acks."""
+    from pulsartxn.messaging.cursor import Cursor
+    from pulsartxn.storage import WriteOp, combine
+
+    broker, client, consumer, msgs, sub = _one_subscription(tmp_path)
+    with broker:
+        txn = client.new_transaction()
+        consumer.acknowledge_cumulative(msgs[2], txn=txn)
+        cursors = broker.storage.open_db(b"cursors")
+
+        def persist(t):  # as Subscription._write_cursor does
+            with sub.lock:
+                data = sub.cursor_record()
+            t.put(sub._key, data, db=cursors)
+
+        part = sub.pending_ack.end_op(txn.id, True, 0, 1)
+        broker.storage.run(combine([part, WriteOp(persist)]))
+        with broker.storage.read() as t:
+            record = Cursor.deserialize(t.get(sub._key, db=cursors))
+        with sub.lock:
+            assert record.serialize() == sub.cursor.serialize()
+        assert record.mark_delete == msgs[2].message_id().entry_id()

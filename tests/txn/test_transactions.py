@@ -298,11 +298,27 @@ def _logged(broker, txn_id) -> list[bytes]:
     return keys
 
 
+class _Elsewhere:
+    """A participant resolver for which the partitions of topic "far" live elsewhere: their
+    part is told after the decision (end_txn), not written with it."""
+
+    def __init__(self) -> None:
+        self.ended: list = []
+
+    def __call__(self, kind, name):
+        if kind == "partition" and "/far-partition-" in name:
+            return self
+
+    def end_txn(self, txn_id, commit, low_watermark):
+        self.ended.append((txn_id, commit))
+
+
 @pytest.mark.parametrize("durable_begin", [False, True])
-def test_a_produce_only_end_is_one_write_that_leaves_nothing_in_the_log(env, durable_begin):
-    """A transaction whose participants are all partitions of this broker ends in one write:
-    its batches still waiting, its markers, and the deletion of whatever it had logged (no
-    END record, no cleanup afterwards). One with a subscription keeps the logged decision."""
+def test_a_local_end_is_one_write_that_leaves_nothing_in_the_log(env, durable_begin):
+    """A transaction whose participants all live in this broker ends in one write: its
+    batches still waiting, its markers, its acks applied to the cursors, and the deletion of
+    whatever it had logged (no END record, no cleanup afterwards). One with a participant
+    elsewhere keeps the logged decision until that participant has been told."""
     broker = env(durable_begin=durable_begin)
     client = broker.client()
     p = client.create_producer("t", batching_max_publish_delay_ms=60_000)
@@ -328,27 +344,47 @@ def test_a_produce_only_end_is_one_write_that_leaves_nothing_in_the_log(env, dur
     assert riding.state is TxnState.COMMITTED and landed.state is TxnState.ABORTED
 
     producer = client.create_producer("in", batching_enabled=False)
-    producer.send(b"x")
-    consumer = client.subscribe("in", "s")
-    (m,) = drain(consumer)
+    for v in (b"x", b"y", b"z"):
+        producer.send(v)
+    consumer = client.subscribe("in", "s", subscription_type=ConsumerType.Shared)
+    x, y, z = drain(consumer)
     acked = client.new_transaction()
     p.send(b"a4", txn=acked)
-    consumer.acknowledge(m, txn=acked)
-    acked.commit()
-    assert acked.state is TxnState.COMMITTED
-    deadline = time.monotonic() + 5
-    while _logged(broker, acked.id):  # its END record goes once the cursor write landed
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    consumer.acknowledge(x, txn=acked)
+    consumer.acknowledge(z, txn=acked)
+    acked.commit()  # the cursor write is part of the one write
+    assert acked.state is TxnState.COMMITTED and _logged(broker, acked.id) == []
+    released = client.new_transaction()
+    consumer.acknowledge(y, txn=released)
+    released.abort()
+    assert _logged(broker, released.id) == []
+    assert [m.data() for m in drain(consumer)] == [b"y"]  # x and z stay acknowledged
 
     broker.close()
     broker = env(durable_begin=durable_begin)
     client = broker.client()
     assert scanned(client, "t") == [b"a1", b"a3", b"a4"]
     assert scanned(client, "u") == [b"b1", b"b3"]
-    assert drain(client.subscribe("in", "s")) == []
-    for txn in (riding, landed, again, acked):
+    assert [m.data() for m in drain(client.subscribe("in", "s"))] == [b"y"]
+    for txn in (riding, landed, again, acked, released):
         assert _logged(broker, txn.id) == []
+    broker.close()
+
+    elsewhere = _Elsewhere()
+    broker = env(durable_begin=durable_begin, txn_participants=elsewhere)
+    client = broker.client()
+    broker.create_topic("far", 1)
+    txn = client.new_transaction()
+    client.create_producer("t").send(b"a5", txn=txn)
+    client.create_producer("far").send(b"f", txn=txn)
+    consumer = client.subscribe("in", "s")
+    consumer.acknowledge(consumer.receive(1000), txn=txn)
+    txn.commit()
+    assert elsewhere.ended == [(txn.id, True)]  # told by finalize, after the decision
+    deadline = time.monotonic() + 5
+    while _logged(broker, txn.id):  # its END record goes once every participant is told
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
 
 
 def test_timeout_aborts_produced_messages_and_acks(env):
