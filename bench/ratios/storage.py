@@ -4,7 +4,10 @@ itself (journal=False: an fdatasync of the data pages, then the meta page), in o
 a. synced groups of one small put, one after the other (the latency of a durable write);
 b. the exactly-once consume-process-produce pipeline of bench/peers, 100 messages per
    transaction, every commit durable;
-c. the recorder of a group's writes, native against its twin.
+c. the recorder of a group's writes, native against its twin;
+d. a journal append as the group commit makes it (a 16 KiB record written while LMDB commits a
+   small group, then fdatasynced): the native AsyncWriter (io_uring) against its twin, which
+   writes before the commit.
 
 Rounds alternate between the two sides; each row gives the median of ours and the median of
 the per-round ratios.
@@ -20,7 +23,9 @@ from pulsartxn._native import load
 from pulsartxn.storage import Storage
 
 from ..benchmarks.storage._journal import (
+    direct_file,
     open_broker,
+    overlapped_writes,
     pipeline,
     record_group,
     recorder_env,
@@ -95,6 +100,36 @@ def measure(quick: bool = False) -> list[Row]:
                 )
             )
         finally:
+            env.close()
+        env, handles = recorder_env(os.path.join(tmp, "overlap-env"))
+        fd, stage = direct_file(os.path.join(tmp, "journal"))
+        try:
+            n_appends = 100 if quick else 400
+            times = {"native": [], "reference": []}
+            for r in range(rounds):
+                for kind in ("native", "reference") if r % 2 else ("reference", "native"):
+                    impl = load(kind)
+                    times[kind].append(
+                        timed(
+                            lambda impl=impl: overlapped_writes(
+                                impl, fd, stage, env, handles, n_appends
+                            )
+                        )
+                    )
+            rows.append(
+                paired(
+                    "AsyncWriter: journal append (16 KiB direct write + fdatasync) "
+                    "overlapped with an LMDB commit",
+                    n_appends,
+                    "appends",
+                    times["native"],
+                    times["reference"],
+                    "twin (writes, then commits)",
+                    None,
+                )
+            )
+        finally:
+            os.close(fd)
             env.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 
 import lmdb
@@ -32,6 +33,46 @@ def recorder_env(path: str):
         a = env.open_db(b"a", txn=txn, create=True)
         b = env.open_db(b"b", txn=txn, create=True)
     return env, {"a": a, "b": b, "names": {id(a): b"a", id(b): b"b"}}
+
+
+RECORD = 16384  # a journal record of a transaction of 100 messages of 100 B
+
+
+def direct_file(path: str):
+    """(descriptor, aligned staging buffer) of a zero-filled 4 MiB file opened for direct
+    writes (through the page cache where the file system has no direct I/O)."""
+    with open(path, "wb") as f:
+        f.write(bytes(256 * RECORD))
+        os.fsync(f.fileno())
+    try:
+        fd = os.open(path, os.O_WRONLY | getattr(os, "O_DIRECT", 0))
+    except OSError:
+        fd = os.open(path, os.O_WRONLY)
+    stage = mmap.mmap(-1, RECORD)
+    stage[:] = os.urandom(RECORD)
+    return fd, stage
+
+
+def overlapped_writes(impl, fd: int, stage, env, handles, n: int) -> None:
+    """n journal appends as the group commit makes them: a record's write started through
+    impl's AsyncWriter, the LMDB commit of a transaction's group meanwhile (a ledger entry of
+    100 messages, then small puts in a second database), then the wait and the fdatasync. The
+    native writer overlaps the two; the twin writes first."""
+    writer = impl.AsyncWriter(fd)
+    record = memoryview(stage)[:RECORD]
+    a, b = handles["a"], handles["b"]
+    entry = bytes(stage[:12000])
+    try:
+        for i in range(n):
+            writer.start(record, (i % 256) * RECORD)
+            with env.begin(write=True) as txn:
+                txn.put(b"e%08d" % i, entry, db=b)
+                for key, value in GROUP:
+                    txn.put(key, value, db=a)
+            writer.wait()
+            os.fdatasync(fd)
+    finally:
+        writer.close()
 
 
 def small_writes(storage: Storage, n: int) -> None:

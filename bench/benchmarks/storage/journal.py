@@ -1,6 +1,6 @@
 """asv: the synced store's journal (pulsartxn/storage/journal.py): synced small writes and the
 consume-process-produce pipeline with the journal and with LMDB syncing itself, and the
-recorder, native and twin."""
+recorder and the journal's overlapped write, native and twin."""
 
 import os
 import shutil
@@ -9,7 +9,15 @@ import tempfile
 from pulsartxn._native import load
 from pulsartxn.storage import Storage
 
-from ._journal import open_broker, pipeline, record_group, recorder_env, small_writes
+from ._journal import (
+    direct_file,
+    open_broker,
+    overlapped_writes,
+    pipeline,
+    record_group,
+    recorder_env,
+    small_writes,
+)
 
 
 class _Synced:
@@ -61,3 +69,25 @@ class Recorder:
         with self.env.begin(write=True) as txn:
             record_group(self.impl, txn, self.handles)
             txn.abort()
+
+
+class OverlappedWrite:
+    """A journal append as the group commit makes it: the native AsyncWriter (io_uring) runs
+    the record's write while LMDB commits; the twin writes first."""
+
+    params = ["native", "reference"]
+    param_names = ["impl"]
+
+    def setup(self, impl):
+        self.impl = load(impl)
+        self.tmp = tempfile.mkdtemp()
+        self.env, self.handles = recorder_env(os.path.join(self.tmp, "env"))
+        self.fd, self.stage = direct_file(os.path.join(self.tmp, "journal"))
+
+    def teardown(self, impl):
+        os.close(self.fd)
+        self.env.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def time_100_overlapped_appends(self, impl):
+        overlapped_writes(self.impl, self.fd, self.stage, self.env, self.handles, 100)
