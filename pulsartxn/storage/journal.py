@@ -330,8 +330,8 @@ class Journal:
                 stage = self._stage = mmap.mmap(-1, max(end - pos, 1 << 16))
             stage[: len(header)] = header
             stage[len(header) : n] = payload
-            self._writing = (pos, n)
             self._writer.start(memoryview(stage)[: end - pos], pos)
+            self._writing = (pos, n)
             if wait:
                 self._written()
             return

@@ -327,12 +327,13 @@ class PendingAck:
                 # Deleted by this write; and a log write of its acks still on its way (taken
                 # by the flusher) leaves them out (_rows_op), whatever happens below.
                 self.records.pop(txn, None)
-                try:
-                    # txn's acks reach the cursor (already written) and its messages are
-                    # forgotten; the transactions below the low watermark end too, with a
-                    # write of their own if they need one.
-                    self.end_txn(txn, commit, low_watermark, wait=False, written=True)
-                finally:
+            try:
+                # txn's acks reach the cursor (already written: `committing` gives way to
+                # them under the same lock) and its messages are forgotten; the transactions
+                # below the low watermark end too, with a write of their own if they need one.
+                self.end_txn(txn, commit, low_watermark, wait=False, written=True)
+            finally:
+                with self.lock:
                     sub.committing.pop(txn, None)
 
         return WriteOp(apply, nbytes=256, on_commit=on_commit, on_abort=on_abort)
@@ -380,6 +381,8 @@ class PendingAck:
                     released.extend(entries)
                     if cum is not None:
                         released.append((None, -1, None))
+            if written:
+                sub.committing.pop(txn, None)  # in the cursor itself now
             if released:
                 sub._release_held(released)
             if not self.unlogged:
