@@ -191,46 +191,26 @@ def _encode(mark_delete: int, ranges: list, batch_acks: dict) -> bytes:
 def _with_acks(mark: int, ranges: list, batch: dict, entries, cumulative):
     """(mark-delete, sorted half-open ranges, batch acks) with one transaction's acks applied,
     as ``Cursor`` applies them; the inputs are not changed (AckSets are never changed in
-    place here: a merge makes a new one)."""
-    ranges = list(ranges)
+    place here: a merge makes a new one). A transaction's entries are distinct, so they are
+    merged into the ranges in one pass."""
     batch = dict(batch)
-
-    def acked(entry_id: int) -> bool:
-        if entry_id <= mark:
-            return True
-        i = bisect.bisect_right(ranges, (entry_id, _MAX)) - 1
-        return i >= 0 and ranges[i][0] <= entry_id < ranges[i][1]
-
-    def add(entry_id: int) -> None:  # above mark, not acknowledged: joins the ranges
-        batch.pop(entry_id, None)
-        i = bisect.bisect_left(ranges, (entry_id, 0))
-        before = i > 0 and ranges[i - 1][1] == entry_id
-        after = i < len(ranges) and ranges[i][0] == entry_id + 1
-        if before and after:
-            ranges[i - 1 : i + 1] = [(ranges[i - 1][0], ranges[i][1])]
-        elif before:
-            ranges[i - 1] = (ranges[i - 1][0], entry_id + 1)
-        elif after:
-            ranges[i] = (entry_id, ranges[i][1])
-        else:
-            ranges.insert(i, (entry_id, entry_id + 1))
-
-    def add_set(entry_id: int, acks) -> None:
-        if acked(entry_id):
-            return
-        held = batch.get(entry_id)
-        merged = acks.copy() if held is None else held | acks
-        if merged.is_full():
-            add(entry_id)
-        else:
-            batch[entry_id] = merged
-
+    whole = []  # entries the transaction acknowledges whole
     for _, entry_id, ack_set in entries:
+        if entry_id <= mark:
+            continue
         if ack_set is None:
-            if not acked(entry_id):
-                add(entry_id)
-        else:
-            add_set(entry_id, ack_set)
+            whole.append(entry_id)
+        elif not _covers(ranges, entry_id):
+            held = batch.get(entry_id)
+            merged = ack_set.copy() if held is None else held | ack_set
+            if merged.is_full():
+                whole.append(entry_id)
+            else:
+                batch[entry_id] = merged
+    if whole:
+        for entry_id in whole:
+            batch.pop(entry_id, None)
+        ranges = _union(ranges, sorted(whole))
     if cumulative is not None:
         entry_id, batch_index, batch_size = cumulative
         partial = batch_index >= 0 and batch_size > 1
@@ -239,13 +219,46 @@ def _with_acks(mark: int, ranges: list, batch: dict, entries, cumulative):
             mark = upto
             ranges = [(max(a, upto + 1), b) for a, b in ranges if b > upto + 1]
             batch = {e: a for e, a in batch.items() if e > upto}
-        if partial and entry_id > mark:
+        if partial and entry_id > mark and not _covers(ranges, entry_id):
             part = AckSet(batch_size)
             part.set_range(0, batch_index + 1)
-            add_set(entry_id, part)
-    while ranges and ranges[0][0] == mark + 1:  # mark-delete moves over what follows it
-        mark = ranges.pop(0)[1] - 1
-    return mark, ranges, batch
+            held = batch.get(entry_id)
+            merged = part if held is None else held | part
+            if merged.is_full():
+                batch.pop(entry_id, None)
+                ranges = _union(ranges, [entry_id])
+            else:
+                batch[entry_id] = merged
+    start = 0
+    while start < len(ranges) and ranges[start][0] == mark + 1:  # mark-delete moves on
+        mark = ranges[start][1] - 1
+        start += 1
+    return mark, ranges[start:], batch
+
+
+def _covers(ranges: list, entry_id: int) -> bool:
+    """Whether sorted half-open `ranges` hold entry_id."""
+    i = bisect.bisect_right(ranges, (entry_id, _MAX)) - 1
+    return i >= 0 and ranges[i][0] <= entry_id < ranges[i][1]
+
+
+def _union(ranges: list, ids: list) -> list:
+    """Sorted half-open `ranges` with the sorted entry ids `ids` added, as maximal ranges."""
+    out: list = []
+    i = j = 0
+    while i < len(ranges) or j < len(ids):
+        if j == len(ids) or (i < len(ranges) and ranges[i][0] <= ids[j]):
+            a, b = ranges[i]
+            i += 1
+        else:
+            a, b = ids[j], ids[j] + 1
+            j += 1
+        if out and out[-1][1] >= a:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
 
 
 def _ranges(ids: list[int]) -> list[tuple[int, int]]:
