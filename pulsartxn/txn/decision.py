@@ -103,12 +103,17 @@ class TransactionEnd:
                 # Every participant's part is in this write (all live in this broker): the
                 # write is the whole end, so nothing of it needs the log. Its staged records
                 # are not written, those already in the log are deleted with it. While the
-                # NEW record is still staged (`first`), none of its writes has landed (each
-                # carries that record until one does): there is nothing in the log to delete.
+                # NEW record is still staged (`first`), none of the writes that the end waits
+                # for has landed (each carries that record until one does); but a
+                # subscription's registration rides in a pending-ack log write that nobody
+                # waits for and that does not unstage it (the broker's flusher), so with
+                # subscriptions the records are deleted all the same (deleting what is not
+                # there is harmless; a registration applied after this write finds
+                # `atomic_end` and writes nothing).
                 if atomic:
                     with self.lock:
                         meta.atomic_end = True
-                    if first is None:
+                    if first is None or meta.subscriptions:
                         ops.append(WriteOp(self._delete_records(meta, meta.records), nbytes=16))
                 else:
                     ops.insert(end_at, self._end_op(meta, index))

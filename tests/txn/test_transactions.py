@@ -777,3 +777,29 @@ def test_a_commit_refuses_when_acks_were_lost_in_a_restart(tmp_path, durable_beg
         txn.abort()
         consumer = client.subscribe("t", "s")
         assert [m.data() for m in drain(consumer)] == [b"m0", b"m1", b"m2"]
+
+
+def test_a_one_write_end_deletes_a_registration_the_flusher_logged(env):
+    """A subscription's registration rides in the pending-ack log write of its acks, which the
+    broker's flusher may make before the transaction ends, carrying the NEW record with it.
+    The transaction's one-write end must delete those records too, or a reopen finds it OPEN
+    (and aborts it) although its markers say committed."""
+    broker = env()
+    client = broker.client()
+    client.create_producer("in", batching_enabled=False).send(b"x")
+    consumer = client.subscribe("in", "s")
+    m = consumer.receive(2000)
+    txn = client.new_transaction()
+    consumer.acknowledge(m, txn=txn)
+    pending = broker._partition(broker.topic_partitions("in")[0]).subscriptions["s"]
+    pending.pending_ack.flush()  # as the flusher does after its delay: rows + registration
+    assert _logged(broker, txn.id) != []
+    client.create_producer("out").send_async(b"y", txn=txn)  # rides in the end
+    txn.commit()
+    assert _logged(broker, txn.id) == []
+    broker.close()
+    broker = env()
+    client = broker.client()
+    assert broker.admin.slow_transactions(0) == []  # none left open, to be aborted
+    assert scanned(client, "out") == [b"y"]
+    assert drain(client.subscribe("in", "s")) == []
