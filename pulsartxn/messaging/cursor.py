@@ -141,8 +141,6 @@ class Cursor:
         ``(entry id, batch index, batch size)`` or None): the record as it will be once their
         acks are applied, in order, as a commit applies them (``ack``/``ack_set`` per entry,
         then ``ack_cumulative``). This cursor does not change."""
-        if not pending:
-            return _encode(self.mark_delete, sorted(self.ranges()), self.batch_acks)
         mark, ranges, batch = self.mark_delete, sorted(self.ranges()), self.batch_acks
         for entries, cumulative in pending:
             mark, ranges, batch = _with_acks(mark, ranges, batch, entries, cumulative)
@@ -200,13 +198,8 @@ def _with_acks(mark: int, ranges: list, batch: dict, entries, cumulative):
             continue
         if ack_set is None:
             whole.append(entry_id)
-        elif not _covers(ranges, entry_id):
-            held = batch.get(entry_id)
-            merged = ack_set.copy() if held is None else held | ack_set
-            if merged.is_full():
-                whole.append(entry_id)
-            else:
-                batch[entry_id] = merged
+        elif not _covers(ranges, entry_id) and _merged_full(batch, entry_id, ack_set):
+            whole.append(entry_id)
     if whole:
         for entry_id in whole:
             batch.pop(entry_id, None)
@@ -222,18 +215,26 @@ def _with_acks(mark: int, ranges: list, batch: dict, entries, cumulative):
         if partial and entry_id > mark and not _covers(ranges, entry_id):
             part = AckSet(batch_size)
             part.set_range(0, batch_index + 1)
-            held = batch.get(entry_id)
-            merged = part if held is None else held | part
-            if merged.is_full():
+            if _merged_full(batch, entry_id, part):
                 batch.pop(entry_id, None)
                 ranges = _union(ranges, [entry_id])
-            else:
-                batch[entry_id] = merged
     start = 0
     while start < len(ranges) and ranges[start][0] == mark + 1:  # mark-delete moves on
         mark = ranges[start][1] - 1
         start += 1
     return mark, ranges[start:], batch
+
+
+def _merged_full(batch: dict, entry_id: int, acks) -> bool:
+    """Merge `acks` into entry_id's batch acks (kept as they are: nothing here changes an
+    AckSet in place); True, and nothing kept, when that makes the entry whole (as
+    ``Cursor.ack_set``)."""
+    held = batch.get(entry_id)
+    merged = acks if held is None else held | acks
+    if merged.is_full():
+        return True
+    batch[entry_id] = merged
+    return False
 
 
 def _covers(ranges: list, entry_id: int) -> bool:

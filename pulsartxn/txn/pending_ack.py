@@ -282,9 +282,11 @@ class PendingAck:
         in one LMDB transaction, no decision record): a commit writes the cursor with txn's
         acks applied; either way txn's logged acks are deleted. What is only in memory
         (release, redelivery, the transactions below the low watermark) follows once the
-        write has landed (``end_txn``). A write that does not land gives the cursor and the
-        acks not yet logged back. None when this subscription cannot take part (a damaged
-        log: it is finalized the logged way, retried until it is repaired)."""
+        write has landed (``end_txn``), and so do the cursor's acks: until then the records of
+        this cursor carry them (``Subscription.committing``). A write that does not land
+        gives the acks not yet logged back; the cursor never changed. None when this
+        subscription cannot take part (a damaged log: it is finalized the logged way, retried
+        until it is repaired)."""
         sub = self.sub
         if sub.error is not None:
             return None
