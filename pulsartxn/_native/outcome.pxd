@@ -33,8 +33,10 @@ cdef class Outcome:
     cdef int64_t entry_id
     cdef Py_ssize_t count
     cdef list watched  # futures with waiters or callbacks, answered when the batch ends
+    cdef public object on_wait  # on_wait(block): write the batch now (a transaction's)
 
     cdef object message_id(self, Py_ssize_t index)
+    cdef int ask(self, bint block) except -1
     cdef int wait_done(self, object timeout) except -1
     cdef int settle(self, object error) except -1
 

@@ -80,6 +80,16 @@ cdef class Outcome:
         self.entry_id = -1
         self.count = 0
         self.watched = None
+        self.on_wait = None
+
+    cdef int ask(self, bint block) except -1:
+        """Somebody waits for the batch: its on_wait, if any, writes it now (once). Blocking:
+        in the waiter's thread, no lock held; else it only hands the write off."""
+        hook = self.on_wait
+        if hook is not None and not self.done:
+            self.on_wait = None
+            hook(block)
+        return 0
 
     cdef object message_id(self, Py_ssize_t index):
         p = self.partition
@@ -121,6 +131,7 @@ cdef class Outcome:
                 return 0
             self.error = error
             self.done = True
+            self.on_wait = None  # it may refer back to the batch
             watched = self.watched
             self.watched = None
             if watched is not None:
@@ -182,6 +193,7 @@ cdef class MessageFuture:
     def result(self, timeout=None):
         cdef Outcome outcome = self._outcome
         if not outcome.done:
+            outcome.ask(True)
             outcome.wait_done(timeout)
         if outcome.error is not None:
             raise outcome.error
@@ -192,6 +204,7 @@ cdef class MessageFuture:
     def exception(self, timeout=None):
         cdef Outcome outcome = self._outcome
         if not outcome.done:
+            outcome.ask(True)
             outcome.wait_done(timeout)
         return outcome.error
 
@@ -234,11 +247,13 @@ cdef class MessageFuture:
 
     @property
     def _waiters(self):
+        # Read under the condition (by concurrent.futures.wait): the write is handed off.
         with self._outcome.condition:
             if self._waiter_list is None:
                 self._waiter_list = []
                 _track(self)
             self.watch()
+            self._outcome.ask(False)
         return self._waiter_list
 
     def __repr__(self):

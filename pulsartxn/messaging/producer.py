@@ -348,6 +348,8 @@ class Producer(TransactionBatches):
             )
             if staged is not None:
                 op.prepend(staged[0])
+            if txn is not None:
+                op.durable = False  # stored now, durable by the transaction's commit
             # Quiet: send_batch commits it itself when it waits (no writer wake-up).
             return part.partition.storage.submit(op, quiet=quiet)
 

@@ -60,6 +60,7 @@ class TransactionBatches:
                 batch = None
             if batch is None:
                 batch = self._txn_batches[key] = TxnBatch(part, txn, sequence_id)
+                batch.outcome.on_wait = _SendNow(self, key, batch)
                 part.txn_opened(txn, batch)
                 txn.add_producer(self)
             fut = batch.add(content, properties, partition_key)
@@ -111,7 +112,9 @@ class TransactionBatches:
         if staged is not None:
             op.prepend(staged[0])
         # Lazy: it rides with the next group commit, or in the transaction's decision when
-        # that comes first (then data, decision and markers are one LMDB transaction).
+        # that comes first (then data, decision and markers are one LMDB transaction). Not
+        # durable on its own: the commit's flush makes it so.
+        op.durable = False
         fut = partition.storage.submit(op, lazy=True)
         txn._riding.append((op, staged is not None, partition.topic))
         batch.inflight = fut
@@ -144,7 +147,7 @@ class TransactionBatches:
         inflight = [b.inflight for b in sent if b.inflight is not None]
         if inflight:
             storage = sent[0].part.partition.storage
-            storage.commits.flush_lazy()
+            storage.commits.flush_lazy(durable=False)
             for fut in inflight:
                 try:
                     storage.wait(fut)
@@ -168,3 +171,38 @@ class TransactionBatches:
             if txn.state in FINAL:
                 self._txn_drop(txn)
         self._sweep_at = max(_SWEEP_TXN_BATCHES_AT, 2 * len(self._txn_batches))
+
+
+class _SendNow:
+    """A transaction batch's ``on_wait``: somebody waits on one of its futures, so it is
+    written now (stored, durable by the commit) rather than when it fills or its transaction
+    ends. Blocking, in the waiter's thread; else through the broker's flusher thread (the
+    waiter holds the futures' locks: concurrent.futures.wait)."""
+
+    __slots__ = ("producer", "key", "batch")
+
+    def __init__(self, producer, key, batch) -> None:
+        self.producer, self.key, self.batch = producer, key, batch
+
+    def __call__(self, block: bool) -> None:
+        if block:
+            self.flush_if_older(0.0, wait=True)
+        else:
+            self.producer.client.broker._flusher.watch(self)
+
+    def flush_if_older(self, seconds: float, wait: bool = False) -> bool:
+        producer, batch = self.producer, self.batch
+        with batch.part.lock:
+            if producer._txn_batches.get(self.key) is batch:
+                producer._txn_send_locked(self.key)
+        fut = batch.inflight
+        if fut is not None and not fut.done():
+            storage = batch.part.partition.storage
+            if wait:
+                try:
+                    storage.wait(fut)
+                except Exception:  # noqa: BLE001 - the batch's futures carry it
+                    pass
+            else:
+                storage.commits.flush_lazy(durable=False)
+        return True

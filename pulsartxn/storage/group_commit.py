@@ -239,13 +239,14 @@ class GroupCommit:
             if not done():
                 time.sleep(0)
 
-    def flush_lazy(self) -> None:
-        """Commit the lazy ops now (a group of their own if nothing else is queued)."""
+    def flush_lazy(self, durable: bool = True) -> None:
+        """Commit the lazy ops now (a group of their own if nothing else is queued); with
+        durable=False, flushed only if one of them asks for it."""
         with self._lazy_lock:
             pending = bool(self._lazy)
         if pending and not self._closed:
             try:
-                self.submit(WriteOp(_nothing, nbytes=0, records=0))
+                self.submit(WriteOp(_nothing, nbytes=0, records=0, durable=durable))
             except AlreadyClosed:
                 pass
 
@@ -509,6 +510,9 @@ class GroupCommit:
             if journal is None or (rec is not None and not rec.size):
                 txn.commit()
             elif rec is not None and journal.start(rec.payload(), txn.id()):
+                # Ops that are durable only by a later flush (durable=False) alone: the
+                # record is written, not flushed; the next flushed record covers it.
+                flush = any(op.durable for op in group)
                 # While the device writes the record, commit LMDB (without syncing). Its
                 # readers see the group now, but the broker publishes what a group did
                 # (positions, answers: the ops' on_commit) only once it is durable, below.
@@ -520,7 +524,7 @@ class GroupCommit:
                 txn = None
                 # A record that cannot be made durable fails the group and the journal: the
                 # store takes no more writes, and a reopen recovers to the last durable one.
-                journal.finish()
+                journal.finish(flush)
             else:
                 txn.commit()
                 txn = None

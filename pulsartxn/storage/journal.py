@@ -88,6 +88,7 @@ class Journal:
         self._started = 0  # blocks of the record started and not finished
         self._stage: mmap.mmap | None = None
         self.records = 0
+        self.flushes = 0  # fdatasyncs that made records durable
         self.checkpoints = 0
         self.replayed = 0
 
@@ -260,9 +261,10 @@ class Journal:
         self._started = need
         return True
 
-    def finish(self) -> None:
+    def finish(self, flush: bool = True) -> None:
         """The started record is written: make it durable (StorageError if it cannot be;
-        the journal then takes no more records)."""
+        the journal then takes no more records). flush=False: written only; the next
+        flushed record makes it durable too (one file, flushed whole)."""
         lsn, need = self._last, self._started
         self._started = 0
         try:
@@ -270,7 +272,9 @@ class Journal:
         except OSError as exc:
             raise self._write_error(exc) from exc
         try:
-            os.fdatasync(self._fd)
+            if flush:
+                os.fdatasync(self._fd)
+                self.flushes += 1
         except OSError as exc:
             # After a failed fdatasync the kernel may have dropped the pages it could not
             # write: nothing since the last good one can be trusted until a reopen recovers.

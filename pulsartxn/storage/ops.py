@@ -114,7 +114,10 @@ class WriteOp:
 
     ``on_commit(result)`` runs on the writer thread after the group is durable and before the
     caller is answered (publish in-memory state there); ``on_abort()`` runs when the write did not
-    happen, so state reserved inside ``apply`` can be given back.
+    happen, so state reserved inside ``apply`` can be given back. ``durable=False``: the op is
+    answered once stored (a process crash keeps it); a later flushed group makes it durable,
+    and a group of such ops alone costs no device flush (a transaction's sends and acks, whose
+    commit flushes).
     """
 
     apply: Callable[[lmdb.Transaction], Any]
@@ -124,6 +127,7 @@ class WriteOp:
     on_abort: Callable[[], None] | None = None
     future: OpFuture = field(default_factory=OpFuture)
     lazy: bool = False  # submitted lazily: nobody waits for it
+    durable: bool = True  # its group is flushed before it is answered
 
     def prepend(self, first: Callable[[lmdb.Transaction], Any]) -> None:
         """Run ``first(txn)`` before this op's own writes, in the same LMDB transaction."""
@@ -165,6 +169,7 @@ def combine(ops: list[WriteOp]) -> WriteOp:
         records=sum(op.records for op in ops),
         on_commit=on_commit,
         on_abort=on_abort,
+        durable=any(op.durable for op in ops),
     )
 
     def answer(fut):

@@ -406,7 +406,8 @@ class TransactionEnd:
         if meta.records and not storage.closed:
             try:
                 storage.submit(
-                    WriteOp(self._delete_records(meta, meta.records), nbytes=16), lazy=True
+                    WriteOp(self._delete_records(meta, meta.records), nbytes=16, durable=False),
+                    lazy=True,
                 )
             except AlreadyClosed:
                 pass  # recovery finalizes it again (participants treat that as success)

@@ -205,7 +205,10 @@ class PendingAck:
             txn.cursor(db=db).putmulti(live)
 
         self.log_writes += 1
-        return WriteOp(apply, nbytes=sum(len(v) for _, _, v in rows), records=len(rows))
+        # Durable by the commit, whose prepare or one-write end comes after it.
+        return WriteOp(
+            apply, nbytes=sum(len(v) for _, _, v in rows), records=len(rows), durable=False
+        )
 
     def _write_rows(self, taken, wait: bool) -> None:
         rows, regs = taken
@@ -411,7 +414,8 @@ class PendingAck:
         if wait:
             storage.write(apply, nbytes=64 + 32 * len(keys))
         else:
-            fut = storage.submit(WriteOp(apply, nbytes=64 + 32 * len(keys)), lazy=True)
+            op = WriteOp(apply, nbytes=64 + 32 * len(keys), durable=False)
+            fut = storage.submit(op, lazy=True)
         if released:
             sub.notify()
         return fut

@@ -417,7 +417,8 @@ class Coordinators:
         key, db = log.DECISION_KEY.pack(decision_id), self._decisions_db
         if not self.storage.closed:
             try:
-                self.storage.submit(WriteOp(lambda t: t.delete(key, db=db), nbytes=8), lazy=True)
+                op = WriteOp(lambda t: t.delete(key, db=db), nbytes=8, durable=False)
+                self.storage.submit(op, lazy=True)
             except Exception:  # noqa: BLE001 - recovery deletes it next time
                 pass
 

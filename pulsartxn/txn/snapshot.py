@@ -169,7 +169,8 @@ class BufferSnapshots:
         nbytes = sum(len(v) for _, v in puts)
         storage = part.storage
         try:
-            fut = storage.submit(WriteOp(apply, nbytes=nbytes, records=len(puts)), lazy=not wait)
+            op = WriteOp(apply, nbytes=nbytes, records=len(puts), durable=wait)
+            fut = storage.submit(op, lazy=not wait)
         except AlreadyClosed:
             return
         self.taken += 1

@@ -386,3 +386,32 @@ def test_publish_delay_flushes_each_lone_batch_after_full_and_idle_ones(impl, tm
             assert p.send_async(b"lone").result(timeout=10).batch_index() == -1
             time.sleep(0.05)
         assert len(stored_values(p)) == 16
+
+
+@pytest.mark.parametrize("impl", [NATIVE, REFERENCE], ids=["native", "reference"])
+def test_waiting_on_a_transactional_future_writes_its_batch_now(impl, tmp_path):
+    """result() and exception() write the waiting transaction batch in the caller's thread:
+    the answer is there at once (timeout=0), stored but invisible until the commit; wait()
+    and as_completed() hand the write to the broker's flusher."""
+    with producer_on(impl, tmp_path, batching_max_messages=1000) as p:
+        client = p.client
+        txn = client.new_transaction()
+        futures = [p.send_async(b"%d" % i, txn=txn) for i in range(5)]
+        assert not any(f.done() for f in futures)  # the batch waits for more
+        mid = futures[2].result(timeout=0)
+        assert (mid.entry_id(), mid.batch_index(), mid.batch_size()) == (0, 2, 5)
+        assert all(f.done() for f in futures)
+        assert stored_values(p) == []  # stored, not committed
+        later = p.send_async(b"later", txn=txn)
+        assert later.exception(timeout=0) is None
+        txn.commit()
+        assert stored_values(p) == [b"%d" % i for i in range(5)] + [b"later"]
+
+        txn = client.new_transaction()
+        futures = [p.send_async(b"w%d" % i, txn=txn) for i in range(3)]
+        done, not_done = wait(futures, timeout=10)
+        assert not not_done
+        futures = [p.send_async(b"c%d" % i, txn=txn) for i in range(3)]
+        assert len(list(as_completed(futures, timeout=10))) == 3
+        txn.abort()
+        assert stored_values(p)[-1] == b"later"  # nothing of the aborted one shows

@@ -26,7 +26,16 @@ class Outcome:
     """What happened to one batch, shared by the futures of its messages: durable (with its
     entry id) or failed (with the error). The futures wait on its one Condition."""
 
-    __slots__ = ("condition", "done", "error", "partition", "entry_id", "count", "watched")
+    __slots__ = (
+        "condition",
+        "done",
+        "error",
+        "partition",
+        "entry_id",
+        "count",
+        "watched",
+        "on_wait",
+    )
 
     def __init__(self) -> None:
         # Reentrant, as a Future's own: wait() and as_completed() lock every future they watch.
@@ -37,6 +46,15 @@ class Outcome:
         self.entry_id = -1
         self.count = 0
         self.watched: list[MessageFuture] | None = None  # futures with waiters or callbacks
+        self.on_wait = None  # on_wait(block): write the batch now (a transaction's)
+
+    def ask(self, block: bool) -> None:
+        """Somebody waits for the batch: its on_wait, if any, writes it now (once). Blocking:
+        in the waiter's thread, no lock held; else it only hands the write off."""
+        hook = self.on_wait
+        if hook is not None and not self.done:
+            self.on_wait = None
+            hook(block)
 
     def message_id(self, index: int) -> MessageId:
         # Imported here: pulsartxn.messaging.message imports this package (for Message).
@@ -75,6 +93,7 @@ class Outcome:
                 return
             self.error = error
             self.done = True
+            self.on_wait = None  # it may refer back to the batch
             watched, self.watched = self.watched, None
             for f in watched or ():
                 for waiter in f._waiter_list or ():
@@ -132,6 +151,7 @@ class MessageFuture:
     def result(self, timeout: float | None = None) -> MessageId:
         outcome = self._outcome
         if not outcome.done:
+            outcome.ask(True)
             outcome.wait(timeout)
         if outcome.error is not None:
             raise outcome.error
@@ -142,6 +162,7 @@ class MessageFuture:
     def exception(self, timeout: float | None = None) -> BaseException | None:
         outcome = self._outcome
         if not outcome.done:
+            outcome.ask(True)
             outcome.wait(timeout)
         return outcome.error
 
@@ -183,10 +204,12 @@ class MessageFuture:
 
     @property
     def _waiters(self) -> list:
+        # Read under the condition (by concurrent.futures.wait): the write is handed off.
         with self._outcome.condition:
             if self._waiter_list is None:
                 self._waiter_list = []
             self._watch()
+            self._outcome.ask(False)
         return self._waiter_list
 
     def __repr__(self) -> str:

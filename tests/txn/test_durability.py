@@ -1,0 +1,36 @@
+"""When a transaction's work is durable: its sends and acks once stored, the whole of it by
+the commit's one device flush (docs/API.md, "Durability")."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import helpers
+
+
+@pytest.mark.parametrize("side", ["embedded", "remote"])
+def test_a_transaction_costs_one_device_flush_whatever_sent_its_messages(tmp_path, side):
+    wrap = helpers.Served if side == "remote" else None
+    with helpers.brokers_at(tmp_path / "data", wrap=wrap, sync=True) as open_:
+        broker = open_()
+        journal = broker.storage.journal
+        if journal is None:
+            pytest.skip("this disk gives the store no journal")
+        client = broker.client()
+        p = client.create_producer("t")
+        p.send(b"warm")
+        styles = {
+            "send": lambda t: [p.send(b"s%d" % i, txn=t) for i in range(3)],
+            "send_async + result": lambda t: [
+                f.result() for f in [p.send_async(b"a%d" % i, txn=t) for i in range(3)]
+            ],
+            "send_batch": lambda t: p.send_batch([b"b%d" % i for i in range(3)], txn=t),
+        }
+        for name, send in styles.items():
+            before = journal.flushes
+            for _ in range(5):
+                txn = client.new_transaction()
+                send(txn)
+                txn.commit()
+            assert journal.flushes - before == 5, name
+        assert len(helpers.scanned(client, "t")) == 1 + 5 * 9
