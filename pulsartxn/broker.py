@@ -166,11 +166,13 @@ class Broker:
     def data_dir(self) -> str:
         return self.storage.data_dir
 
-    def client(self):
+    def client(self, *, session: str | None = None):
+        """An in-process client. `session`: the network session it serves (the server's):
+        its transactions then outlive this process, until that session is gone."""
         self._check_open()
         from .client import Client
 
-        client = Client._embedded(self)
+        client = Client._embedded(self, session)
         self._clients.add(client)
         return client
 
@@ -198,7 +200,24 @@ class Broker:
                 sub.pending_ack.flush()
                 sub.wait_persisted()
         self._flusher.stop()
+        self.txn.mark_clean()
         self.storage.close()
+
+    def low_watermark_moved(self, coordinator_id: int, low_watermark: int) -> None:
+        """A coordinator's low watermark rose (its timer): the partitions and subscriptions
+        loaded here drop what they hold of its transactions below it."""
+        with self._lock:
+            parts = list(self._partitions.values())
+        for part in parts:
+            op = part.buffer.advance(coordinator_id, low_watermark)
+            if op is not None and not self.storage.closed:
+                op.durable = False  # ends of finished transactions: redone if lost
+                try:
+                    self.storage.submit(op)
+                except AlreadyClosed:
+                    return
+            for sub in list(part.subscriptions.values()):
+                sub.pending_ack.advance(coordinator_id, low_watermark)
 
     def __enter__(self) -> Broker:
         return self
@@ -290,6 +309,7 @@ class Broker:
             },
         )
         part.broker_flusher = self._flusher
+        part.buffer.txn_check = self.txn.check_open
         with self.storage.read() as txn:
             cursor = txn.cursor(db=self._cursors_db)
             prefix = key + b"\0"

@@ -12,6 +12,7 @@ from .errors import AlreadyClosed
 from .messaging.consumer import Consumer, ConsumerType, InitialPosition, Isolation
 from .messaging.message import MessageId
 from .messaging.producer import Producer
+from .txn.log import IN_PROCESS
 from .txn.transaction import Transaction
 
 SCAN_ENTRIES = 1024
@@ -30,9 +31,11 @@ class Client:
         return RemoteClient(service_url, token, **kwargs)
 
     @classmethod
-    def _embedded(cls, broker) -> Client:
+    def _embedded(cls, broker, session: str | None = None) -> Client:
         self = cls.__new__(cls)
         self.broker = broker
+        # Who owns the transactions it opens: this process, or the network session it serves.
+        self._owner = IN_PROCESS if session is None else session
         self._lock = threading.Lock()
         self._closed = False
         self._producers: weakref.WeakSet = weakref.WeakSet()
@@ -185,8 +188,8 @@ class Client:
     ) -> Transaction:
         """Begin a transaction (logged by its coordinator before this returns)."""
         self._check_open()
-        meta = self.broker.txn.new_transaction(timeout_ms, coordinator_id, group)
-        return Transaction(self, self.broker.txn, meta.txn_id)
+        meta = self.broker.txn.new_transaction(timeout_ms, coordinator_id, group, self._owner)
+        return Transaction(self, self.broker.txn, meta.txn_id, counted=True)
 
     def transaction(self, txn_id) -> Transaction:
         """A handle on an existing transaction by id (TxnID, its str or its int)."""
@@ -194,15 +197,15 @@ class Client:
         tid = as_txn_id(txn_id)
         service = self.broker.txn
         service.state_of(tid)  # CoordinatorNotFound / TransactionNotFound
-        return Transaction(self, service, tid)
+        return Transaction(self, service, tid, counted=False)
 
     def commit_all(self, txns) -> None:
         """Commit the transactions as one atomic unit: one log record decides all of them;
         if any one is not OPEN, the call fails and nothing is committed."""
         self._check_open()
         txns = list(txns)
-        _flush_for_commit(txns)
-        self.broker.txn.commit_all([as_txn_id(t) for t in txns])
+        expected = _flush_for_commit(txns)
+        self.broker.txn.commit_all([as_txn_id(t) for t in txns], expected)
 
     def commit_group(self, group: str, winners, idempotency_key=None) -> dict:
         """Commit exactly `winners` and abort every other transaction labelled `group`, in one
@@ -210,8 +213,10 @@ class Client:
         decided for app_id is a no-op success (``{"duplicate": True}``)."""
         self._check_open()
         winners = list(winners)
-        _flush_for_commit(winners)
-        return self.broker.txn.commit_group(group, [as_txn_id(t) for t in winners], idempotency_key)
+        expected = _flush_for_commit(winners)
+        return self.broker.txn.commit_group(
+            group, [as_txn_id(t) for t in winners], idempotency_key, expected
+        )
 
     def abort_group(self, group: str) -> dict:
         """Abort every live transaction labelled `group`."""
@@ -258,12 +263,17 @@ class Client:
         self.close()
 
 
-def _flush_for_commit(txns) -> None:
+def _flush_for_commit(txns) -> dict:
     """Handles' messages still waiting in producers are written before a decision commits
-    them (as txn.commit() does); a handle whose send failed makes the decision fail."""
+    them (as txn.commit() does); TxnID -> (acks, sends) of the handles that counted them."""
+    expected = {}
     for t in txns:
         if isinstance(t, Transaction):
             t.flush_for_commit()
+            counts = t.counts()
+            if counts is not None:
+                expected[t.id] = counts
+    return expected
 
 
 def as_txn_id(value) -> TxnID:

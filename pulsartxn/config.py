@@ -41,6 +41,9 @@ class BrokerConfig:
     # no trace after a crash. True: new_transaction() returns once its record is durable, as
     # Pulsar's coordinator does (a transaction begun survives a restart before it writes).
     durable_begin: bool = False
+    # How long a commit or abort waits for its decision and its participants before it
+    # raises Timeout saying the state (Pulsar's client operationTimeout: 30 s).
+    operation_timeout_ms: int = 30_000
     # Transaction buffer snapshots (Pulsar: every 1000 transactions or 5 s, and on close).
     txn_snapshot_every_txns: int = 1000
     txn_snapshot_every_ms: float = 5000.0
@@ -62,6 +65,7 @@ class BrokerConfig:
             "max_active_txns_per_coordinator",
             "txn_snapshot_every_txns",
             "journal_bytes",
+            "operation_timeout_ms",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):

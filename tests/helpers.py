@@ -52,12 +52,23 @@ class Served:
         return c
 
     def close(self) -> None:
+        """Stop the server as a restart does: its clients' sessions, and their transactions,
+        outlive it (a client that closed would end its session's). The clients are dropped
+        once what their producers hold is sent."""
+        from pulsartxn.server.handles import RemoteProducer
+
         for c in self._clients:
-            c.close()
-        self._clients = []
+            for obj in list(c._objects):
+                if isinstance(obj, RemoteProducer) and not obj._closed:
+                    obj.flush()
+            c._stop.set()
+            c._closed = True
         self._server.shutdown_sessions()
         self._server.shutdown()
         self._broker.close()
+        for c in self._clients:
+            c._flight.close()
+        self._clients = []
 
     def __getattr__(self, name):
         return getattr(self._broker, name)

@@ -14,6 +14,7 @@ from ..errors import (
     Timeout,
     TransactionConflict,
 )
+from ..txn.log import IN_PROCESS
 from .message import Message, MessageId
 from .subscription import EXCLUSIVE, FAILOVER, SHARED, Subscription
 
@@ -61,6 +62,9 @@ class Consumer:
         self._signal = 0
         self._next = 0
         self._closed = False
+        # A network session's transactional acks are stored before they are answered: its
+        # transactions outlive this process (an in-process client's die with it).
+        self._store_acks = client._owner != IN_PROCESS
         attached = []
         try:
             for sub in subscriptions:
@@ -251,6 +255,8 @@ class Consumer:
         if registration is not None:
             txn.subscriptions.add(name)
         txn.ack_counts[name] = txn.ack_counts.get(name, 0) + 1
+        if self._store_acks:
+            sub.pending_ack.store(txn.id)
         return name
 
     def negative_acknowledge(self, msg_or_id) -> None:

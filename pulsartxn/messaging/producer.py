@@ -202,14 +202,15 @@ class Producer(TransactionBatches):
 
     def send_batch(self, values, keys=None, txn=None) -> int:
         """Bulk send: a list of bytes or a pyarrow binary/string array; durable when it returns."""
-        n, futures, txn = self._submit_batch(values, keys, txn, quiet=True)
+        n, futures, txn, _ = self._submit_batch(values, keys, txn, quiet=True)
         self._wait_batches(futures, txn)
         return n
 
     def _submit_batch(self, values, keys, txn, quiet: bool):
-        """send_batch without the wait: (count, futures of its writes, the Transaction). Quiet
-        writes are committed by whoever waits for them; the server's streamed send_batch
-        submits them for the writer thread and waits at the end of the stream."""
+        """send_batch without the wait: (count, futures of its writes, the Transaction,
+        messages per partition). Quiet writes are committed by whoever waits for them; the
+        server's streamed send_batch submits them for the writer thread and waits at the end
+        of the stream."""
         self._check_open()
         n, sizes = _sizes(values)
         if keys is not None and len(keys) != n:
@@ -221,7 +222,7 @@ class Producer(TransactionBatches):
                 f"{self.max_message_size}"
             )
         if n == 0:
-            return 0, [], self.client._txn_for(txn)
+            return 0, [], self.client._txn_for(txn), {}
         key_list = None
         if keys is not None:
             key_list = keys.to_pylist() if hasattr(keys, "to_pylist") else list(keys)
@@ -257,6 +258,7 @@ class Producer(TransactionBatches):
                 if picked:
                     plan[i] = np.concatenate(picked)
         plan = {i: rows for i, rows in plan.items() if len(rows)}
+        per_partition = {self._parts[i].partition.topic: len(rows) for i, rows in plan.items()}
         futures = []
         try:
             for i, rows in plan.items():
@@ -266,7 +268,7 @@ class Producer(TransactionBatches):
         except BaseException:
             self._wait_batches(futures, txn)  # a write's error first, as it is the cause
             raise
-        return n, futures, txn
+        return n, futures, txn, per_partition
 
     def _wait_batches(self, futures, txn) -> None:
         """Until the writes are durable; raise the first failure (a transaction's send
@@ -322,6 +324,8 @@ class Producer(TransactionBatches):
                     staged[1](False)
             raise
         if txn is not None:
+            topic = part.partition.topic
+            txn.send_counts[topic] = txn.send_counts.get(topic, 0) + len(rows)
             fut.add_done_callback(lambda f: f.exception() and buffer.append_failed(txn.id))
             if staged is not None:
                 landed = staged[1]

@@ -117,6 +117,7 @@ class TransactionBatches:
         op.durable = False
         fut = partition.storage.submit(op, lazy=True)
         txn._riding.append((op, staged is not None, partition.topic))
+        txn.send_counts[partition.topic] = txn.send_counts.get(partition.topic, 0) + n
         batch.inflight = fut
 
         def failed(f):

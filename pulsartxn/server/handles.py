@@ -93,6 +93,7 @@ class BatchStream:
     def __init__(self, producer: RemoteProducer, txn) -> None:
         self._producer = producer
         self._txn = _txn_str(txn)
+        self._handle = txn if isinstance(txn, RemoteTransaction) else None
         self._writer = self._reader = None
         self._schema = None
         self.count = 0  # messages stored, known once closed
@@ -136,7 +137,10 @@ class BatchStream:
             writer.close()
         except flight.FlightError as exc:
             raise protocol.from_flight_error(exc) from None
-        self.count = json.loads(meta.to_pybytes())["count"]
+        out = json.loads(meta.to_pybytes())
+        if self._handle is not None:
+            self._handle._stored(out.get("partitions") or [])
+        self.count = out["count"]
         return self.count
 
     def cancel(self) -> None:
@@ -205,7 +209,7 @@ class RemoteProducer(_Handle):
             self._last_sequence = max(self._last_sequence, sequence_id)
             return sequence_id
 
-    def _send_many(self, items, txn) -> list:
+    def _send_many(self, items, txn, handle=None) -> list:
         msgs, payloads = [], []
         for content, props, key, seq in items:
             msgs.append({"n": len(content), "props": props, "key": key, "seq": seq})
@@ -213,6 +217,8 @@ class RemoteProducer(_Handle):
         out = self._client._json(
             "send_many", {"messages": msgs, "txn": txn}, b"".join(payloads), owner=self
         )
+        if handle is not None:
+            handle._stored(out.get("partitions") or [])
         results = []
         for mid, err in zip(out["ids"], out["errors"]):
             if err is not None:
@@ -234,7 +240,10 @@ class RemoteProducer(_Handle):
         content = self._check(content)
         self.flush()
         seq = self._next_seq(sequence_id)
-        (result,) = self._send_many([(content, properties, partition_key, seq)], _txn_str(txn))
+        handle = txn if isinstance(txn, RemoteTransaction) else None
+        (result,) = self._send_many(
+            [(content, properties, partition_key, seq)], _txn_str(txn), handle
+        )
         if isinstance(result, BaseException):
             raise result
         return result
@@ -262,8 +271,15 @@ class RemoteProducer(_Handle):
             if self._closed:
                 raise errors.AlreadyClosed(f"producer {self.name} is closed")
             seq = self._next_seq(sequence_id)
+            handle = txn if isinstance(txn, RemoteTransaction) else None
             self._queue.append(
-                ((content, properties, partition_key, seq), _txn_str(txn), fut, time.monotonic())
+                (
+                    (content, properties, partition_key, seq),
+                    _txn_str(txn),
+                    fut,
+                    time.monotonic(),
+                    handle,
+                )
             )
             self._queued_bytes += len(content)
             if self._worker is None:
@@ -308,14 +324,14 @@ class RemoteProducer(_Handle):
                     take.append(item)
                 self._inflight += 1
             try:
-                results = self._send_many([t[0] for t in take], txn)
-                for (_, _, fut, _), res in zip(take, results):
+                results = self._send_many([t[0] for t in take], txn, take[0][4])
+                for (_, _, fut, _, _), res in zip(take, results):
                     if isinstance(res, BaseException):
                         fut.set_exception(res)
                     else:
                         fut.set_result(res)
             except BaseException as exc:  # noqa: BLE001 - every future of the call gets it
-                for _, _, fut, _ in take:
+                for _, _, fut, _, _ in take:
                     fut.set_exception(exc)
             finally:
                 with self._cond:
@@ -352,7 +368,10 @@ class RemoteProducer(_Handle):
             writer.close()
         except flight.FlightError as exc:
             raise protocol.from_flight_error(exc) from None
-        return json.loads(meta.to_pybytes())["count"]
+        out = json.loads(meta.to_pybytes())
+        if isinstance(txn, RemoteTransaction):
+            txn._stored(out.get("partitions") or [])
+        return out["count"]
 
     def batch_stream(self, txn=None) -> BatchStream:
         """Many ``send_batch`` calls on one DoPut stream: each batch goes out as it is written
@@ -478,11 +497,20 @@ class RemoteConsumer(_Handle):
 
 
 class RemoteTransaction(TransactionContext):
-    def __init__(self, client: RemoteClient, txn_id: TxnID) -> None:
+    def __init__(self, client: RemoteClient, txn_id: TxnID, counted: bool = True) -> None:
         self._client = client
         self.id = txn_id
-        self.ack_counts: dict = {}  # (partition, subscription) -> acks made through this handle
+        # Acks per (partition, subscription) and messages per partition made through this
+        # handle; `counted`: it opened the transaction, so they are all of them (its commit
+        # states them, and the broker checks it still holds them).
+        self.ack_counts: dict = {}
+        self.send_counts: dict = {}
+        self.counted = counted
         self.producers: weakref.WeakSet = weakref.WeakSet()  # with queued sends of this txn
+
+    def _stored(self, partitions) -> None:
+        for name, n in partitions:
+            self.send_counts[name] = self.send_counts.get(name, 0) + n
 
     @property
     def state(self) -> TxnState:
@@ -503,7 +531,9 @@ class RemoteTransaction(TransactionContext):
                     "txn": str(self.id),
                     "commit": commit,
                     "timeout_ms": timeout_ms,
+                    "counted": self.counted,
                     "expected_acks": [[list(k), n] for k, n in self.ack_counts.items()],
+                    "expected_sends": sorted(self.send_counts.items()),
                 },
             )
         except errors.InvalidTxnStatus:

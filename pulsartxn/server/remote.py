@@ -157,7 +157,7 @@ class RemoteClient:
         return RemoteTransaction(self, TxnID.parse(out["txn"]))
 
     def transaction(self, txn_id):
-        t = RemoteTransaction(self, TxnID.parse(_txn_str(txn_id)))
+        t = RemoteTransaction(self, TxnID.parse(_txn_str(txn_id)), counted=False)
         t.state  # noqa: B018 - TransactionNotFound / CoordinatorNotFound now
         return t
 

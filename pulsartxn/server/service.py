@@ -1,9 +1,13 @@
 """``pulsartxn serve``: a broker served over Arrow Flight.
 
 Each remote client opens a session; its producers, consumers and transaction handles live in
-the session. A session that stops sending keep-alives (the client died or was cut off) is
-closed: its consumers' unacknowledged messages go back to be redelivered, its producers are
-closed, and its open transactions are left to their timeouts. Every call is checked against
+the session. A session that stops sending keep-alives (the client died or was cut off), or
+that its client closes, is closed: its consumers' unacknowledged messages go back to be
+redelivered, its producers are closed, and the open transactions only it held are aborted
+(nobody else could end them), but those in a group, which their group's decision or their
+timeout ends. A server that stops keeps its sessions' transactions: clients reconnect under
+the same session id and go on; those whose session does not come back within the session
+timeout are aborted as above. Every call is checked against
 the bearer token when one is configured (constant-time comparison), bounded in size, and
 parsed strictly: a malformed call gets an error and changes nothing.
 """
@@ -24,6 +28,7 @@ from .. import errors
 from .._native.entryformat import READ_SCHEMA
 from ..messaging.consumer import ConsumerType, InitialPosition, Isolation
 from ..messaging.message import MessageId
+from ..txn.log import IN_PROCESS
 from ..txn.state import FINAL
 from . import protocol
 from .protocol import frame, jsonable, unframe
@@ -115,6 +120,8 @@ class BrokerServer(flight.FlightServerBase):
         self._lock = threading.Lock()
         self._handles = itertools.count(1)
         self._stopped = threading.Event()
+        self._started = time.monotonic()
+        self._swept = False  # the transactions of sessions gone with a previous server
         self._reaper = threading.Thread(target=self._reap, name="pulsartxn-sessions", daemon=True)
         self._reaper.start()
         self._actions = {
@@ -133,8 +140,35 @@ class BrokerServer(flight.FlightServerBase):
                 for s in dead:
                     del self._sessions[s.id]
             for s in dead:
-                log.info("session %s expired: closing its consumers and producers", s.id)
+                log.info("a session expired: closing its consumers and producers")
                 s.close()
+                self._abort_orphans(s)
+            if not self._swept and now - self._started > self.session_timeout_s:
+                self._swept = True
+                self._abort_orphans(None)
+
+    def _abort_orphans(self, gone: _Session | None) -> None:
+        """Abort the open transactions no live session holds (opened, or used by id) and no
+        group claims: those of the session `gone`, or (None) those of sessions that did not
+        come back after a restart."""
+        with self._lock:
+            live = list(self._sessions.values())
+        sids = {s.id for s in live}
+        held = {key for s in live for key in list(s.txns)}
+        mine = set(gone.txns) if gone is not None else set()
+
+        def orphan(meta) -> bool:
+            if meta.group is not None or meta.owner is None or meta.owner == IN_PROCESS:
+                return False
+            key = str(meta.txn_id)
+            if meta.owner in sids or key in held:
+                return False
+            return gone is None or meta.owner == gone.id or key in mine
+
+        try:
+            self.broker.txn.abort_orphans(self.broker.txn.owned(orphan))
+        except errors.PulsarTxnError:
+            pass  # the broker is closing
 
     def shutdown_sessions(self) -> None:
         self._stopped.set()
@@ -200,7 +234,7 @@ class BrokerServer(flight.FlightServerBase):
             raise ValueError("hello needs a session id of 8..64 characters")
         with self._lock:
             if sid not in self._sessions:
-                self._sessions[sid] = _Session(sid, self.broker.client())
+                self._sessions[sid] = _Session(sid, self.broker.client(session=sid))
         return {"version": protocol.VERSION, "broker": self.broker.broker_id}
 
     def _on_keepalive(self, args, payload):
@@ -212,6 +246,7 @@ class BrokerServer(flight.FlightServerBase):
             s = self._sessions.pop(args.get("session"), None)
         if s is not None:
             s.close()
+            self._abort_orphans(s)
         return {}
 
     def _on_create_topic(self, args, payload):
@@ -246,6 +281,7 @@ class BrokerServer(flight.FlightServerBase):
         p = self._producer(s, args)
         txn = self._txn(s, args.get("txn"))
         futures, off = [], 0
+        topics = {part.partition.index: part.partition.topic for part in p._parts}
         for m in args["messages"]:
             n = m["n"]
             if not isinstance(n, int) or n < 0 or off + n > len(payload):
@@ -257,14 +293,19 @@ class BrokerServer(flight.FlightServerBase):
             )
         p.flush()
         ids, errs = [], []
+        stored: dict = {}  # a transaction's messages per partition, for its commit
         for f in futures:
             try:
-                ids.append(f.result().serialize().hex())
+                mid = f.result()
+                ids.append(mid.serialize().hex())
                 errs.append(None)
+                topic = topics.get(mid.partition())
+                if topic is not None:
+                    stored[topic] = stored.get(topic, 0) + 1
             except Exception as exc:  # noqa: BLE001 - reported per message
                 ids.append(None)
                 errs.append([type(exc).__name__, str(exc)])
-        return {"ids": ids, "errors": errs}
+        return {"ids": ids, "errors": errs, "partitions": sorted(stored.items()) if txn else []}
 
     def _on_flush(self, args, payload):
         s = self._session(args)
@@ -287,6 +328,7 @@ class BrokerServer(flight.FlightServerBase):
             txn = self._txn(s, args.get("txn"))
             total = 0
             size = 0
+            stored: dict = {}
             # A stream's batches are written as they come (the writer thread commits one while
             # the next is read), and the answer waits until all are durable; a few in flight.
             inflight: list = []
@@ -299,15 +341,18 @@ class BrokerServer(flight.FlightServerBase):
                     if "value" not in batch.schema.names:
                         raise ValueError("send_batch batches need a 'value' column")
                     keys = batch.column("key") if "key" in batch.schema.names else None
-                    n, futures, t = p._submit_batch(batch.column("value"), keys, txn, False)
+                    n, futures, t, parts = p._submit_batch(batch.column("value"), keys, txn, False)
                     total += n
+                    for topic, k in parts.items():
+                        stored[topic] = stored.get(topic, 0) + k
                     inflight.append((futures, t))
                     while len(inflight) > STREAM_INFLIGHT:
                         p._wait_batches(*inflight.pop(0))
             finally:
                 for futures, t in inflight:
                     p._wait_batches(futures, t)
-            writer.write(pa.py_buffer(json.dumps({"count": total}).encode()))
+            out = {"count": total, "partitions": sorted(stored.items()) if txn else []}
+            writer.write(pa.py_buffer(json.dumps(out).encode()))
         except flight.FlightError:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -417,8 +462,12 @@ class BrokerServer(flight.FlightServerBase):
         s = self._session(args)
         txn = self._txn(s, args["txn"], required=True)
         if args.get("commit"):
-            expected = {tuple(k): n for k, n in args.get("expected_acks") or []}
-            txn.commit(args.get("timeout_ms"), expected)
+            counts = None
+            if args.get("counted"):  # the client's handle opened it: its counts are whole
+                acks = {tuple(k): n for k, n in args.get("expected_acks") or []}
+                sends = {str(k): n for k, n in args.get("expected_sends") or []}
+                counts = (acks, sends)
+            txn.commit(args.get("timeout_ms"), counts=counts)
         else:
             txn.abort(args.get("timeout_ms"))
         state = txn.state

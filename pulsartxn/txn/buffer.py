@@ -25,7 +25,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .._native import AbortSet, TxnID, encode_entry
+from .._native import AbortSet, TxnID, encode_entry, header_columns
 from .._native.types import MarkerType
 from ..errors import InvalidTxnStatus
 from .watermark import BySequence
@@ -57,6 +57,9 @@ class TransactionBuffer:
         self.aborted = 0
         self.lwm_aborted = 0
         self.snapshot = None  # set by the snapshotter (txn/snapshot.py)
+        # txn_check(txn_id, op): raises unless the transaction is OPEN at its coordinator
+        # (wired by the broker; None: no coordinator to ask).
+        self.txn_check = None
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -139,7 +142,8 @@ class TransactionBuffer:
 
     def begin_append(self, txn_id: TxnID) -> None:
         """Before an append of txn_id is submitted: refuse it if the transaction has ended
-        here or lies below its coordinator's low watermark; else count it in flight."""
+        here, lies below its coordinator's low watermark or is not OPEN at its coordinator;
+        else count it in flight (an end waits for it, under this lock)."""
         with self.lock:
             if txn_id in self.ended or txn_id.sequence < self.low_watermarks.get(
                 txn_id.coordinator_id, 0
@@ -148,6 +152,8 @@ class TransactionBuffer:
                     f"transaction {txn_id} has ended on {self.partition.topic}: "
                     "nothing more can be produced in it"
                 )
+            if self.txn_check is not None:
+                self.txn_check(txn_id, "produce in")
             self.inflight[txn_id] = self.inflight.get(txn_id, 0) + 1
 
     def appended(self, txn_id: TxnID, first_entry_id: int) -> None:
@@ -187,37 +193,76 @@ class TransactionBuffer:
 
         `riding`: appends of txn_id written in the same LMDB transaction, before these markers
         (counted in flight, not waited for; they make the transaction ongoing here)."""
-        cid = txn_id.coordinator_id
         with self.lock:
-            if low_watermark > self.low_watermarks.get(cid, 0):
-                self.low_watermarks[cid] = low_watermark
-            if self._seq_stale:
-                self._ongoing_seq.rebuild(self.ongoing)
-                self._ended_seq.rebuild(self.ended)
-                self._seq_stale = False
             self._mark_ended(txn_id, commit)
             while self.inflight.get(txn_id, 0) > riding:
                 self.cond.wait()
             todo = [(txn_id, commit)] if txn_id in self.ongoing or riding else []
-            for t in self._ongoing_seq.below(cid, low_watermark):
-                if t not in self.ongoing:
-                    continue  # ended here already
-                self._ongoing_seq.add(t)  # until its marker is published
-                if t != txn_id:
-                    self._mark_ended(t, False)
-                    todo.append((t, False))
-                    self.lwm_aborted += 1
-            self._ongoing_seq.compact(self.ongoing)
-            # Below the watermark, appends are refused by the watermark itself.
-            for t in self._ended_seq.below(cid, self.low_watermarks.get(cid, 0)):
-                if t in self.ongoing:
-                    self._ended_seq.add(t)  # its marker is not published yet
-                else:
-                    self.ended.pop(t, None)
-            self._ended_seq.compact(self.ended)
+            todo += self._below(txn_id.coordinator_id, low_watermark, txn_id)
         if not todo:
             return None
         return self._markers_op(todo)
+
+    def advance(self, coordinator_id: int, low_watermark: int):
+        """The low watermark of a coordinator, pushed by its timer: what is ongoing here
+        below it has ended at the coordinator (its end never came here) and is aborted.
+        A group-commit operation writing those markers, or None."""
+        with self.lock:
+            if low_watermark <= self.low_watermarks.get(coordinator_id, 0):
+                return None
+            todo = self._below(coordinator_id, low_watermark, None)
+        return self._markers_op(todo) if todo else None
+
+    def _below(self, cid: int, low_watermark: int, skip) -> list:
+        """Lock held: take `low_watermark` of coordinator `cid`; the (txn, False) ends of the
+        transactions below it still ongoing here (but `skip`), now ended here; and forget
+        the ended ones below it (the watermark refuses their appends)."""
+        if low_watermark > self.low_watermarks.get(cid, 0):
+            self.low_watermarks[cid] = low_watermark
+        if self._seq_stale:
+            self._ongoing_seq.rebuild(self.ongoing)
+            self._ended_seq.rebuild(self.ended)
+            self._seq_stale = False
+        todo = []
+        for t in self._ongoing_seq.below(cid, low_watermark):
+            if t not in self.ongoing:
+                continue  # ended here already
+            self._ongoing_seq.add(t)  # until its marker is published
+            if t != skip:
+                self._mark_ended(t, False)
+                todo.append((t, False))
+                self.lwm_aborted += 1
+        self._ongoing_seq.compact(self.ongoing)
+        for t in self._ended_seq.below(cid, self.low_watermarks.get(cid, 0)):
+            if t in self.ongoing:
+                self._ended_seq.add(t)  # its marker is not published yet
+            else:
+                self.ended.pop(t, None)
+        self._ended_seq.compact(self.ended)
+        return todo
+
+    def messages_of(self, txn_id: TxnID) -> int:
+        """Messages of txn_id stored here (read from the ledger's entry headers from its
+        first entry on: for the rare commit that has to check them)."""
+        part = self.partition
+        with self.lock:
+            start = self.ongoing.get(txn_id)
+            end = part.next_entry_id
+        if start is None:
+            return 0
+        total = 0
+        with part.storage.read() as txn:
+            while start < end:
+                ids, bufs = part.log.scan(txn, start, end, 4096)
+                if not len(ids):
+                    break
+                counts, markers, msb, lsb = header_columns([bytes(b) for b in bufs])
+                mine = (
+                    (msb == txn_id.most_sig_bits) & (lsb == txn_id.least_sig_bits) & (markers == 0)
+                )
+                total += int(counts[mine].sum())
+                start = int(ids[-1]) + 1
+        return total
 
     def _mark_ended(self, txn_id: TxnID, commit: bool) -> None:
         ended = self.ended
@@ -249,6 +294,8 @@ class TransactionBuffer:
 
         def before_publish(first: int) -> None:
             for i, (t, commit) in enumerate(todo):
+                if t.sequence < self.low_watermarks.get(t.coordinator_id, 0):
+                    self.ended.pop(t, None)  # the watermark refuses its appends from now on
                 if self.ongoing.pop(t, None) is None:
                     continue  # a repeated end raced with this one: already marked
                 if commit:
@@ -295,6 +342,8 @@ class TransactionBuffer:
                 "committed": self.committed,
                 "aborted": self.aborted,
                 "aborted_by_low_watermark": self.lwm_aborted,
+                "ended_remembered": len(self.ended),
+                "low_watermarks": {str(c): w for c, w in sorted(self.low_watermarks.items())},
             }
         if self.snapshot is not None:
             out.update(self.snapshot.stats())

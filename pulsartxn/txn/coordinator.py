@@ -71,9 +71,11 @@ class Coordinator(TransactionEnd):
 
     # -- recovery --------------------------------------------------------------------------
 
-    def recover(self, decided: dict) -> list[TxnMeta]:
+    def recover(self, decided: dict, clean: bool = True) -> list[TxnMeta]:
         """Replay the log; return the transactions to finalize (COMMITTING/ABORTING, and OPEN
-        ones whose deadline passed while the broker was down, now ABORTING)."""
+        ones now ABORTING: those whose deadline passed while the broker was down, and those of
+        an in-process client, whose process is gone). `clean`: the broker was closed, not
+        stopped; else the OPEN ones left are unverified (TxnMeta.unverified)."""
         start = time.monotonic()
         try:
             metas = self._replay()
@@ -93,7 +95,7 @@ class Coordinator(TransactionEnd):
         )
         now_wall = time.time() * 1000.0
         now = time.monotonic()
-        to_finalize, expired = [], 0
+        to_finalize, expired, orphaned = [], 0, 0
         for meta in metas:  # ascending sequence
             meta.durable = True
             outcome = decided.get(meta.txn_id)
@@ -111,7 +113,13 @@ class Coordinator(TransactionEnd):
                     meta.state = ABORTING
                     meta.reason = EndReason.TIMEOUT
                     expired += 1
+                elif meta.owner == log.IN_PROCESS:
+                    # Its client died with the broker's process: nobody can end it.
+                    meta.state = ABORTING
+                    meta.reason = EndReason.ORPHANED
+                    orphaned += 1
                 else:
+                    meta.unverified = not clean
                     self._deadlines.append((meta.deadline, meta.seq))
             if meta.state is not OPEN:
                 to_finalize.append(meta)
@@ -123,8 +131,10 @@ class Coordinator(TransactionEnd):
             "recover_time_ms": round((time.monotonic() - start) * 1000.0, 3),
             "recovered_txns": len(metas),
             "recovered_open": len(metas) - len(to_finalize),
-            "recovered_finalizing": len(to_finalize) - expired,
+            "recovered_finalizing": len(to_finalize) - expired - orphaned,
             "recovered_timed_out": expired,
+            "recovered_orphaned": orphaned,
+            "recovered_unverified": sum(m.unverified for m in metas),
         }
         return to_finalize
 
@@ -139,7 +149,13 @@ class Coordinator(TransactionEnd):
                     if rec.kind != log.NEW or meta is not None:
                         raise CorruptEntry(f"transaction {self.id}:{seq} has no NEW record first")
                     meta = TxnMeta(
-                        TxnID(self.id, seq), seq, rec.timeout_ms, rec.open_ms, 0.0, rec.group
+                        TxnID(self.id, seq),
+                        seq,
+                        rec.timeout_ms,
+                        rec.open_ms,
+                        0.0,
+                        rec.group,
+                        rec.owner,
                     )
                     metas[seq] = meta
                 elif meta is None:
@@ -184,6 +200,24 @@ class Coordinator(TransactionEnd):
             return _raise(status_error(TxnID(self.id, seq), done[0], done[1], done[2], op))
         raise TransactionNotFound(f"transaction {self.id}:{seq} is unknown to its coordinator")
 
+    def check_open(self, seq: int, op: str) -> None:
+        """Raise unless the transaction is OPEN (what a participant asks before it takes an
+        operation of the transaction: an ended one's is refused, never parked)."""
+        meta = self.txns.get(seq)  # a dict read: no lock on the participants' hot path
+        if meta is not None and meta.state is OPEN:
+            return
+        with self.lock:
+            meta = self.live(seq, op)
+            if meta.state is not OPEN:
+                raise status_error(meta.txn_id, meta.state, meta.reason, meta.timeout_ms, op)
+
+    def fail(self, seq: int, exc: BaseException) -> None:
+        """A send or an ack of the transaction failed: it can only abort now."""
+        with self.lock:
+            meta = self.txns.get(seq)
+            if meta is not None and meta.state is OPEN and meta.failed is None:
+                meta.failed = exc
+
     def state_of(self, seq: int) -> tuple[TxnState, int]:
         with self.lock:
             meta = self.txns.get(seq)
@@ -214,7 +248,7 @@ class Coordinator(TransactionEnd):
 
     # -- operations ------------------------------------------------------------------------
 
-    def new(self, timeout_ms: int, group: str | None) -> TxnMeta:
+    def new(self, timeout_ms: int, group: str | None, owner: str | None) -> TxnMeta:
         now = time.monotonic()
         open_ms = int(time.time() * 1000)
         # The allocator may write (a block reservation): under its own lock, not self.lock,
@@ -225,8 +259,9 @@ class Coordinator(TransactionEnd):
             self._check_room()
             txn_id = self.allocator.next()
             seq = txn_id.sequence
-            meta = TxnMeta(txn_id, seq, timeout_ms, open_ms, now + timeout_ms / 1000.0, group)
-            record = log.encode_new(timeout_ms, open_ms, group)
+            deadline = now + timeout_ms / 1000.0
+            meta = TxnMeta(txn_id, seq, timeout_ms, open_ms, deadline, group, owner)
+            record = log.encode_new(timeout_ms, open_ms, group, owner)
             key = log.record_key(seq, 0)
             if staged:
                 # The record rides with the transaction's first write: until then there is
@@ -278,7 +313,8 @@ class Coordinator(TransactionEnd):
         # A staged record written on its own, waited for.
         apply, done = self.stage(seq, kind, new, inflight=True)
         try:
-            self._write(apply, 64 * len(new))
+            # Durable by the transaction's decision, whose flush covers it.
+            self._write(apply, 64 * len(new), durable=False)
         except BaseException:
             done(False)
             with self.lock:
@@ -314,8 +350,10 @@ class Coordinator(TransactionEnd):
         db = self.db
 
         def apply(txn) -> None:
-            if meta.atomic_end:
-                return  # its end is in this same write, with every participant's part
+            if meta.atomic_end or meta.deleted:
+                # Its end is in this write (every participant's part), or its records are
+                # deleted already: a record now would outlive the transaction.
+                return
             if first is not None:
                 txn.put(first[0], first[1], db=db)  # the same bytes whoever writes it
             txn.put(key, record, db=db)

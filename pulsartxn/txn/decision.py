@@ -19,7 +19,7 @@ import heapq
 import threading
 import time
 
-from ..errors import AlreadyClosed, InvalidTxnStatus
+from ..errors import AlreadyClosed, InvalidTxnStatus, Timeout, TransactionConflict
 from ..storage import WriteOp, combine
 from . import log
 from .meta import (
@@ -31,6 +31,7 @@ from .meta import (
     MAX_BACKOFF_S,
     OPEN,
     TxnMeta,
+    abort_only,
     status_error,
 )
 from .state import EndReason
@@ -39,7 +40,16 @@ from .state import EndReason
 class TransactionEnd:
     """Decide and finalize (a mixin of Coordinator)."""
 
-    def end(self, seq: int, commit: bool, reason: int, expected_acks=None, riding=()) -> TxnMeta:
+    def end(
+        self,
+        seq: int,
+        commit: bool,
+        reason: int,
+        expected_acks=None,
+        riding=(),
+        expected_sends=None,
+        deadline: float | None = None,
+    ) -> TxnMeta:
         """Decide the end of one transaction (logged), then finalize its participants.
 
         The decision is one write: the END record, with what the participants that live in
@@ -50,7 +60,13 @@ class TransactionEnd:
         the END record stays until they have landed, so a crash before that finalizes them
         again. When that one write holds every participant's part (all of them live in this
         broker; subscriptions then write their cursors in it too), it is the whole end: no
-        END record, and it deletes what the transaction had in the log."""
+        END record, and it deletes what the transaction had in the log.
+
+        `expected_acks` ((partition, subscription) -> n) and `expected_sends` (partition -> n):
+        what the committer made, None when it does not know (a handle on a transaction
+        opened elsewhere). A commit that cannot happen for good (a failed op, lost acks or
+        sends) raises an error marked ``abort_only``. `deadline` (time.monotonic()) bounds
+        the wait for the transaction's writes in flight (Timeout; nothing is decided)."""
         op = "commit" if commit else "abort"
         taken = self.storage.commits.take_lazy([r[0] for r in riding]) if riding else []
         if taken and not commit:
@@ -66,7 +82,14 @@ class TransactionEnd:
                 meta.state = COMMITTING if commit else ABORTING
                 meta.reason = reason
                 while meta.inflight > staged:  # the taken ones land with the decision
-                    self.cond.wait()
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        meta.state, meta.reason = OPEN, 0
+                        raise Timeout(
+                            f"cannot {op} transaction {meta.txn_id} in time: a write that "
+                            "registers its participants has not landed; it is still OPEN"
+                        )
+                    self.cond.wait(left)
                 empty = not meta.partitions and not meta.subscriptions and not taken
                 index = meta.records
                 if not empty:
@@ -79,14 +102,7 @@ class TransactionEnd:
         done: set = set()
         try:
             if commit:
-                for name, n in (expected_acks or {}).items():
-                    if n and tuple(name) not in meta.subscriptions:
-                        # Its registration rode with acks that never reached the log.
-                        raise InvalidTxnStatus(
-                            f"transaction {meta.txn_id}: its {n} acknowledgements on "
-                            f"{name[0]} {name[1]} were lost in a broker restart; it can only "
-                            "abort"
-                        )
+                self._committable(meta, expected_acks, expected_sends)
             if empty and first is not None:
                 pass  # it never wrote anything: there is nothing to decide or undo
             elif empty:
@@ -114,7 +130,7 @@ class TransactionEnd:
                     with self.lock:
                         meta.atomic_end = True
                     if first is None or meta.subscriptions:
-                        ops.append(WriteOp(self._delete_records(meta, meta.records), nbytes=16))
+                        ops.append(self._delete_op(meta, meta.records))
                 else:
                     ops.insert(end_at, self._end_op(meta, index))
                 ops[:0] = taken
@@ -159,6 +175,51 @@ class TransactionEnd:
         else:
             self.finalize(meta, done)
         return meta
+
+    def _committable(self, meta: TxnMeta, expected_acks, expected_sends) -> None:
+        """Raise (abort_only) unless the transaction may commit: no op of it failed, and
+        nothing its committer made was lost (checked by participant when it is unverified;
+        the subscriptions check their acks with the decision either way)."""
+        if meta.failed is not None:
+            failed = meta.failed
+            cls = (
+                type(failed)
+                if isinstance(failed, (TransactionConflict, InvalidTxnStatus))
+                else None
+            )
+            raise abort_only(
+                (cls or InvalidTxnStatus)(f"transaction {meta.txn_id} cannot commit: {failed}")
+            ) from failed
+        for name, n in (expected_acks or {}).items():
+            if n and tuple(name) not in meta.subscriptions:
+                # Its registration rode with acks that never reached the log.
+                raise abort_only(
+                    InvalidTxnStatus(
+                        f"transaction {meta.txn_id}: its {n} acknowledgements on "
+                        f"{name[0]} {name[1]} were lost when its broker stopped"
+                    )
+                )
+        if not meta.unverified:
+            return
+        if expected_acks is None or expected_sends is None:
+            raise abort_only(
+                InvalidTxnStatus(
+                    f"transaction {meta.txn_id} was open when its broker stopped without "
+                    "closing, and only the handle that made its sends and acks can tell "
+                    "whether all of them are still there: commit it with that handle"
+                )
+            )
+        for name, n in expected_sends.items():
+            have = 0
+            if name in meta.partitions:
+                have = self.service.participant("partition", name).messages_of(meta.txn_id)
+            if have < n:
+                raise abort_only(
+                    InvalidTxnStatus(
+                        f"transaction {meta.txn_id}: {n - have} of its {n} messages on {name} "
+                        "were lost when its broker stopped"
+                    )
+                )
 
     def _riding(self, riding, taken, commit: bool) -> tuple[dict, int]:
         """Of the transaction's lazily submitted batches: wait for those not taken back (they
@@ -279,21 +340,33 @@ class TransactionEnd:
             meta.reason = 0
             meta.decision = None
             meta.atomic_end = False
+            meta.deleted = False
             heapq.heappush(self._deadlines, (meta.deadline, meta.seq))
             self.append_failures += 1
 
-    def _write(self, apply, nbytes: int) -> None:
-        self.storage.write(apply, nbytes=nbytes)
+    def _write(self, apply, nbytes: int, durable: bool = True) -> None:
+        self.storage.write(apply, nbytes=nbytes, durable=durable)
 
     def _delete_records(self, meta: TxnMeta, count: int):
+        """Apply function deleting the transaction's first `count` records; from then on a
+        registration applied (later, in the group commit's order) writes nothing."""
         db = self.db
         keys = [log.record_key(meta.seq, i) for i in range(count)]
 
         def apply(txn):
             for key in keys:
                 txn.delete(key, db=db)
+            meta.deleted = True
 
         return apply
+
+    def _delete_op(self, meta: TxnMeta, count: int, durable: bool = True) -> WriteOp:
+        def on_abort() -> None:
+            meta.deleted = False
+
+        return WriteOp(
+            self._delete_records(meta, count), nbytes=16, on_abort=on_abort, durable=durable
+        )
 
     # -- finalize --------------------------------------------------------------------------
 
@@ -350,6 +423,7 @@ class TransactionEnd:
                 meta.retries += 1
                 meta.last_error = f"{part[0]} {part[1]}: {exc!r}"
                 self.finalize_retries += 1
+                self.cond.notify_all()  # a commit waiting for it returns (wait_settled)
             delay = min(0.01 * (2**attempt), MAX_BACKOFF_S)
             service.timer.call_later(delay, self._call, meta, part, attempt + 1)
             return
@@ -406,7 +480,7 @@ class TransactionEnd:
         if meta.records and not storage.closed:
             try:
                 storage.submit(
-                    WriteOp(self._delete_records(meta, meta.records), nbytes=16, durable=False),
+                    self._delete_op(meta, meta.records, durable=False),
                     lazy=True,
                 )
             except AlreadyClosed:
@@ -429,6 +503,16 @@ class TransactionEnd:
             self.histogram[bisect.bisect_left(HISTOGRAM_MS, elapsed_ms)] += 1
             self.cond.notify_all()
         self.service.on_finished(meta)
+
+    def wait_settled(self, meta: TxnMeta, deadline: float | None) -> bool:
+        """Until the transaction is COMMITTED or ABORTED, or one of its participants has
+        failed its part (retried in the background from then on); False at the deadline."""
+        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        with self.lock:
+            return self.cond.wait_for(
+                lambda: meta.state in (COMMITTED, ABORTED) or meta.retries or self.service.closed,
+                timeout,
+            )
 
     def wait(self, meta: TxnMeta, timeout_s: float | None) -> bool:
         """Wait until the transaction is COMMITTED or ABORTED; False on timeout."""

@@ -98,13 +98,25 @@ def _read_str(data: memoryview, pos: int) -> tuple[str, int]:
         raise CorruptEntry("transaction log record holds a name that is not UTF-8") from None
 
 
-def encode_new(timeout_ms: int, open_ms: int, group: str | None) -> bytes:
+# Who may end a transaction besides its decisions and its timeout (the NEW record's last
+# field): its in-process client (IN_PROCESS), or a network session (its id). Records written
+# before owners were kept have none (None): such a transaction is left to its timeout.
+IN_PROCESS = ""
+_IN_PROCESS, _SESSION = 2, 3
+
+
+def encode_new(timeout_ms: int, open_ms: int, group: str | None, owner: str | None) -> bytes:
     parts = [bytes([NEW]), _NEW.pack(timeout_ms, open_ms)]
     if group is not None:
         parts.append(b"\x01")
         _pack_str(parts, group)
     else:
         parts.append(b"\x00")
+    if owner == IN_PROCESS:
+        parts.append(bytes([_IN_PROCESS]))
+    elif owner is not None:
+        parts.append(bytes([_SESSION]))
+        _pack_str(parts, owner)
     return _seal(b"".join(parts))
 
 
@@ -138,6 +150,7 @@ class Record:
     timeout_ms: int = 0
     open_ms: int = 0
     group: str | None = None
+    owner: str | None = None
     names: list = field(default_factory=list)
     commit: bool = False
     reason: int = 0
@@ -158,8 +171,13 @@ def decode(record) -> Record:
             raise CorruptEntry("transaction log NEW record has a bad group flag")
         else:
             pos += 1
+        owner = None
+        if pos < len(data) and data[pos] == _IN_PROCESS:
+            owner, pos = IN_PROCESS, pos + 1
+        elif pos < len(data) and data[pos] == _SESSION:
+            owner, pos = _read_str(data, pos + 1)
         _expect_end(data, pos)
-        return Record(NEW, timeout_ms=timeout_ms, open_ms=open_ms, group=group)
+        return Record(NEW, timeout_ms=timeout_ms, open_ms=open_ms, group=group, owner=owner)
     if kind in (PARTITIONS, SUBSCRIPTIONS):
         if len(data) < 5:
             raise CorruptEntry("transaction log record truncated")

@@ -42,9 +42,13 @@ class TxnMeta:
         "writes",
         "new_record",
         "atomic_end",
+        "owner",
+        "failed",
+        "unverified",
+        "deleted",
     )
 
-    def __init__(self, txn_id, seq, timeout_ms, open_ms, deadline, group) -> None:
+    def __init__(self, txn_id, seq, timeout_ms, open_ms, deadline, group, owner=None) -> None:
         self.txn_id = txn_id
         self.seq = seq
         self.state = OPEN
@@ -69,6 +73,14 @@ class TxnMeta:
         self.new_record: tuple | None = None
         # Ended in one write with every participant's part: its staged records are not put.
         self.atomic_end = False
+        self.owner = owner  # log.IN_PROCESS, a session id, or None (not recorded)
+        self.failed: BaseException | None = None  # a failed send or ack: it can only abort
+        # Recovered OPEN after a stop without close: what it was answered may be lost, so a
+        # commit must state its sends and acks (the handle that made them counts them).
+        self.unverified = False
+        # Its records' deletion is applied (the group commit's order): a registration applied
+        # after it writes nothing, or it would outlive the transaction in the log.
+        self.deleted = False
 
     @property
     def commit(self) -> bool:
@@ -85,7 +97,19 @@ def status_error(txn_id, state: TxnState, reason: int, timeout_ms: int, op: str)
         return TransactionTimeout(
             f"cannot {op} transaction {txn_id}: it timed out after {timeout_ms} ms and was aborted"
         )
+    if state in (ABORTING, ABORTED) and reason == EndReason.ORPHANED:
+        return InvalidTxnStatus(
+            f"cannot {op} transaction {txn_id}: it was aborted when its client went away "
+            "(its process ended or its session expired)"
+        )
     return InvalidTxnStatus(f"cannot {op} transaction {txn_id}: it is {state.value}")
+
+
+def abort_only(exc: BaseException) -> BaseException:
+    """Mark a commit's error as one that leaves the transaction able only to abort: the
+    commit then aborts it before raising (as Pulsar's client does after a failed op)."""
+    exc.abort_only = True
+    return exc
 
 
 class Outcomes:

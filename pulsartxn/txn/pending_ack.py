@@ -23,6 +23,7 @@ import time
 from .._native import AckSet, PendingAckIndex, TxnID, crc32c
 from ..errors import CorruptEntry, InvalidConfiguration, InvalidTxnStatus, TransactionConflict
 from ..storage import WriteOp
+from .meta import abort_only
 from .watermark import BySequence
 
 _ACK = struct.Struct("<BqiI")  # kind (0 individual, 1 cumulative), entry, batch index, size
@@ -105,7 +106,10 @@ class PendingAck:
     ) -> None:
         sub = self.sub
         ledger = sub.partition.ledger_id
+        check = sub.partition.buffer.txn_check
         with self.lock:
+            if check is not None:
+                check(txn, "acknowledge in")  # an ended transaction's ack is refused
             cursor = sub.cursor
             if cursor.is_acked(entry_id, batch_index):
                 raise TransactionConflict(
@@ -176,11 +180,11 @@ class PendingAck:
 
     def _take_unlogged(self, only: TxnID | None = None) -> tuple[list, list]:
         """(rows, registrations) not yet in the log, of `only` or of every transaction; a row
-        is (txn, key, value)."""
+        is (txn, key, value), a registration (txn, apply)."""
         rows, regs = [], []
         for txn in [only] if only is not None else list(self.unlogged):
             acks = self.unlogged.pop(txn, None)
-            regs.extend(self.registrations.pop(txn, ()))
+            regs.extend((txn, r) for r in self.registrations.pop(txn, ()))
             if not acks:
                 continue
             n = self.records.get(txn, 0)
@@ -193,6 +197,9 @@ class PendingAck:
         return rows, regs
 
     def _rows_op(self, rows, regs) -> WriteOp:
+        """The log write of `rows` and `regs` (taken from the unlogged ones): if it does not
+        land, they wait here to be logged again, ahead of anything newer (their record
+        numbers stay unused; replay and cleanup go by the highest number, not the count)."""
         db = self.storage.open_db(DB)
 
         def apply(txn):
@@ -200,15 +207,33 @@ class PendingAck:
                 # Not the rows of a transaction that has ended here meanwhile: its end
                 # deleted what it had logged, in a write this one comes after.
                 live = [(k, v) for t, k, v in rows if t in self.counts]
-            for registration in regs:
+            for _, registration in regs:
                 registration(txn)
             txn.cursor(db=db).putmulti(live)
 
+        def restore(fut) -> None:
+            if fut.exception() is None:
+                return
+            with self.lock:
+                for t, _, v in rows:
+                    if t not in self.counts:
+                        continue  # ended meanwhile
+                    body = bytes(v)[20:]
+                    acks = [body[i : i + _ACK.size] for i in range(0, len(body), _ACK.size)]
+                    self.unlogged[t] = acks + self.unlogged.get(t, [])
+                for t, reg in reversed(regs):
+                    self.registrations[t] = [reg] + self.registrations.get(t, [])
+
         self.log_writes += 1
         # Durable by the commit, whose prepare or one-write end comes after it.
-        return WriteOp(
-            apply, nbytes=sum(len(v) for _, _, v in rows), records=len(rows), durable=False
+        op = WriteOp(
+            apply,
+            nbytes=sum(len(v) for _, _, v in rows),
+            records=len(rows),
+            durable=False,
         )
+        op.future.add_done_callback(restore)
+        return op
 
     def _write_rows(self, taken, wait: bool) -> None:
         rows, regs = taken
@@ -220,15 +245,27 @@ class PendingAck:
             storage.wait(fut)
 
     def flush_if_older(self, seconds: float) -> bool:
-        """The broker's flusher: write the waiting acks once they are `seconds` old."""
+        """The broker's flusher: write the waiting acks once they are `seconds` old. Taken
+        and queued under the lock: a commit, which takes what is left under it, queues its
+        write after this one, so its decision never lands before these acks."""
         with self.lock:
             if not self._flush_queued:
                 return True
             if time.monotonic() - self._queued_at < seconds:
                 return False
-            taken = self._take_unlogged()
-        self._write_rows(taken, wait=False)
+            self._write_rows(self._take_unlogged(), wait=False)
         return True
+
+    def store(self, txn: TxnID) -> None:
+        """Write txn's acks not yet in the log and wait until they are stored (not flushed:
+        the commit's flush covers them): a network session's acks, answered only then, so
+        that they outlive this process, as its transaction does."""
+        with self.lock:
+            taken = self._take_unlogged(txn)
+        if taken[0] or taken[1]:
+            self._write_rows(taken, wait=True)
+        else:  # the flusher took them: its write (a lazy op) lands with this one
+            self.storage.write(_nothing, nbytes=0, records=0, durable=False)
 
     def prepare(self, txn: TxnID, expected: int | None = None) -> None:
         """Before a commit is decided: this transaction's acks are durable in the log, and
@@ -243,10 +280,12 @@ class PendingAck:
         """Lock held: raise unless this holds every ack the committer made."""
         have = self.counts.get(txn, 0)
         if expected is not None and have < expected:
-            raise InvalidTxnStatus(
-                f"transaction {txn}: {expected - have} of its {expected} acknowledgements on "
-                f"{self.sub.partition.topic} {self.sub.name} were lost in a broker restart; "
-                "it can only abort"
+            raise abort_only(
+                InvalidTxnStatus(
+                    f"transaction {txn}: {expected - have} of its {expected} acknowledgements "
+                    f"on {self.sub.partition.topic} {self.sub.name} were lost when its broker "
+                    "stopped"
+                )
             )
 
     def prepare_op(self, txn: TxnID, expected: int | None = None) -> WriteOp | None:
@@ -257,21 +296,7 @@ class PendingAck:
             rows, regs = self._take_unlogged(txn)
         if not rows and not regs:
             return None
-        op = self._rows_op(rows, regs)
-
-        def restore(fut) -> None:
-            if fut.exception() is None:
-                return
-            # Not logged: back in line, ahead of anything newer (its record number stays
-            # unused; replay and cleanup go by the highest number, not the count).
-            with self.lock:
-                acks = [bytes(v)[20:] for _, _, v in rows]
-                pending = [a[i : i + _ACK.size] for a in acks for i in range(0, len(a), _ACK.size)]
-                self.unlogged[txn] = pending + self.unlogged.get(txn, [])
-                self.registrations[txn] = list(regs) + self.registrations.get(txn, [])
-
-        op.future.add_done_callback(restore)
-        return op
+        return self._rows_op(rows, regs)
 
     def flush(self) -> None:
         with self.lock:
@@ -420,6 +445,21 @@ class PendingAck:
             sub.notify()
         return fut
 
+    def advance(self, coordinator_id: int, low_watermark: int) -> None:
+        """The low watermark of a coordinator, pushed by its timer: transactions of it below
+        the watermark that still hold acks here have ended at the coordinator without their
+        end reaching this subscription; they end here as aborted (their acks released)."""
+        if self.sub.error is not None:
+            return
+        with self.lock:
+            found = self._by_sequence.below(coordinator_id, low_watermark)
+            left = [t for t in found if t in self.counts]
+            for t in left:
+                self._by_sequence.add(t)  # end_txn takes them out again, all at once
+            self._by_sequence.compact(self.counts)
+        if left:
+            self.end_txn(left[0], False, low_watermark, wait=False)
+
     def _below(self, txn: TxnID, low_watermark: int) -> list:
         """The other transactions of txn's coordinator below its low watermark that still
         hold acks here: the coordinator has finished them, so they end here as aborted
@@ -484,6 +524,10 @@ class PendingAck:
                 "log_writes": self.log_writes,
                 "unlogged_acks": sum(len(v) for v in self.unlogged.values()),
             }
+
+
+def _nothing(txn) -> None:
+    return None
 
 
 def _ack_cursor(cursor, entries, cumulative) -> bool:

@@ -19,7 +19,9 @@ from ..errors import (
     CoordinatorUnavailable,
     CorruptEntry,
     InvalidTxnStatus,
+    PulsarTxnError,
     StorageError,
+    Timeout,
 )
 from ..storage import WriteOp
 from . import log
@@ -29,6 +31,14 @@ from .timer import TxnTimer
 
 MAX_TIMEOUT_MS = 1 << 40  # beyond this a timeout is a mistake, not a wish (~35 years)
 _IDEM = struct.Struct("<Q")
+# meta keys: one written as the last thing a broker's close does, deleted at open; and the
+# machine's boot id at the last open. Without the first, what the broker answered survived
+# its stop only if the machine did not restart since (stored writes are on the device or in
+# its page cache): otherwise its open transactions are unverified.
+CLEAN_KEY = b"txn/closed-cleanly"
+BOOT_KEY = b"txn/boot-id"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+LWM_PUSH_S = 0.1  # how often the timer tells participants a coordinator's low watermark
 
 
 class _Stateless:
@@ -50,6 +60,7 @@ class Coordinators:
         self.default_timeout_ms = cfg.default_txn_timeout_ms
         self.max_timeout_ms = cfg.max_txn_timeout_ms
         self.durable_begin = bool(cfg.durable_begin)
+        self.operation_timeout_s = cfg.operation_timeout_ms / 1000.0
         self._participants = participants
         self.closed = False
         self._lock = threading.Lock()  # groups, decisions, the coordinator list
@@ -69,8 +80,24 @@ class Coordinators:
         if n != stored:
             self._store_count(n)
         self.coordinators: list[Coordinator] = [Coordinator(self, i) for i in range(n)]
+        self._pushed: dict[int, int] = {}  # coordinator id -> low watermark last pushed
+        self._push_at = 0.0
         self.timer = TxnTimer(cfg.txn_timeout_tick_ms, self._expire_all)
         self.decision_errors: list[str] = []
+        boot = _boot_id()
+        with self.storage.read() as txn:
+            closed = txn.get(CLEAN_KEY, db=self.storage.meta) is not None
+            raw = txn.get(BOOT_KEY, db=self.storage.meta)
+            last_boot = bytes(raw) if raw is not None else None
+        self.clean_start = closed or (boot is not None and last_boot == boot)
+
+        def opened(t) -> None:
+            t.delete(CLEAN_KEY, db=self.storage.meta)
+            if boot is not None:
+                t.put(BOOT_KEY, boot, db=self.storage.meta)
+
+        if closed or last_boot != boot:
+            self.storage.write(opened)
         self._recover()
 
     # -- recovery --------------------------------------------------------------------------
@@ -98,7 +125,7 @@ class Coordinators:
                     decided[t] = (d.decision_id, False)
         to_finalize: list[tuple[Coordinator, TxnMeta]] = []
         for c in self.coordinators:
-            for meta in c.recover(decided):
+            for meta in c.recover(decided, self.clean_start):
                 to_finalize.append((c, meta))
             for meta in c.txns.values():
                 if meta.group is not None:
@@ -185,7 +212,11 @@ class Coordinators:
 
     # -- single transactions ---------------------------------------------------------------
 
-    def new_transaction(self, timeout_ms=None, coordinator_id=None, group=None) -> TxnMeta:
+    def new_transaction(
+        self, timeout_ms=None, coordinator_id=None, group=None, owner=log.IN_PROCESS
+    ) -> TxnMeta:
+        """Begin a transaction; `owner`: log.IN_PROCESS (aborted when this process ends) or
+        the id of the network session that opened it."""
         if timeout_ms is None:
             timeout_ms = self.default_timeout_ms
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int):
@@ -201,7 +232,7 @@ class Coordinators:
             coordinator = self.coordinator(coordinator_id)
         else:
             coordinator = self._pick()
-        meta = coordinator.new(timeout_ms, group)
+        meta = coordinator.new(timeout_ms, group, owner)
         if group is not None:
             with self._lock:
                 self._groups.setdefault(group, set()).add(meta.txn_id)
@@ -233,13 +264,63 @@ class Coordinators:
         pairs = [(str(p), str(s)) for p, s in subscriptions]
         return self.of(txn_id).stage(txn_id.sequence, log.SUBSCRIPTIONS, pairs, False)
 
+    def check_open(self, txn_id, op: str) -> None:
+        """Raise unless the transaction is OPEN (participants ask before taking its ops)."""
+        self.of(txn_id).check_open(txn_id.sequence, op)
+
+    def fail(self, txn_id, exc: BaseException) -> None:
+        """A send or an ack of the transaction failed: its commit aborts it."""
+        try:
+            self.of(txn_id).fail(txn_id.sequence, exc)
+        except CoordinatorNotFound:
+            pass
+
     def end(
-        self, txn_id, commit: bool, timeout_s: float | None = None, expected_acks=None, riding=()
+        self,
+        txn_id,
+        commit: bool,
+        timeout_s: float | None = None,
+        expected_acks=None,
+        riding=(),
+        expected_sends=None,
     ) -> TxnState:
+        """Commit or abort; returns once the decision is durable and every participant has
+        its part, or one has failed its part (finalized in the background from then on: the
+        state is then COMMITTING or ABORTING). Raises Timeout after `timeout_s` (default: the
+        broker's operation timeout) saying the state. A commit that cannot happen for good
+        (a failed op, lost sends or acks) aborts the transaction and raises."""
         c = self.of(txn_id)
-        meta = c.end(txn_id.sequence, commit, EndReason.CLIENT, expected_acks, riding)
-        c.wait(meta, timeout_s)
+        wait_s = self.operation_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + wait_s
+        try:
+            meta = c.end(
+                txn_id.sequence,
+                commit,
+                EndReason.CLIENT,
+                expected_acks,
+                riding,
+                expected_sends,
+                deadline,
+            )
+        except PulsarTxnError as exc:
+            if commit and getattr(exc, "abort_only", False):
+                self._abort_after(c, txn_id, exc, deadline)
+            raise
+        if not c.wait_settled(meta, deadline):
+            raise Timeout(
+                f"transaction {txn_id} is {meta.state.value} after {wait_s:g} s: its "
+                "decision is durable, its participants are still being finalized"
+            )
         return meta.state
+
+    def _abort_after(self, c, txn_id, exc: BaseException, deadline: float) -> None:
+        """A commit that cannot happen: abort the transaction; the error says so."""
+        try:
+            meta = c.end(txn_id.sequence, False, EndReason.CLIENT, deadline=deadline)
+            c.wait_settled(meta, deadline)
+        except PulsarTxnError:
+            return  # ended meanwhile (a timeout), or the broker is closing
+        exc.args = (f"{exc.args[0] if exc.args else exc}; the transaction was aborted",)
 
     def state_of(self, txn_id) -> TxnState:
         state, reason = self.of(txn_id).state_of(txn_id.sequence)
@@ -254,13 +335,14 @@ class Coordinators:
 
     # -- decisions over many transactions --------------------------------------------------
 
-    def commit_all(self, txn_ids) -> dict:
+    def commit_all(self, txn_ids, expected=None) -> dict:
+        """`expected`: TxnID -> (acks, sends) its committer made (see end()), where known."""
         ids = list(dict.fromkeys(txn_ids))
         if not ids:
             raise ValueError("commit_all needs at least one transaction")
-        return self._decide(ids, [], None, None)
+        return self._decide(ids, [], None, None, expected)
 
-    def commit_group(self, group: str, winners, idempotency_key=None) -> dict:
+    def commit_group(self, group: str, winners, idempotency_key=None, expected=None) -> dict:
         _check_label(group)
         winners = list(dict.fromkeys(winners))
         key = _idempotency(idempotency_key)
@@ -276,7 +358,7 @@ class Coordinators:
                         c.live(w.sequence, "commit")  # unknown or finished: its own error
                     raise InvalidTxnStatus(f"transaction {w} is not in group {group!r}")
             losers = sorted(members.difference(winners))
-            return self._decide_locked(winners, losers, group, key)
+            return self._decide_locked(winners, losers, group, key, expected)
 
     def abort_group(self, group: str) -> dict:
         _check_label(group)
@@ -284,13 +366,17 @@ class Coordinators:
             members = sorted(self._groups.get(group, ()))
         return self._decide([], members, group, None)
 
-    def _decide(self, commits, aborts, group, key) -> dict:
+    def _decide(self, commits, aborts, group, key, expected=None) -> dict:
         with self._decision_lock:
-            return self._decide_locked(commits, aborts, group, key)
+            return self._decide_locked(commits, aborts, group, key, expected)
 
-    def _decide_locked(self, commits, aborts, group, key) -> dict:
-        """One record decides every transaction named: commits must all be OPEN (else nothing
-        is decided); aborts that are no longer OPEN are left as they are."""
+    def _decide_locked(self, commits, aborts, group, key, expected=None) -> dict:
+        """One record decides every transaction named: commits must all be OPEN and able to
+        commit (else nothing is decided); aborts that are no longer OPEN are left as they
+        are. Returns once every one is finalized or has a participant retried in the
+        background (the operation timeout bounds the waits)."""
+        expected = expected or {}
+        deadline = time.monotonic() + self.operation_timeout_s
         coords = sorted({t.coordinator_id for t in list(commits) + list(aborts)})
         locked = [self.coordinator(cid) for cid in coords]
         for c in locked:
@@ -332,9 +418,18 @@ class Coordinators:
                 c = self.of(meta.txn_id)
                 with c.lock:
                     while meta.inflight:
-                        c.cond.wait()
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise Timeout(
+                                f"transaction {meta.txn_id}: a write that registers its "
+                                "participants has not landed; nothing was decided"
+                            )
+                        c.cond.wait(left)
             for meta in metas_c:
-                self.of(meta.txn_id).prepare(meta)
+                acks, sends = expected.get(meta.txn_id, (None, None))
+                c = self.of(meta.txn_id)
+                c._committable(meta, acks, sends)
+                c.prepare(meta, acks)
         except BaseException:
             for meta in everyone:
                 self.of(meta.txn_id).reopen(meta)
@@ -360,7 +455,8 @@ class Coordinators:
                 txn.put(key[0], _IDEM.pack(key[1]), db=kdb)
 
         try:
-            self.storage.wait(self.storage.submit(WriteOp(apply, nbytes=len(record))))
+            op = WriteOp(apply, nbytes=len(record))
+            self.storage.wait(self.storage.submit(op))
         except BaseException:
             for meta in everyone:
                 self.of(meta.txn_id).reopen(meta)
@@ -372,7 +468,7 @@ class Coordinators:
         for meta in everyone:
             self.of(meta.txn_id).finalize(meta)
         for meta in everyone:
-            self.of(meta.txn_id).wait(meta, None)
+            self.of(meta.txn_id).wait_settled(meta, deadline)
         return {
             "committed": [m.txn_id for m in metas_c],
             "aborted": [m.txn_id for m in metas_a],
@@ -430,6 +526,50 @@ class Coordinators:
                 continue
             for seq in c.expire(now):
                 self.timer.submit(c.timeout, seq)
+        if now >= self._push_at:
+            self._push_at = now + LWM_PUSH_S
+            moved = []
+            for c in self.coordinators:
+                if c.status == "READY":
+                    lwm = c.low_watermark()
+                    if lwm > self._pushed.get(c.id, 0):
+                        self._pushed[c.id] = lwm
+                        moved.append((c.id, lwm))
+            if moved:
+                self.timer.submit(self._push, moved)
+
+    def _push(self, moved: list) -> None:
+        """Tell the local participants the low watermarks that moved: what they still hold
+        of transactions below them is dropped without waiting for more traffic."""
+        for cid, lwm in moved:
+            self.broker.low_watermark_moved(cid, lwm)
+
+    # -- transactions whose client is gone -------------------------------------------------
+
+    def owned(self, keep=None) -> list[TxnMeta]:
+        """The OPEN transactions for which keep(meta) is true (all of them without `keep`)."""
+        out = []
+        for c in self.coordinators:
+            with c.lock:
+                out.extend(
+                    m for m in c.txns.values() if m.state is OPEN and (keep is None or keep(m))
+                )
+        return out
+
+    def abort_orphans(self, metas) -> int:
+        """Abort these transactions: their client is gone, nobody else can end them. Returns
+        how many were aborted here (others ended meanwhile)."""
+        n = 0
+        deadline = time.monotonic() + self.operation_timeout_s
+        for meta in metas:
+            c = self.of(meta.txn_id)
+            try:
+                ended = c.end(meta.seq, False, EndReason.ORPHANED, deadline=deadline)
+            except PulsarTxnError:
+                continue  # ended meanwhile, or its coordinator cannot now
+            c.wait_settled(ended, deadline)
+            n += 1
+        return n
 
     def scale(self, n: int) -> None:
         if isinstance(n, bool) or not isinstance(n, int):
@@ -479,12 +619,22 @@ class Coordinators:
                     if meta.new_record is record:
                         meta.new_record = None
 
+    def mark_clean(self) -> None:
+        """The last write of a clean close: the next open trusts what it finds."""
+        try:
+            self.storage.write(lambda t: t.put(CLEAN_KEY, b"1", db=self.storage.meta))
+        except PulsarTxnError:
+            pass  # the next open takes it for a stop without close: safe, only stricter
+
     def _store_count(self, n: int) -> None:
         value = struct.pack("<I", n)
         self.storage.write(lambda txn: txn.put(log.COORDINATORS_KEY, value, db=self.storage.meta))
 
     def close(self) -> None:
+        """Abort the open in-process transactions (nobody can end them after this), log the
+        begun ones of network sessions (they live on), stop the timer."""
         if not self.closed:
+            self.abort_orphans(self.owned(lambda m: m.owner == log.IN_PROCESS))
             self._log_begun()
         self.closed = True
         self.timer.stop()
@@ -501,6 +651,15 @@ class Coordinators:
                 out.extend(c.metadata(m) for m in metas)
         out.sort(key=lambda d: -d["open_ms"])
         return out
+
+
+def _boot_id() -> bytes | None:
+    """This boot of the machine (Linux), or None where it cannot be told."""
+    try:
+        with open(BOOT_ID, "rb") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 def _check_label(group) -> None:

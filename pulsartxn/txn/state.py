@@ -23,6 +23,7 @@ class EndReason(enum.IntEnum):
     CLIENT = 1  # commit() or abort()
     TIMEOUT = 2  # its deadline passed while OPEN
     GROUP = 3  # a commit_all / commit_group / abort_group decision
+    ORPHANED = 4  # its client is gone: its process ended, or its network session expired
 
 
 FINAL = (TxnState.COMMITTED, TxnState.ABORTED, TxnState.TIMEOUT)

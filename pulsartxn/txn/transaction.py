@@ -5,13 +5,7 @@ from __future__ import annotations
 import weakref
 
 from .._native import TxnID
-from ..errors import (
-    InvalidTxnStatus,
-    PulsarTxnError,
-    Timeout,
-    TransactionConflict,
-    TransactionTimeout,
-)
+from ..errors import InvalidTxnStatus, PulsarTxnError, TransactionTimeout
 from .state import FINAL, TxnState
 
 
@@ -27,7 +21,7 @@ class TransactionContext:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             if self.state is TxnState.OPEN:
-                self.commit()
+                self.commit()  # a commit that cannot happen aborts, then raises
             return
         try:
             if self.state is TxnState.OPEN:
@@ -50,11 +44,13 @@ class Transaction(TransactionContext):
         "_producers",
         "_error",
         "ack_counts",
+        "send_counts",
+        "counted",
         "_riding",
         "__weakref__",
     )
 
-    def __init__(self, client, service, txn_id: TxnID) -> None:
+    def __init__(self, client, service, txn_id: TxnID, counted: bool = True) -> None:
         self._client = client
         self._service = service
         self.id = txn_id
@@ -66,9 +62,12 @@ class Transaction(TransactionContext):
         # first: most have none; a WeakSet costs more to walk at every end).
         self._producers: dict | None = None
         self._error: BaseException | None = None  # a failed send or a conflict: abort only
-        # Acks made through this handle per (partition, subscription): the commit checks the
-        # broker still holds them all.
+        # Acks per (partition, subscription) and messages per partition made through this
+        # handle: a commit states them, and the broker checks it still holds them all.
+        # `counted`: this handle opened the transaction, so they are all of them.
         self.ack_counts: dict = {}
+        self.send_counts: dict = {}
+        self.counted = counted
         # (op, carries a staged registration, partition) of batches submitted lazily: the
         # decision takes those still waiting into its own write.
         self._riding: list = []
@@ -85,17 +84,27 @@ class Transaction(TransactionContext):
             self._final = state
         return state
 
-    def commit(self, timeout_ms: float | None = None, expected_acks: dict | None = None) -> None:
-        """Commit; returns once the transaction is COMMITTED (every participant finalized).
+    def commit(self, timeout_ms: float | None = None, *, counts=None) -> None:
+        """Commit; returns once the decision is durable and every participant has its part
+        (COMMITTED), or one failed its part and is retried in the background (COMMITTING).
 
         Raises TransactionTimeout if it was aborted by its deadline, InvalidTxnStatus if it is
-        not OPEN. With timeout_ms, raises Timeout if finalizing takes longer; the commit is
-        decided by then and completes in the background.
+        not OPEN, Timeout after timeout_ms (default: the broker's operation timeout) saying
+        its state. If it cannot commit (a send or an ack of it failed, or what it made was
+        lost), it is aborted and the error says why. `counts`: (acks, sends) its committer
+        made, for a handle that relays another's (the network service); None: this handle's.
         """
-        self._end(True, timeout_ms, expected_acks)
+        self._end(True, timeout_ms, counts)
 
     def abort(self, timeout_ms: float | None = None) -> None:
         self._end(False, timeout_ms)
+
+    def counts(self) -> tuple[dict, dict] | None:
+        """(acks per (partition, subscription), messages per partition) made through this
+        handle, if it opened the transaction (else None: it does not know them all)."""
+        if not self.counted:
+            return None
+        return dict(self.ack_counts), dict(self.send_counts)
 
     def add_producer(self, producer) -> None:
         """`producer` holds a batch of this transaction: the end flushes or drops it."""
@@ -109,41 +118,35 @@ class Transaction(TransactionContext):
         return [p for ref in list(self._producers.values()) if (p := ref()) is not None]
 
     def _failed(self, exc: BaseException) -> None:
-        """A send or an acknowledgement of this transaction failed: it can only abort now."""
+        """A send or an acknowledgement of this transaction failed: it can only abort now
+        (its coordinator knows, so any handle's commit aborts it)."""
         if self._error is None:
             self._error = exc
+        self._service.fail(self.id, exc)
 
     def check_open(self, op: str) -> None:
         """Raise InvalidTxnStatus (or TransactionTimeout) unless the transaction may still
         produce or acknowledge."""
         if self._final is not None:
-            raise InvalidTxnStatus(
-                f"cannot {op} in transaction {self.id}: it is {self._final.value}"
-            )
+            cls = TransactionTimeout if self._final is TxnState.TIMEOUT else InvalidTxnStatus
+            raise cls(f"cannot {op} in transaction {self.id}: it is {self._final.value}")
 
-    def _end(self, commit: bool, timeout_ms, expected_acks=None) -> None:
+    def _end(self, commit: bool, timeout_ms, counts=None) -> None:
         self._client._check_open()
         if commit:
             for producer in self._live_producers():
                 producer._txn_flush(self, wait=False)
-            self._check_sendable()
         else:
             for producer in self._live_producers():
                 producer._txn_drop(self)
         timeout_s = None if timeout_ms is None else max(float(timeout_ms), 0.0) / 1000.0
-        expected = None
+        acks = sends = None
         if commit:
-            expected = dict(self.ack_counts)
-            for key, n in (expected_acks or {}).items():
-                expected[tuple(key)] = max(n, expected.get(tuple(key), 0))
+            acks, sends = counts if counts is not None else (self.counts() or (None, None))
         riding, self._riding = self._riding, []
-        state = self._service.end(self.id, commit, timeout_s, expected, riding)
+        state = self._service.end(self.id, commit, timeout_s, acks, riding, sends)
         if state in FINAL:
             self._final = state
-            return
-        raise Timeout(
-            f"transaction {self.id} is {state.value}: its participants are still being finalized"
-        )
 
     def stage_partition(self, topic):
         """None once the coordinator has `topic` on record for this transaction; else
@@ -170,23 +173,10 @@ class Transaction(TransactionContext):
         return apply
 
     def flush_for_commit(self) -> None:
-        """Write what producers still hold of this transaction and wait until it is in the
-        ledger; raise if a send or an ack of it failed (it can only abort then)."""
+        """Write what producers still hold of this transaction and wait until it is stored
+        (a decision over many transactions then checks each can commit)."""
         for producer in self._live_producers():
             producer._txn_flush(self)
-        self._check_sendable()
-
-    def _check_sendable(self) -> None:
-        if self._error is not None:
-            # A send refused because the transaction had timed out says so, as the commit of
-            # a timed-out transaction does (TransactionTimeout), not just InvalidTxnStatus.
-            if isinstance(self._error, (TransactionConflict, TransactionTimeout)):
-                cls = type(self._error)
-            else:
-                cls = InvalidTxnStatus
-            raise cls(
-                f"transaction {self.id} cannot commit, only abort: {self._error}"
-            ) from self._error
 
     def register_partitions(self, partitions) -> None:
         """Log the partitions this transaction produces to (cached: once per partition)."""

@@ -95,9 +95,12 @@ def test_disconnected_client_messages_are_redelivered(server):
     ca = a.subscribe("t", "s", subscription_type=ConsumerType.Shared)
     assert ca.receive(1000).data() == b"m"
     open_txn = a.new_transaction(timeout_ms=60_000)
-    # The client goes silent without closing (as a crashed process would).
-    a._stop.set()
+    grouped = a.new_transaction(timeout_ms=60_000, group="job")
+    shared = a.new_transaction(timeout_ms=60_000)
     b = pulsartxn.Client(s.url)
+    assert b.transaction(shared.id).state is TxnState.OPEN  # B holds it too, by its id
+    # A goes silent without closing (as a crashed process would).
+    a._stop.set()
     cb = b.subscribe("t", "s", subscription_type=ConsumerType.Shared)
     deadline = time.monotonic() + 10
     got = None
@@ -107,7 +110,44 @@ def test_disconnected_client_messages_are_redelivered(server):
         except Timeout:
             pass
     assert got is not None and got.data() == b"m" and got.redelivery_count() == 1
-    assert b.transaction(open_txn.id).state is TxnState.OPEN  # left to its timeout
+    # What only A held is aborted with its session (nobody could end it); a group's belongs
+    # to its decision, and one that B holds lives on with B.
+    live = lambda: {t["txn_id"] for t in b.admin.slow_transactions(0)}  # noqa: E731
+    deadline = time.monotonic() + 10
+    while str(open_txn.id) in live():
+        assert time.monotonic() < deadline, "the expired session's transaction is still open"
+        time.sleep(0.02)
+    assert live() == {str(grouped.id), str(shared.id)}
+    b.transaction(shared.id).commit()
+    b.abort_group("job")
+    b.close()
+
+
+def test_transactions_of_a_session_that_does_not_come_back_are_aborted(server):
+    """A server killed -9 keeps its sessions' transactions: a client that comes back within
+    the session timeout goes on (see above); one that does not has its transactions aborted
+    then, but those of a group."""
+    s = server("--session-timeout-s", "1")
+    a = pulsartxn.Client(s.url)
+    producer = a.create_producer("t")
+    gone = a.new_transaction(timeout_ms=600_000)
+    producer.send(b"gone", txn=gone)
+    grouped = a.new_transaction(timeout_ms=600_000, group="job")
+    producer.send(b"grouped", txn=grouped)
+    a._stop.set()  # never calls again
+    s.kill9()
+    s.start()
+    b = pulsartxn.Client(s.url)
+    live = lambda: {t["txn_id"] for t in b.admin.slow_transactions(0)}  # noqa: E731
+    assert live() == {str(gone.id), str(grouped.id)}  # recovered
+    deadline = time.monotonic() + 15
+    while str(gone.id) in live():
+        assert time.monotonic() < deadline, "the orphaned transaction is still open"
+        time.sleep(0.05)
+    assert live() == {str(grouped.id)}
+    b.commit_group("job", [grouped.id])
+    values = [v for batch in b.scan("t") for v in batch.column("value").to_pylist()]
+    assert values == [b"grouped"]
     b.close()
 
 

@@ -14,7 +14,6 @@ from pulsartxn.errors import (
     CoordinatorNotFound,
     CoordinatorUnavailable,
     InvalidTxnStatus,
-    Timeout,
     TooManyTransactions,
     TransactionNotFound,
     TransactionTimeout,
@@ -198,8 +197,7 @@ def test_failing_participant_is_retried_and_does_not_hold_back_others(open_broke
     good = participants("partition", P2)
     t = client.new_transaction()
     broker.txn.add_partitions(t.id, [P1, P2])
-    with pytest.raises(Timeout):
-        t.commit(timeout_ms=1)
+    t.commit()  # returns: the decision is durable, the failing one is retried meanwhile
     assert wait_for(lambda: good.outcomes() == {t.id: True})  # not held back by the failing one
     view = broker.admin.coordinator_stats(t.id.coordinator_id)
     assert t.state in (TxnState.COMMITTING, TxnState.COMMITTED)
@@ -208,6 +206,29 @@ def test_failing_participant_is_retried_and_does_not_hold_back_others(open_broke
     assert wait_for(lambda: t.state is TxnState.COMMITTED)
     assert bad.outcomes() == {t.id: True}
     assert broker.admin.coordinator_stats(t.id.coordinator_id)["finalize_retries"] == 4
+
+
+def test_commit_returns_while_a_participant_keeps_failing(open_broker, participants):
+    """Once its decision is durable, a commit returns even if a participant never answers
+    (it used to wait for all of them, for ever); the admin views show the retries."""
+    broker = open_broker()
+    client = broker.client()
+    bad = participants("partition", P1)
+    bad.failures = 10**9
+    t = client.new_transaction()
+    broker.txn.add_partitions(t.id, [P1])
+    t.commit()
+    assert t.state is TxnState.COMMITTING
+    with pytest.raises(InvalidTxnStatus, match="COMMITTING"):
+        t.commit()  # decided: not again
+    assert wait_for(lambda: broker.admin.coordinator_stats(t.id.coordinator_id)["finalizing"])
+    (view,) = broker.admin.coordinator_stats(t.id.coordinator_id)["finalizing"]
+    assert view["txn_id"] == str(t.id) and view["retries"] >= 1
+    assert "injected failure" in view["last_error"]
+    with bad.lock:
+        bad.failures = 0
+    assert wait_for(lambda: t.state is TxnState.COMMITTED, timeout=30)
+    assert bad.outcomes() == {t.id: True}
 
 
 def test_commit_all_is_all_or_nothing(open_broker):
@@ -299,7 +320,7 @@ def test_limit_on_live_transactions(open_broker):
 
 def test_recovery_keeps_open_deadlines_and_aborts_expired_ones(open_broker, participants):
     broker = open_broker(num_coordinators=2)
-    client = broker.client()
+    client = broker.client(session="s1")  # its transactions outlive the close
     long_ = client.new_transaction(timeout_ms=60_000, coordinator_id=0)
     short = client.new_transaction(timeout_ms=300, coordinator_id=0)
     broker.txn.add_partitions(short.id, [P1])
@@ -328,8 +349,8 @@ def test_recovery_finalizes_committing_transactions(open_broker, participants):
     p.failures = 10**9  # never succeeds in this broker's lifetime
     t = client.new_transaction()
     broker.txn.add_partitions(t.id, [P1])
-    with pytest.raises(Timeout):
-        t.commit(timeout_ms=20)
+    t.commit()  # decided; its participant keeps failing
+    assert t.state is TxnState.COMMITTING
     broker.close()
     p.failures = 0
     broker = open_broker()
@@ -368,7 +389,7 @@ def _swallow(fn, *args):
 
 def test_a_corrupt_log_stops_only_its_coordinator(open_broker, tmp_path):
     broker = open_broker()
-    client = broker.client()
+    client = broker.client(session="s1")  # its transactions outlive the close
     t = client.new_transaction(coordinator_id=1)
     client.new_transaction(coordinator_id=2)
     broker.close()
