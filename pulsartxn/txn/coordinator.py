@@ -59,6 +59,10 @@ class Coordinator(TransactionEnd):
         self.txns: dict[int, TxnMeta] = {}
         self.finished = Outcomes()  # seq -> (state, reason, timeout_ms) once finished
         self._order: deque = deque()  # live sequences, ascending (for the low watermark)
+        # The sequence after the last one in _order's keeping (under self.lock): the low
+        # watermark when none is live. Not the allocator's: it moves before the new
+        # transaction is live, and a watermark above a transaction about to begin ends it.
+        self._next_live = 0
         self._deadlines: list = []  # heap of (deadline, seq)
         self.allocator: TxnIdAllocator | None = None
         self.reserved_ahead = 0  # a durable high-water mark written for it at open
@@ -93,6 +97,7 @@ class Coordinator(TransactionEnd):
         self.allocator = TxnIdAllocator(
             self.id, next_seq, block_size=RESERVE_BLOCK, reserve=self._reserve
         )
+        self._next_live = next_seq
         now_wall = time.time() * 1000.0
         now = time.monotonic()
         to_finalize, expired, orphaned = [], 0, 0
@@ -244,7 +249,7 @@ class Coordinator(TransactionEnd):
             self._order = order = deque(s for s in order if s in txns)
         if order:
             return order[0]
-        return self.allocator.next_sequence if self.allocator is not None else 0
+        return self._next_live
 
     # -- operations ------------------------------------------------------------------------
 
@@ -272,6 +277,7 @@ class Coordinator(TransactionEnd):
                 self.finished.begun(seq)
                 self.txns[seq] = meta
                 self._order.append(seq)
+                self._next_live = seq + 1
                 heapq.heappush(self._deadlines, (meta.deadline, seq))
                 if staged:
                     self.created += 1
