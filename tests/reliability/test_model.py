@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -32,7 +32,13 @@ from hypothesis.stateful import (
 
 import pulsartxn
 from pulsartxn import InitialPosition, TxnState
-from pulsartxn.errors import InvalidTxnStatus, Timeout, TransactionNotFound, TransactionTimeout
+from pulsartxn.errors import (
+    InvalidTxnStatus,
+    Timeout,
+    TransactionConflict,
+    TransactionNotFound,
+    TransactionTimeout,
+)
 
 THOROUGH = os.environ.get("HYPOTHESIS_PROFILE") == "thorough"
 TOPICS = {"a": 2, "b": 0}  # name -> partitions (0: non-partitioned)
@@ -73,6 +79,7 @@ class BrokerModel(RuleBasedStateMachine):
         # highest message delivered for the first time since the last (re)start.
         self.acked = {s: set() for s in SUBSCRIPTIONS}
         self.pending = {s: {} for s in SUBSCRIPTIONS}
+        self.held_msgs = {s: {} for s in SUBSCRIPTIONS}  # data -> the Message a txn acked
         self.outstanding = {s: {} for s in SUBSCRIPTIONS}
         self.fresh_high = {s: {} for s in SUBSCRIPTIONS}
         self.seen = {s: set() for s in SUBSCRIPTIONS}  # delivered since the last (re)start
@@ -157,6 +164,7 @@ class BrokerModel(RuleBasedStateMachine):
         txn.state = "committed" if commit else "aborted"
         for key, data in txn.acks:
             del self.pending[key][data]
+            del self.held_msgs[key][data]
             if commit:
                 self.acked[key].add(data)
 
@@ -270,6 +278,7 @@ class BrokerModel(RuleBasedStateMachine):
             data, msg = picked
             self.consumers[sub].acknowledge(msg, txn=txn.handle)
             self.pending[sub][data] = txn.n
+            self.held_msgs[sub][data] = msg
             txn.acks.append((sub, data))
 
     @rule(pick=PICK, commit=st.booleans())
@@ -306,6 +315,7 @@ class BrokerModel(RuleBasedStateMachine):
         self._record_send(out, result, self.producers[out].send(result, txn=txn.handle), txn)
         self.consumers[sub].acknowledge(msg, txn=txn.handle)
         self.pending[sub][data] = txn.n
+        self.held_msgs[sub][data] = msg
         txn.acks.append((sub, data))
         (txn.handle.commit if commit else txn.handle.abort)()
         self._end(txn, commit)
@@ -337,6 +347,7 @@ class BrokerModel(RuleBasedStateMachine):
             try:
                 self.consumers[sub].acknowledge(msg, txn=handle)
                 self.pending[sub][data] = txn.n
+                self.held_msgs[sub][data] = msg
                 txn.acks.append((sub, data))
             except InvalidTxnStatus:
                 self.outstanding[sub][data] = msg  # the ack was refused: still ours
@@ -347,6 +358,50 @@ class BrokerModel(RuleBasedStateMachine):
         with pytest.raises(TransactionTimeout):
             handle.commit()
         self._end(txn, False)
+
+    @rule(which=st.integers(0, 50), sub=st.sampled_from(SUBSCRIPTIONS), op=st.booleans())
+    def late_op(self, which, sub, op) -> None:
+        """An ack or a send in a transaction that has ended (committed, aborted, timed out),
+        through a handle that does not know it ended: refused, nothing changes."""
+        ended = [t for t in self.txn_list if t.state != "open" and t.handle is not None]
+        if not ended:
+            return
+        txn = ended[which % len(ended)]
+        try:
+            late = self.client.transaction(txn.handle.id)
+        except TransactionNotFound:
+            return  # forgotten by a restart: unknown is a refusal too
+        event("late op")
+        if op:
+            picked = self._pick_outstanding(sub, which)
+            if picked is None:
+                return
+            data, msg = picked
+            with pytest.raises(InvalidTxnStatus):
+                self.consumers[sub].acknowledge(msg, txn=late)
+            self.outstanding[sub][data] = msg  # not taken: still the consumer's
+        else:
+            topic = sub[0]
+            with pytest.raises(InvalidTxnStatus):
+                self.producers[topic].send(self._next(), txn=late)
+
+    @rule(pick=PICK, sub=st.sampled_from(SUBSCRIPTIONS), which=st.integers(0, 50))
+    def conflict(self, pick, sub, which) -> None:
+        """A second transaction acks a message another holds: TransactionConflict; it can
+        only abort now, and its commit aborts it (what it held and produced is released)."""
+        held = sorted(self.pending[sub])
+        if not held:
+            return
+        data = held[which % len(held)]
+        loser = self._open_txn(0)
+        msg = self.held_msgs[sub][data]
+        event("conflicting ack")
+        with pytest.raises(TransactionConflict):
+            self.consumers[sub].acknowledge(msg, txn=loser.handle)
+        with pytest.raises(TransactionConflict, match="aborted"):
+            loser.handle.commit()
+        assert loser.handle.state is TxnState.ABORTED
+        self._end(loser, False)
 
     @rule(go=st.integers(0, 2))
     def restart(self, go) -> None:
