@@ -35,6 +35,34 @@ def brokers_at(path, wrap=None, **defaults):
             b.close()
 
 
+class Served:
+    """A broker whose client() is a remote client through a server on 127.0.0.1 (the rest of
+    the broker, admin included, as it is): the same tests then run over the network."""
+
+    def __init__(self, broker) -> None:
+        from pulsartxn.server.service import BrokerServer
+
+        self._broker = broker
+        self._server = BrokerServer(broker, "127.0.0.1", 0)
+        self._clients = []
+
+    def client(self):
+        c = pulsartxn.Client(f"pulsartxn://127.0.0.1:{self._server.port}")
+        self._clients.append(c)
+        return c
+
+    def close(self) -> None:
+        for c in self._clients:
+            c.close()
+        self._clients = []
+        self._server.shutdown_sessions()
+        self._server.shutdown()
+        self._broker.close()
+
+    def __getattr__(self, name):
+        return getattr(self._broker, name)
+
+
 def drain(consumer, timeout_ms: int = 200) -> list:
     """Every message `consumer` receives until none comes for `timeout_ms` (in order)."""
     out = []

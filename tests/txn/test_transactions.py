@@ -26,48 +26,6 @@ drain = functools.partial(helpers.drain, timeout_ms=100)
 scanned = functools.partial(helpers.scanned, sort=True)
 
 
-class _Served:
-    """A broker whose client() is a remote client through a server on 127.0.0.1 (the rest of
-    the broker, admin included, as it is): the same tests then run over the network."""
-
-    def __init__(self, broker) -> None:
-        from pulsartxn.server.service import BrokerServer
-
-        self._broker = broker
-        self._server = BrokerServer(broker, "127.0.0.1", 0)
-        self._clients = []
-
-    def client(self):
-        c = pulsartxn.Client(f"pulsartxn://127.0.0.1:{self._server.port}")
-        self._clients.append(c)
-        return c
-
-    def close(self) -> None:
-        for c in self._clients:
-            c.close()
-        self._clients = []
-        self._server.shutdown_sessions()
-        self._server.shutdown()
-        self._broker.close()
-
-    def __getattr__(self, name):
-        return getattr(self._broker, name)
-
-
-@pytest.fixture(params=["embedded", "remote"])
-def env(request, tmp_path):
-    """open(**options) -> a broker on tmp_path (reopened after close()); with "remote", its
-    client() is a remote client through a server serving it."""
-    with helpers.brokers_at(
-        tmp_path / "data",
-        wrap=_Served if request.param == "remote" else None,
-        sync=False,
-        num_coordinators=2,
-        txn_timeout_tick_ms=10,
-    ) as open_:
-        yield open_
-
-
 def values_of(msgs):
     return sorted(m.data() for m in msgs)
 
