@@ -1,0 +1,132 @@
+"""The edges of the protocol (DESIGN.md): de-duplication of aborted sends."""
+
+from __future__ import annotations
+
+import functools
+
+from pulsartxn.errors import InvalidTxnStatus
+from tests import helpers
+
+scanned = functools.partial(helpers.scanned, sort=True)
+
+
+# -- de-duplication counts only what is or will be visible --------------------------------------
+
+
+def test_a_resend_of_an_aborted_send_is_stored_again(env):
+    broker = env()
+    client = broker.client()
+    p = client.create_producer("t", producer_name="p")
+    t1 = client.new_transaction()
+    aborted = p.send(b"v1", sequence_id=0, txn=t1)
+    t1.abort()
+    t2 = client.new_transaction()
+    retried = p.send(b"v1-retry", sequence_id=0, txn=t2)
+    assert retried.entry_id() > aborted.entry_id()
+    t2.commit()
+    assert scanned(client, "t") == [b"v1-retry"]
+    # Committed now: a resend, in a transaction or not, is a duplicate and stores nothing.
+    t3 = client.new_transaction()
+    assert p.send(b"v1-third", sequence_id=0, txn=t3) == retried
+    t3.commit()
+    assert p.send(b"v1-plain", sequence_id=0) == retried
+    assert scanned(client, "t") == [b"v1-retry"]
+
+
+def test_a_plain_resend_of_an_aborted_send_is_stored_again(env):
+    broker = env()
+    client = broker.client()
+    p = client.create_producer("t", producer_name="p")
+    t1 = client.new_transaction()
+    aborted = p.send(b"v1", sequence_id=0, txn=t1)
+    t1.abort()
+    retried = p.send(b"v1-retry", sequence_id=0)
+    assert retried.entry_id() > aborted.entry_id()
+    assert p.send(b"v1-again", sequence_id=0) == retried
+    assert scanned(client, "t") == [b"v1-retry"]
+    # A send of a transaction still open counts: its resend is a duplicate until it aborts.
+    t2 = client.new_transaction()
+    held = p.send(b"o", sequence_id=1, txn=t2)
+    assert p.send(b"o-again", sequence_id=1) == held
+    t2.abort()
+    assert p.send(b"o-retry", sequence_id=1).entry_id() > held.entry_id()
+    assert scanned(client, "t") == [b"o-retry", b"v1-retry"]
+
+
+def test_a_resend_of_an_aborted_send_never_written_is_stored_again(env):
+    """The sends of a transaction wait in the producer (or ride with a later write), and an
+    abort drops them unwritten: their sequence ids do not count either."""
+    broker = env()
+    client = broker.client()
+    p = client.create_producer(
+        "t", producer_name="p", batching_max_messages=3, batching_max_publish_delay_ms=60_000
+    )
+    t1 = client.new_transaction()
+    waiting = [p.send_async(b"w%d" % i, sequence_id=i, txn=t1) for i in range(4)]
+    t1.abort()
+    p.flush()
+    # The full batch may have been written before the abort; the last one never is.
+    assert all(f.exception() is None for f in waiting[:3]) or all(
+        isinstance(f.exception(), InvalidTxnStatus) for f in waiting[:3]
+    )
+    assert isinstance(waiting[3].exception(), InvalidTxnStatus)
+    w1 = p.send(b"w1-retry", sequence_id=1)
+    t2 = client.new_transaction()
+    w3 = p.send(b"w3-retry", sequence_id=3, txn=t2)
+    t2.commit()
+    assert w1.entry_id() >= 0 and w3.entry_id() > w1.entry_id()
+    assert p.send(b"w1-again", sequence_id=1) == w1
+    assert p.send(b"w3-again", sequence_id=3) == w3
+    assert scanned(client, "t") == [b"w1-retry", b"w3-retry"]
+
+
+def test_a_resend_waiting_in_its_transaction_batch_is_a_duplicate(env):
+    broker = env()
+    client = broker.client()
+    p = client.create_producer("t", producer_name="p", batching_max_publish_delay_ms=60_000)
+    txn = client.new_transaction()
+    first = p.send_async(b"x", sequence_id=3, txn=txn)
+    again = p.send_async(b"x-again", sequence_id=3, txn=txn)
+    p.flush()
+    txn.commit()
+    assert again.result() == first.result()
+    assert scanned(client, "t") == [b"x"]
+
+
+def test_each_aborted_sequence_of_an_entry_is_stored_again_alone_and_after_a_restart(env):
+    """An aborted entry held sequences 0..9; resending 0 alone must not hide 1..9 (5 is not
+    a gap), and neither the broker's highest sequence nor the producer's goes down (10, sent
+    plain after them, stays a duplicate), before and after a restart."""
+    broker = env()
+    client = broker.client()
+    options = {"batching_max_messages": 10, "batching_max_publish_delay_ms": 60_000}
+    p = client.create_producer("t", producer_name="p", **options)
+    t1 = client.new_transaction()
+    sent = [p.send_async(b"a%d" % i, sequence_id=i, txn=t1) for i in range(10)]
+    p.flush()
+    assert len({f.result().entry_id() for f in sent}) == 1
+    t1.abort()
+    ten = p.send(b"ten", sequence_id=10)
+    r0 = p.send(b"r0", sequence_id=0)
+    r5 = p.send(b"r5", sequence_id=5)
+    assert r5.entry_id() > r0.entry_id() > ten.entry_id()
+    assert p.send(b"ten-again", sequence_id=10) == ten
+    assert p.send(b"r5-again", sequence_id=5) == r5
+    assert scanned(client, "t") == [b"r0", b"r5", b"ten"]
+    broker.close()
+
+    broker = env()
+    client = broker.client()
+    p = client.create_producer("t", producer_name="p", **options)
+    assert p.send(b"ten-again", sequence_id=10) == ten
+    assert p.send(b"r0-again", sequence_id=0) == r0
+    assert p.send(b"r5-again", sequence_id=5) == r5
+    t2 = client.new_transaction()
+    r7 = p.send(b"r7", sequence_id=7, txn=t2)
+    t2.commit()
+    assert r7.entry_id() > r5.entry_id()
+    assert p.send(b"r7-again", sequence_id=7) == r7
+    p.send(b"eleven")  # after the highest sequence, 10
+    assert p.send(b"eleven-again", sequence_id=11).entry_id() > r7.entry_id()
+    assert p.send(b"eleven-again", sequence_id=11) != r7
+    assert scanned(client, "t") == [b"eleven", b"r0", b"r5", b"r7", b"ten"]
