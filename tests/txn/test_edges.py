@@ -1,13 +1,26 @@
-"""The edges of the protocol (DESIGN.md): de-duplication of aborted sends."""
+"""The edges of the protocol (DESIGN.md): de-duplication of aborted sends, and unsubscribing
+while transactions hold acks."""
 
 from __future__ import annotations
 
 import functools
 
-from pulsartxn.errors import InvalidTxnStatus
+import pytest
+
+from pulsartxn import InitialPosition
+from pulsartxn.errors import AlreadyClosed, InvalidTxnStatus, TransactionConflict
 from tests import helpers
 
+drain = functools.partial(helpers.drain, timeout_ms=100)
 scanned = functools.partial(helpers.scanned, sort=True)
+
+
+def values(msgs) -> list[bytes]:
+    return sorted(m.data() for m in msgs)
+
+
+def backlog(broker, sub: str = "s") -> int:
+    return broker.admin.topic_stats("t")["subscriptions"][sub]["backlog"]
 
 
 # -- de-duplication counts only what is or will be visible --------------------------------------
@@ -130,3 +143,75 @@ def test_each_aborted_sequence_of_an_entry_is_stored_again_alone_and_after_a_res
     assert p.send(b"eleven-again", sequence_id=11).entry_id() > r7.entry_id()
     assert p.send(b"eleven-again", sequence_id=11) != r7
     assert scanned(client, "t") == [b"eleven", b"r0", b"r5", b"r7", b"ten"]
+
+
+# -- unsubscribing while transactions hold acks ------------------------------------------------
+
+
+def _three_on_s(client):
+    producer = client.create_producer("t", batching_enabled=False)
+    for i in range(3):
+        producer.send(b"m%d" % i)
+    consumer = client.subscribe("t", "s")
+    msgs = drain(consumer)
+    assert values(msgs) == [b"m0", b"m1", b"m2"]
+    return consumer, msgs
+
+
+def test_unsubscribe_is_refused_while_a_transaction_holds_acks(env):
+    broker = env()
+    client = broker.client()
+    consumer, (m0, m1, m2) = _three_on_s(client)
+    holder = client.new_transaction()
+    consumer.acknowledge(m0, txn=holder)
+    with pytest.raises(TransactionConflict) as refused:
+        consumer.unsubscribe()
+    assert "'s'" in str(refused.value) and str(holder.id) in str(refused.value)
+    # Nothing changed: the consumer is attached and usable, the hold is in place.
+    consumer.acknowledge(m1)
+    consumer.redeliver_unacknowledged_messages()
+    assert values(drain(consumer)) == [b"m2"]
+    holder.commit()
+    assert backlog(broker) == 1
+    consumer.unsubscribe()
+    fresh = client.subscribe("t", "s", initial_position=InitialPosition.Earliest)
+    assert values(drain(fresh)) == [b"m0", b"m1", b"m2"]
+    assert broker.admin.pending_ack_stats("t", "s")["ongoing_txn_size"] == 0
+
+
+def test_unsubscribe_after_the_holder_aborts_leaves_nothing_held(env):
+    broker = env()
+    client = broker.client()
+    consumer, msgs = _three_on_s(client)
+    holder = client.new_transaction()
+    for m in msgs[:2]:
+        consumer.acknowledge(m, txn=holder)
+    holder.abort()
+    consumer.unsubscribe()
+    fresh = client.subscribe("t", "s", initial_position=InitialPosition.Earliest)
+    got = drain(fresh)
+    assert values(got) == [b"m0", b"m1", b"m2"]
+    later = client.new_transaction()
+    for m in got:
+        fresh.acknowledge(m, txn=later)  # none is held by the aborted transaction
+    later.commit()
+    assert backlog(broker) == 0
+
+
+def test_a_transactional_ack_after_the_unsubscribe_is_refused(env):
+    """An ack that reaches the subscription once the unsubscribe has checked it is refused:
+    it is neither dropped silently nor inherited by a new subscription of the name."""
+    broker = env()
+    client = broker.client()
+    consumer, (m0, _, _) = _three_on_s(client)
+    _, (partition,) = broker._resolve("t", create=False)
+    old = partition.subscriptions["s"]
+    consumer.unsubscribe()
+    txn = client.new_transaction()
+    with pytest.raises(AlreadyClosed, match="unsubscribed"):
+        old.pending_ack.ack(txn.id, m0.message_id().entry_id(), -1, 0, False)
+    with pytest.raises(AlreadyClosed, match="unsubscribed"):
+        old.acknowledge(m0.message_id())
+    fresh = client.subscribe("t", "s", initial_position=InitialPosition.Earliest)
+    assert values(drain(fresh)) == [b"m0", b"m1", b"m2"]
+    txn.commit()
