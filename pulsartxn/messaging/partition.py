@@ -404,3 +404,26 @@ class Partition:
                 f"no message at ledger {ledger_id} entry {entry_id} on {self.topic} "
                 f"(ledger {self.ledger_id}, entries below {self.next_entry_id})"
             )
+
+    def position_of(self, mid: MessageId) -> tuple[int, int, int]:
+        """(entry id, batch index, batch size) that every ack and negative ack of `mid` uses:
+        a batch index names that one message, with the entry's count as batch size (one built
+        by hand carries 0); -1 names the whole entry. Any other is InvalidMessageId."""
+        # On every ack: the MessageId's slots are read directly, not through its methods.
+        entry_id, batch_index, size = mid._entry_id, mid._batch_index, mid._batch_size
+        if mid._ledger_id == self.ledger_id and 0 <= entry_id < self.next_entry_id:
+            if batch_index == -1:
+                return entry_id, -1, size
+            i = entry_id - self.first_entry_id
+            if i >= 0:
+                n = self._counts[i]
+                if 0 <= batch_index < n and (size == n or size == 0):
+                    return (entry_id, batch_index, n) if n > 1 else (entry_id, -1, 0)
+                raise InvalidMessageId(
+                    f"no message at batch index {batch_index} (batch size {size}) of entry "
+                    f"{entry_id} on {self.topic}, which holds {n}"
+                )
+            if batch_index >= 0:
+                return entry_id, batch_index, size  # trimmed: its count is gone
+        self.check_position(entry_id, mid._ledger_id)
+        raise InvalidMessageId(f"no batch index {batch_index} in entry {entry_id} on {self.topic}")

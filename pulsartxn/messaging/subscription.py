@@ -411,11 +411,10 @@ class Subscription:
 
     def acknowledge(self, mid: MessageId, cumulative: bool = False) -> None:
         p = self.partition
-        p.check_position(mid.entry_id(), mid.ledger_id())
+        entry_id, bi, size = p.position_of(mid)
         with self.lock:
             if self.unsubscribed:
                 raise AlreadyClosed(f"subscription {self.name!r} on {p.topic} was unsubscribed")
-            entry_id, bi, size = mid.entry_id(), mid.batch_index(), mid.batch_size()
             self.pending_ack.check_plain_ack(entry_id, bi, cumulative)
             if cumulative:
                 if self.type == SHARED:
@@ -434,9 +433,9 @@ class Subscription:
                 self._persist()
 
     def negative_acknowledge(self, mid: MessageId, delay_s: float) -> None:
-        self.partition.check_position(mid.entry_id(), mid.ledger_id())
+        entry_id, batch_index, _ = self.partition.position_of(mid)
         with self.lock:
-            key = (mid.entry_id(), mid.batch_index())
+            key = (entry_id, batch_index)
             pending = self._pending.pop(key, None)
             if pending is not None:
                 heapq.heappush(self._nacked, (time.monotonic() + delay_s, key, pending.payload))

@@ -1,5 +1,5 @@
-"""The edges of the protocol (DESIGN.md): de-duplication of aborted sends, and unsubscribing
-while transactions hold acks."""
+"""The edges of the protocol (DESIGN.md): de-duplication of aborted sends, unsubscribing while
+transactions hold acks, and message ids that name a batch index without the batch size."""
 
 from __future__ import annotations
 
@@ -7,8 +7,13 @@ import functools
 
 import pytest
 
-from pulsartxn import InitialPosition
-from pulsartxn.errors import AlreadyClosed, InvalidTxnStatus, TransactionConflict
+from pulsartxn import ConsumerType, InitialPosition, MessageId
+from pulsartxn.errors import (
+    AlreadyClosed,
+    InvalidMessageId,
+    InvalidTxnStatus,
+    TransactionConflict,
+)
 from tests import helpers
 
 drain = functools.partial(helpers.drain, timeout_ms=100)
@@ -215,3 +220,95 @@ def test_a_transactional_ack_after_the_unsubscribe_is_refused(env):
     fresh = client.subscribe("t", "s", initial_position=InitialPosition.Earliest)
     assert values(drain(fresh)) == [b"m0", b"m1", b"m2"]
     txn.commit()
+
+
+# -- a batch index without the batch size ------------------------------------------------------
+
+
+def _one_entry_of_four(client, sub_type=ConsumerType.Exclusive):
+    producer = client.create_producer(
+        "t", batching_max_messages=4, batching_max_publish_delay_ms=60_000
+    )
+    for i in range(4):
+        producer.send_async(b"m%d" % i)
+    producer.flush()
+    consumer = client.subscribe("t", "s", subscription_type=sub_type)
+    msgs = drain(consumer)
+    ids = [m.message_id() for m in msgs]
+    assert len({i.entry_id() for i in ids}) == 1
+    assert [i.batch_index() for i in ids] == [0, 1, 2, 3]
+    return consumer, ids[0]
+
+
+def _bare(mid: MessageId, batch_index: int, batch_size: int = 0) -> MessageId:
+    return MessageId(mid.ledger_id(), mid.entry_id(), mid.partition(), batch_index, batch_size)
+
+
+def _redelivered(consumer) -> list[bytes]:
+    consumer.redeliver_unacknowledged_messages()
+    return values(drain(consumer))
+
+
+@pytest.mark.parametrize("in_txn", [False, True], ids=["plain", "txn"])
+def test_a_batch_index_without_the_batch_size_acks_that_message_only(env, in_txn):
+    broker = env()
+    client = broker.client()
+    consumer, mid = _one_entry_of_four(client, ConsumerType.Shared)
+    txn = client.new_transaction() if in_txn else None
+    consumer.acknowledge(_bare(mid, 0), txn=txn)
+    if txn is not None:
+        txn.commit()
+    assert backlog(broker) == 3
+    assert _redelivered(consumer) == [b"m1", b"m2", b"m3"]
+    consumer.close()
+    again = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    assert values(drain(again)) == [b"m1", b"m2", b"m3"]
+
+
+@pytest.mark.parametrize("in_txn", [False, True], ids=["plain", "txn"])
+def test_a_cumulative_ack_without_the_batch_size_stops_at_its_batch_index(env, in_txn):
+    broker = env()
+    client = broker.client()
+    consumer, mid = _one_entry_of_four(client)
+    txn = client.new_transaction() if in_txn else None
+    consumer.acknowledge_cumulative(_bare(mid, 1), txn=txn)
+    if txn is not None:
+        txn.commit()
+    assert backlog(broker) == 2
+    assert _redelivered(consumer) == [b"m2", b"m3"]
+    consumer.close()
+    again = client.subscribe("t", "s")
+    assert values(drain(again)) == [b"m2", b"m3"]
+
+
+def test_a_negative_ack_of_a_lone_message_by_batch_index_zero(env):
+    broker = env()
+    client = broker.client()
+    client.create_producer("t", batching_enabled=False).send(b"lone")
+    consumer = client.subscribe("t", "s", negative_ack_redelivery_delay_ms=0)
+    (m,) = drain(consumer)
+    mid = m.message_id()
+    assert mid.batch_index() == -1
+    consumer.negative_acknowledge(_bare(mid, 0))
+    (again,) = drain(consumer)
+    assert again.data() == b"lone" and again.redelivery_count() == 1
+
+
+def test_a_batch_index_outside_the_entry_or_a_contradicting_size_changes_nothing(env):
+    broker = env()
+    client = broker.client()
+    consumer, mid = _one_entry_of_four(client)
+    txn = client.new_transaction()
+    for bad in (_bare(mid, 4), _bare(mid, 0, 3), _bare(mid, -2)):
+        with pytest.raises(InvalidMessageId):
+            consumer.acknowledge(bad)
+        with pytest.raises(InvalidMessageId):
+            consumer.acknowledge_cumulative(bad)
+        with pytest.raises(InvalidMessageId):
+            consumer.acknowledge(bad, txn=txn)
+        with pytest.raises(InvalidMessageId):
+            consumer.negative_acknowledge(bad)
+    assert broker.admin.pending_ack_stats("t", "s")["acks"] == 0
+    txn.commit()
+    assert backlog(broker) == 4
+    assert _redelivered(consumer) == [b"m0", b"m1", b"m2", b"m3"]
