@@ -37,7 +37,7 @@ class TransactionBatches:
             if sequence_id is None:
                 sequence_id = part.last_sequence + 1
             elif sequence_id <= part.last_sequence:
-                fut = self._txn_duplicate(part, sequence_id)
+                fut = self._txn_duplicate(part, txn, sequence_id)
                 if fut is not None:
                     return fut
                 resent = True
@@ -62,17 +62,21 @@ class TransactionBatches:
                 self._txn_send_locked(key)
         return fut
 
-    def _txn_duplicate(self, part, sequence_id: int) -> Future | None:
+    def _txn_duplicate(self, part, txn, sequence_id: int) -> Future | None:
         """A resend's answer (part lock held): the future of the message still waiting in
         this producer, the MessageId it is stored under, or None when its entry was aborted
         and it is to be stored anew."""
-        for batch in list(self._txn_batches.values()):
+        for key, batch in list(self._txn_batches.items()):
             if batch.part is part:
                 fut = batch.waiting(sequence_id)
                 if fut is not None:
+                    if batch.txn.id != txn.id:
+                        # Sent now: a wait for it must not last until another transaction ends.
+                        self._txn_send_locked(key)
                     return fut
         fut = part.waiting(sequence_id)
         if fut is not None:
+            part._flush_locked()  # a plain batch still open is sent now, as above
             return fut
         mid = part.partition.duplicate_of(self.name, sequence_id)
         if mid is None or (mid.entry_id() < 0 and part.was_dropped(sequence_id)):

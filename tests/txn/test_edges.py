@@ -4,6 +4,7 @@ transactions hold acks, and message ids that name a batch index without the batc
 from __future__ import annotations
 
 import functools
+import threading
 
 import pytest
 
@@ -108,6 +109,42 @@ def test_a_resend_waiting_in_its_transaction_batch_is_a_duplicate(env):
     p.flush()
     txn.commit()
     assert again.result() == first.result()
+    assert scanned(client, "t") == [b"x"]
+
+
+def test_a_resend_waiting_in_another_transactions_batch_is_its_duplicate(env):
+    broker = env()
+    client = broker.client()
+    p = client.create_producer("t", producer_name="p", batching_max_publish_delay_ms=60_000)
+    t1, t2 = client.new_transaction(), client.new_transaction()
+    first = p.send_async(b"x", sequence_id=3, txn=t1)
+    # Answered once t1's batch is written, not when t1 ends (which this thread does next).
+    again = []
+    sender = threading.Thread(
+        target=lambda: again.append(p.send(b"x-again", sequence_id=3, txn=t2)), daemon=True
+    )
+    sender.start()
+    sender.join(10)
+    assert again == [first.result(timeout=5)]
+    t1.commit()
+    t2.commit()
+    assert scanned(client, "t") == [b"x"]
+
+
+def test_a_transactional_resend_of_a_plain_send_still_waiting_is_its_duplicate(env):
+    broker = env()
+    client = broker.client()
+    p = client.create_producer("t", producer_name="p", batching_max_publish_delay_ms=60_000)
+    first = p.send_async(b"x", sequence_id=3)
+    txn = client.new_transaction()
+    again = []
+    sender = threading.Thread(
+        target=lambda: again.append(p.send(b"x-again", sequence_id=3, txn=txn)), daemon=True
+    )
+    sender.start()
+    sender.join(10)
+    assert again == [first.result(timeout=5)]
+    txn.commit()
     assert scanned(client, "t") == [b"x"]
 
 
