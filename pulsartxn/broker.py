@@ -341,11 +341,18 @@ class Broker:
             return sub
 
     def _delete_subscription(self, sub: Subscription) -> None:
+        """The cursor and the pending-ack log of `sub` go in one write: a new subscription
+        of the name starts clean."""
         part = sub.partition
         key = part.topic.encode() + b"\0" + sub.name.encode()
+
+        def apply(txn):
+            txn.delete(key, db=self._cursors_db)
+            sub.pending_ack.delete_log(txn)
+
         with self._lock:
             sub.wait_persisted()
-            self.storage.write(lambda txn: txn.delete(key, db=self._cursors_db))
+            self.storage.write(apply)
             with part.lock:
                 part.subscriptions.pop(sub.name, None)
 

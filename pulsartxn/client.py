@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 
@@ -168,15 +169,16 @@ class Client:
         self._consumers.discard(consumer)
 
     def _unsubscribe(self, consumer: Consumer) -> None:
-        from .errors import ConsumerBusy
-
         with self.broker._lock:
-            for sub in consumer._subs:
-                others = [c for c in sub.consumers if c is not consumer]
-                if others:
-                    raise ConsumerBusy(
-                        f"subscription {sub.name} on {sub.partition.topic} has other consumers"
-                    )
+            # Checked and marked under every partition's subscription lock: an ack that comes
+            # later finds the mark and is refused, none is taken after the check.
+            with contextlib.ExitStack() as locks:
+                for sub in consumer._subs:
+                    locks.enter_context(sub.lock)
+                for sub in consumer._subs:
+                    sub.check_unsubscribe(consumer)
+                for sub in consumer._subs:
+                    sub.unsubscribed = True
             consumer.close()
             for sub in consumer._subs:
                 self.broker._delete_subscription(sub)

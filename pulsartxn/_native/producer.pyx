@@ -20,11 +20,15 @@ cdef extern from "Python.h":
     void PyObject_GC_UnTrack(object op)
 
 import time
+from collections import deque
 from concurrent.futures import Future
 
 from .entrycodec import encode_entry
 
 __all__ = ["PartitionProducer", "Batch", "TxnBatch"]
+
+# Ranges of dropped sequence ids a producer remembers per partition (the latest ones).
+MAX_DROPPED = 1024
 
 
 def _done(value=None, error=None):
@@ -59,6 +63,7 @@ cdef class Batch:
     cdef public Py_ssize_t nbytes
     cdef public double started
     cdef public Outcome outcome
+    cdef public bint resent        # holds sequence ids stored before in aborted entries
 
     def __init__(self, int64_t first_sequence):
         self.values = []
@@ -68,9 +73,16 @@ cdef class Batch:
         self.nbytes = 0
         self.started = time.monotonic()
         self.outcome = Outcome()
+        self.resent = False
 
     def contains(self, int64_t sequence_id) -> bool:
         return self.first_sequence <= sequence_id < self.first_sequence + len(self.values)
+
+    def waiting(self, int64_t sequence_id):
+        """The future of the message with this sequence id in this batch, or None."""
+        if self.first_sequence <= sequence_id < self.first_sequence + len(self.values):
+            return _future(self.outcome, sequence_id - self.first_sequence)
+        return None
 
     cdef Py_ssize_t append(self, bytes content, object properties, object key) except -1:
         """Add one message (its key and properties lists made at the first that has one);
@@ -127,6 +139,7 @@ cdef class PartitionProducer:
     cdef public Batch batch
     cdef public list inflight
     cdef public bint closed
+    cdef public object dropped  # (first, end) of aborted sends never written, a deque
     cdef bint watched  # the broker's flusher will look at this container again
     cdef Py_ssize_t max_messages, max_bytes, max_message_size
     cdef bint batching
@@ -145,6 +158,7 @@ cdef class PartitionProducer:
         self.batch = None
         self.inflight = []  # sent, not yet durable
         self.closed = False  # set by the producer's close()
+        self.dropped = deque(maxlen=MAX_DROPPED)
         self.watched = False
         self.max_messages = producer.batching_max_messages
         self.max_bytes = producer.batching_max_bytes
@@ -242,12 +256,16 @@ cdef class PartitionProducer:
         cdef Batch batch
         cdef MessageFuture fut
         cdef Py_ssize_t n, size = PyBytes_GET_SIZE(content)
+        cdef bint resent = False
         self.lock.take()
         try:
             if not explicit:
                 sequence_id = self.last_sequence + 1
             elif sequence_id <= self.last_sequence:
-                return self._duplicate(sequence_id)
+                dup = self._duplicate(sequence_id)
+                if dup is not None:
+                    return dup
+                resent = True
             batch = self.batch
             if batch is not None:
                 n = len(batch.values)
@@ -266,30 +284,44 @@ cdef class PartitionProducer:
                     self.flusher.watch(self)
             n = batch.append(content, properties, key)
             fut = _future(batch.outcome, n)
-            self.last_sequence = sequence_id
+            if resent:
+                batch.resent = True  # last_sequence stays: it never goes down
+            else:
+                self.last_sequence = sequence_id
             if not self.batching or n + 1 >= self.max_messages:
                 self._flush()
             return fut
         finally:
             self.lock.give()
 
-    cdef object _duplicate(self, int64_t sequence_id):
-        cdef Batch b
+    def waiting(self, int64_t sequence_id):
+        """The future of the message with this sequence id still in this container (sent and
+        not yet durable, or in the open batch), or None (lock held)."""
         for batch in [*self.inflight, self.batch]:
-            if batch is not None and (<Batch>batch).contains(sequence_id):
-                b = <Batch>batch
-                return MessageFuture(b.outcome, sequence_id - b.first_sequence)
-        # Imported here: pulsartxn.messaging.message imports this package (for Message).
-        from pulsartxn.messaging.message import MessageId
+            if batch is not None:
+                fut = (<Batch>batch).waiting(sequence_id)
+                if fut is not None:
+                    return fut
+        return None
 
-        found = self.partition.lookup_sequence(self.producer.name, sequence_id)
-        if found is None:
-            # Below the highest persisted but never stored (a gap): Pulsar answers -1:-1.
-            return _done(MessageId(-1, -1, self.partition.index))
-        entry_id, n, batch_index = found
-        p = self.partition
-        return _done(MessageId(p.ledger_id, entry_id, p.index, batch_index if n > 1 else -1,
-                               n if n > 1 else 0))
+    def was_dropped(self, int64_t sequence_id):
+        """Whether `sequence_id` was sent in a transaction that aborted before the batch
+        holding it was written (the producer records those ranges in ``dropped``)."""
+        for first, end in list(self.dropped):
+            if first <= sequence_id < end:
+                return True
+        return False
+
+    cdef object _duplicate(self, int64_t sequence_id):
+        """A resend's answer (lock held): the original's future or MessageId, or None when
+        its send was aborted and it is to be stored anew."""
+        fut = self.waiting(sequence_id)
+        if fut is not None:
+            return fut
+        mid = self.partition.duplicate_of(self.producer.name, sequence_id)
+        if mid is None or (mid.entry_id() < 0 and self.was_dropped(sequence_id)):
+            return None
+        return _done(mid)
 
     def flush(self, quiet=False):
         """Send the waiting batch now; return the Outcome of every batch not yet ended
@@ -355,7 +387,7 @@ cdef class PartitionProducer:
             self._landed(batch)
 
         op = p.append_op([entry], [n], batch.nbytes, producer.name, batch.first_sequence,
-                         on_published=published)
+                         on_published=published, resend=batch.resent)
         fut = p.storage.submit(op, False, quiet)
         fut.add_done_callback(lambda f: self._failed(f, batch))
         return 0

@@ -235,20 +235,13 @@ class Consumer:
 
     def _txn_ack(self, sub, mid: MessageId, txn, cumulative: bool) -> tuple[str, str]:
         txn = self._client._txn_for(txn)
-        sub.partition.check_position(mid.entry_id(), mid.ledger_id())
+        entry_id, batch_index, batch_size = sub.partition.position_of(mid)
         name = (sub.partition.topic, sub.name)
         # The subscription's registration with the coordinator rides in the pending-ack log
         # write of these acks (or in the commit), not in a write of its own.
         registration = txn.stage_subscription(name)
         try:
-            sub.pending_ack.ack(
-                txn.id,
-                mid.entry_id(),
-                mid.batch_index(),
-                mid.batch_size(),
-                cumulative,
-                registration,
-            )
+            sub.pending_ack.ack(txn.id, entry_id, batch_index, batch_size, cumulative, registration)
         except TransactionConflict as exc:
             txn._failed(exc)
             raise

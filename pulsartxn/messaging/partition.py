@@ -20,6 +20,7 @@ from ..errors import CorruptEntry, InvalidMessageId
 from ..storage import Storage, WriteOp
 from ..txn.buffer import TransactionBuffer
 from ..txn.snapshot import BufferSnapshots
+from .message import MessageId
 from .topic_name import TopicName
 
 if TYPE_CHECKING:
@@ -162,15 +163,17 @@ class Partition:
         first_sequence: int = -1,
         on_published=None,
         before_publish=None,
+        resend: bool = False,
     ) -> WriteOp:
         """A group-commit operation appending encoded `entries`; its result is the first id.
 
         before_publish(first) runs under the partition lock just before the entries become
-        visible (the transaction buffer records them there); on_published(first) after."""
+        visible (the transaction buffer records them there); on_published(first) after.
+        `resend`: the entries hold sequence ids stored before in aborted entries."""
 
         def apply(txn):
             first = self.log.append(txn, entries)
-            self._index_sequences(txn, first, counts, producer, first_sequence)
+            self._index_sequences(txn, first, counts, producer, first_sequence, resend)
             return first
 
         def on_commit(first):
@@ -228,19 +231,48 @@ class Partition:
         return WriteOp(apply, nbytes=nbytes, records=max(1, n // batch_size), on_commit=on_commit)
 
     def _index_sequences(
-        self, txn, first: int, counts: list[int], producer, first_sequence
+        self, txn, first: int, counts: list[int], producer, first_sequence, resend=False
     ) -> None:
-        """Persist the producer's highest sequence id and where each entry's sequences start."""
+        """Persist the producer's highest sequence id and where each entry's sequences start.
+        `resend`: sequences stored before in aborted entries, below the highest persisted."""
         if producer is None or first_sequence < 0 or not counts:
             return
         key = self._dedup_prefix + producer.encode()
-        txn.put(key, _DEDUP.pack(first_sequence + sum(counts) - 1), db=self._dedup_db)
+        end = first_sequence + sum(counts)
+        highest = end - 1
+        if resend:
+            raw = txn.get(key, db=self._dedup_db)
+            if raw is not None:
+                highest = max(highest, _DEDUP.unpack(raw)[0])
+            self._reindex_range(txn, key + b"\0", first_sequence, end)
+        txn.put(key, _DEDUP.pack(highest), db=self._dedup_db)
         seq = first_sequence
         rows = []
         for i, n in enumerate(counts):
             rows.append((key + b"\0" + _U64.pack(seq), _DEDUP_INDEX.pack(first + i, n, seq)))
             seq += n
         txn.cursor(db=self._dedup_index_db).putmulti(rows)
+
+    def _reindex_range(self, txn, prefix: bytes, start: int, end: int) -> None:
+        """Before rows for sequences start..end-1 stored anew: a lookup of any other sequence
+        finds the row it found before (the entry holding `end` gets a row starting there), and
+        none of start..end-1 finds an older row (those starting inside the range go)."""
+        cursor = txn.cursor(db=self._dedup_index_db)
+        end_key = prefix + _U64.pack(end)
+        found = cursor.set_range(end_key)
+        if not (found and bytes(cursor.key()) == end_key):
+            if (cursor.prev() if found else cursor.last()) and bytes(cursor.key()).startswith(
+                prefix
+            ):
+                value = bytes(cursor.value())
+                _, n, first_seq = _DEDUP_INDEX.unpack(value)
+                if first_seq <= end < first_seq + n:
+                    txn.put(end_key, value, db=self._dedup_index_db)
+        cursor.set_range(prefix + _U64.pack(start + 1))
+        key = bytes(cursor.key())
+        while key.startswith(prefix) and key < end_key:
+            cursor.delete()
+            key = bytes(cursor.key())
 
     def _published(self, first: int, counts: list[int], nbytes: int) -> None:
         with self.lock:
@@ -326,21 +358,45 @@ class Partition:
 
     def lookup_sequence(self, producer: str, sequence_id: int) -> tuple[int, int, int] | None:
         """(entry id, messages in entry, batch index) of a persisted (producer, sequence)."""
+        with self.storage.read() as txn:
+            return self._lookup_sequence(txn, producer, sequence_id)
+
+    def _lookup_sequence(self, txn, producer: str, sequence_id: int):
         prefix = self._dedup_prefix + producer.encode() + b"\0"
         target = prefix + _U64.pack(sequence_id)
-        with self.storage.read() as txn:
-            cursor = txn.cursor(db=self._dedup_index_db)
-            found = cursor.set_range(target)
-            if not (found and bytes(cursor.key()) == target):
-                # The entry holding it, if any, starts at the previous key.
-                if not (cursor.prev() if found else cursor.last()):
-                    return None
-            if not bytes(cursor.key()).startswith(prefix):
+        cursor = txn.cursor(db=self._dedup_index_db)
+        found = cursor.set_range(target)
+        if not (found and bytes(cursor.key()) == target):
+            # The entry holding it, if any, starts at the previous key.
+            if not (cursor.prev() if found else cursor.last()):
                 return None
-            entry_id, n, first_seq = _DEDUP_INDEX.unpack(cursor.value())
+        if not bytes(cursor.key()).startswith(prefix):
+            return None
+        entry_id, n, first_seq = _DEDUP_INDEX.unpack(cursor.value())
         if not first_seq <= sequence_id < first_seq + n:
             return None
         return entry_id, n, sequence_id - first_seq
+
+    def duplicate_of(self, producer: str, sequence_id: int) -> MessageId | None:
+        """The answer to a resend of (producer, sequence_id) at or below its highest sequence:
+        the MessageId it is stored under (-1:-1 if it never was: a gap), or None when its entry
+        belongs to a transaction aborted here, whose sequences do not count: store it anew."""
+        with self.storage.read() as txn:
+            found = self._lookup_sequence(txn, producer, sequence_id)
+            if found is None:
+                return MessageId(-1, -1, self.index)
+            entry_id, n, batch_index = found
+            _, bufs = self.log.scan(txn, entry_id, entry_id + 1)
+            head = decode_header(bufs[0], verify=False) if bufs else None
+        if (
+            head is not None
+            and (head.txn_msb or head.txn_lsb)
+            and self.buffer.is_aborted(TxnID.from_halves(head.txn_msb, head.txn_lsb))
+        ):
+            return None
+        if n > 1:
+            return MessageId(self.ledger_id, entry_id, self.index, batch_index, n)
+        return MessageId(self.ledger_id, entry_id, self.index)
 
     def check_position(self, entry_id: int, ledger_id: int) -> None:
         if ledger_id != self.ledger_id or not 0 <= entry_id < self.next_entry_id:
@@ -348,3 +404,26 @@ class Partition:
                 f"no message at ledger {ledger_id} entry {entry_id} on {self.topic} "
                 f"(ledger {self.ledger_id}, entries below {self.next_entry_id})"
             )
+
+    def position_of(self, mid: MessageId) -> tuple[int, int, int]:
+        """(entry id, batch index, batch size) that every ack and negative ack of `mid` uses:
+        a batch index names that one message, with the entry's count as batch size (one built
+        by hand carries 0); -1 names the whole entry. Any other is InvalidMessageId."""
+        # On every ack: the MessageId's slots are read directly, not through its methods.
+        entry_id, batch_index, size = mid._entry_id, mid._batch_index, mid._batch_size
+        if mid._ledger_id == self.ledger_id and 0 <= entry_id < self.next_entry_id:
+            if batch_index == -1:
+                return entry_id, -1, size
+            i = entry_id - self.first_entry_id
+            if i >= 0:
+                n = self._counts[i]
+                if 0 <= batch_index < n and (size == n or size == 0):
+                    return (entry_id, batch_index, n) if n > 1 else (entry_id, -1, 0)
+                raise InvalidMessageId(
+                    f"no message at batch index {batch_index} (batch size {size}) of entry "
+                    f"{entry_id} on {self.topic}, which holds {n}"
+                )
+            if batch_index >= 0:
+                return entry_id, batch_index, size  # trimmed: its count is gone
+        self.check_position(entry_id, mid._ledger_id)
+        raise InvalidMessageId(f"no batch index {batch_index} in entry {entry_id} on {self.topic}")

@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .._native import Pending, TxnID, buffer_messages, take_buffered
-from ..errors import ConsumerBusy, CorruptEntry, InvalidConfiguration
+from ..errors import (
+    AlreadyClosed,
+    ConsumerBusy,
+    CorruptEntry,
+    InvalidConfiguration,
+    TransactionConflict,
+)
 from ..storage import WriteOp
 from ..txn.pending_ack import PendingAck
 from .cursor import Cursor
@@ -68,6 +74,9 @@ class Subscription:
         self.bytes_out = 0
         self.read_committed = True
         self.filtered = 0  # messages of aborted transactions acknowledged internally
+        # Set under the lock by an unsubscribe that found no transaction holding acks: acks
+        # are refused and cursor writes skipped from then on (its records are being deleted).
+        self.unsubscribed = False
         self.pending_ack = PendingAck(self)
         self.error: CorruptEntry | None = None
         try:
@@ -118,6 +127,23 @@ class Subscription:
         for key in [k for k, p in self._pending.items() if p.consumer is consumer]:
             pending = self._pending.pop(key)
             heapq.heappush(self._redeliver, (key, pending.payload))
+
+    def check_unsubscribe(self, consumer) -> None:
+        """Refuse to unsubscribe `consumer` while others are attached or open transactions
+        hold acks here (lock held)."""
+        if any(c is not consumer for c in self.consumers):
+            raise ConsumerBusy(
+                f"subscription {self.name} on {self.partition.topic} has other consumers"
+            )
+        holders = sorted(self.pending_ack.transactions())
+        if holders:
+            named = ", ".join(str(t) for t in holders[:5])
+            more = f" and {len(holders) - 5} more" if len(holders) > 5 else ""
+            raise TransactionConflict(
+                f"cannot unsubscribe {self.name!r} on {self.partition.topic}: open "
+                f"transactions {named}{more} hold acknowledgements on it; commit or abort "
+                "them first"
+            )
 
     def may_receive(self, consumer) -> bool:
         if not self.consumers:
@@ -385,9 +411,10 @@ class Subscription:
 
     def acknowledge(self, mid: MessageId, cumulative: bool = False) -> None:
         p = self.partition
-        p.check_position(mid.entry_id(), mid.ledger_id())
+        entry_id, bi, size = p.position_of(mid)
         with self.lock:
-            entry_id, bi, size = mid.entry_id(), mid.batch_index(), mid.batch_size()
+            if self.unsubscribed:
+                raise AlreadyClosed(f"subscription {self.name!r} on {p.topic} was unsubscribed")
             self.pending_ack.check_plain_ack(entry_id, bi, cumulative)
             if cumulative:
                 if self.type == SHARED:
@@ -406,9 +433,9 @@ class Subscription:
                 self._persist()
 
     def negative_acknowledge(self, mid: MessageId, delay_s: float) -> None:
-        self.partition.check_position(mid.entry_id(), mid.ledger_id())
+        entry_id, batch_index, _ = self.partition.position_of(mid)
         with self.lock:
-            key = (mid.entry_id(), mid.batch_index())
+            key = (entry_id, batch_index)
             pending = self._pending.pop(key, None)
             if pending is not None:
                 heapq.heappush(self._nacked, (time.monotonic() + delay_s, key, pending.payload))
@@ -452,8 +479,9 @@ class Subscription:
         def apply(txn):
             with self.lock:
                 self._persist_queued = False
-                data = self.cursor_record()
-            txn.put(self._key, data, db=db)
+                data = None if self.unsubscribed else self.cursor_record()
+            if data is not None:
+                txn.put(self._key, data, db=db)
 
         self._last_persist = storage.submit(WriteOp(apply, nbytes=64), lazy=True)
         return self._last_persist

@@ -13,7 +13,6 @@ from concurrent.futures import Future
 from .._native import TxnBatch, encode_entry
 from ..errors import InvalidTxnStatus
 from ..txn.state import FINAL
-from .message import MessageId
 
 # Waiting transaction batches past which a producer drops those of transactions that ended
 # without them (a transaction left to its timeout never flushes them), and twice what is left.
@@ -33,21 +32,15 @@ class TransactionBatches:
         if len(self._txn_batches) >= self._sweep_at:
             self._drop_ended()
         part = self._part_for(partition_key)
+        resent = False
         with part.lock:
             if sequence_id is None:
                 sequence_id = part.last_sequence + 1
             elif sequence_id <= part.last_sequence:
-                found = part.partition.lookup_sequence(self.name, sequence_id)
-                if found is not None:
-                    entry_id, n, bi = found
-                    pp = part.partition
-                    fut: Future = Future()
-                    fut.set_result(
-                        MessageId(pp.ledger_id, entry_id, pp.index, bi, n)
-                        if n > 1
-                        else MessageId(pp.ledger_id, entry_id, pp.index)
-                    )
+                fut = self._txn_duplicate(part, txn, sequence_id)
+                if fut is not None:
                     return fut
+                resent = True
             part.last_sequence = max(part.last_sequence, sequence_id)
             key = (id(part), txn.id)
             batch = self._txn_batches.get(key)
@@ -64,9 +57,34 @@ class TransactionBatches:
                 part.txn_opened(txn, batch)
                 txn.add_producer(self)
             fut = batch.add(content, properties, partition_key)
+            if resent:
+                batch.resent = True
             if not self.batching_enabled or len(batch.values) >= self.batching_max_messages:
                 self._txn_send_locked(key)
         return fut
+
+    def _txn_duplicate(self, part, txn, sequence_id: int) -> Future | None:
+        """A resend's answer (part lock held): the future of the message still waiting in
+        this producer, the MessageId it is stored under, or None when its entry was aborted
+        and it is to be stored anew."""
+        for key, batch in list(self._txn_batches.items()):
+            if batch.part is part:
+                fut = batch.waiting(sequence_id)
+                if fut is not None:
+                    if batch.txn.id != txn.id:
+                        # Sent now: a wait for it must not last until another transaction ends.
+                        self._txn_send_locked(key)
+                    return fut
+        fut = part.waiting(sequence_id)
+        if fut is not None:
+            part._flush_locked()  # a plain batch still open is sent now, as above
+            return fut
+        mid = part.partition.duplicate_of(self.name, sequence_id)
+        if mid is None or (mid.entry_id() < 0 and part.was_dropped(sequence_id)):
+            return None
+        done: Future = Future()
+        done.set_result(mid)
+        return done
 
     def _txn_send_locked(self, key) -> None:
         """Encode one transaction batch into an entry and append it (part lock held)."""
@@ -82,6 +100,7 @@ class TransactionBatches:
         except Exception as exc:  # noqa: BLE001 - every message of the batch gets it
             if staged is not None:
                 staged[1](False)
+            _dropped(batch)
             batch.fail(exc)
             txn._failed(exc)
             return
@@ -108,6 +127,7 @@ class TransactionBatches:
             batch.first_sequence,
             on_published=batch.landed,
             before_publish=before_publish,
+            resend=batch.resent,
         )
         if staged is not None:
             op.prepend(staged[0])
@@ -127,6 +147,7 @@ class TransactionBatches:
                 staged[1](exc is None)
             if exc is not None:
                 partition.buffer.append_failed(txn.id)
+                _dropped(batch)
                 batch.fail(exc)
                 txn._failed(exc)
 
@@ -162,6 +183,7 @@ class TransactionBatches:
                 with batch.part.lock:
                     if self._txn_batches.pop(key, None) is batch:
                         batch.part.txn_sealed(batch)
+                        _dropped(batch)
                         batch.fail(InvalidTxnStatus(f"transaction {txn.id} was aborted"))
 
     def _drop_ended(self) -> None:
@@ -207,3 +229,10 @@ class _SendNow:
             else:
                 storage.commits.flush_lazy(durable=False)
         return True
+
+
+def _dropped(batch) -> None:
+    """`batch` is never written (its transaction can only abort): its sequence ids do not
+    count, a resend of one is stored anew."""
+    first = batch.first_sequence
+    batch.part.dropped.append((first, first + len(batch.values)))

@@ -21,7 +21,13 @@ import struct
 import time
 
 from .._native import AckSet, PendingAckIndex, TxnID, crc32c
-from ..errors import CorruptEntry, InvalidConfiguration, InvalidTxnStatus, TransactionConflict
+from ..errors import (
+    AlreadyClosed,
+    CorruptEntry,
+    InvalidConfiguration,
+    InvalidTxnStatus,
+    TransactionConflict,
+)
 from ..storage import WriteOp
 from .meta import abort_only
 from .watermark import BySequence
@@ -108,6 +114,11 @@ class PendingAck:
         ledger = sub.partition.ledger_id
         check = sub.partition.buffer.txn_check
         with self.lock:
+            if sub.unsubscribed:
+                raise AlreadyClosed(
+                    f"subscription {sub.name!r} on {sub.partition.topic} was unsubscribed: "
+                    "its messages can no longer be acknowledged"
+                )
             if check is not None:
                 check(txn, "acknowledge in")  # an ended transaction's ack is refused
             cursor = sub.cursor
@@ -430,8 +441,9 @@ class PendingAck:
                 # Serialized when applied, as every cursor write is: the latest state wins
                 # whatever order concurrent cursor writes are applied in.
                 with sub.lock:
-                    data = sub.cursor_record()
-                t.put(sub_key, data, db=cursors)
+                    data = None if sub.unsubscribed else sub.cursor_record()
+                if data is not None:
+                    t.put(sub_key, data, db=cursors)
             for k in keys:
                 t.delete(k, db=db)
 
@@ -509,6 +521,16 @@ class PendingAck:
     def transactions(self) -> set:
         with self.lock:
             return set(self.index.transactions()) | set(self.cumulative)
+
+    def delete_log(self, txn) -> None:
+        """Delete every record of this subscription's log, in the caller's write `txn` (an
+        unsubscribe: a new subscription of the name replays none of them)."""
+        cursor = txn.cursor(db=self.storage.open_db(DB))
+        cursor.set_range(self._prefix)
+        key = bytes(cursor.key())
+        while key.startswith(self._prefix):
+            cursor.delete()
+            key = bytes(cursor.key())
 
     def stats(self) -> dict:
         with self.lock:

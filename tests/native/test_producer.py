@@ -295,6 +295,35 @@ def test_producer_callback_and_futures_of_a_duplicate(impl, tmp_path):
         assert stored_values(p) == [b"x"]
 
 
+def test_resends_of_aborted_sequences_are_stored_anew(impl, tmp_path):
+    """Sequence ids of an aborted send do not count: their resends make one new batch (a
+    resend still in it is a duplicate) and the producer's last sequence id stays."""
+    with producer_on(impl, tmp_path) as p:
+        txn = p.client.new_transaction()
+        for i in range(4):
+            p.send_async(b"a%d" % i, sequence_id=i, txn=txn)
+        p.flush()
+        txn.abort()
+        p.send(b"n4", sequence_id=4)
+        again = [p.send_async(b"r%d" % i, sequence_id=i) for i in range(4)]
+        dup = p.send_async(b"r1-again", sequence_id=1)
+        p.flush()
+        ids = [f.result() for f in again]
+        assert len({m.entry_id() for m in ids}) == 1
+        assert [m.batch_index() for m in ids] == [0, 1, 2, 3]
+        assert dup.result() == ids[1]
+        assert p.send(b"r2-again", sequence_id=2) == ids[2]
+        assert p.last_sequence_id() == 4
+        # Aborted while it waited in its batch, never written: it does not count either.
+        dropped = p.client.new_transaction()
+        waiting = p.send_async(b"w5", sequence_id=5, txn=dropped)
+        dropped.abort()
+        assert isinstance(waiting.exception(), InvalidTxnStatus)
+        assert p.send(b"w5-retry", sequence_id=5).entry_id() > ids[0].entry_id()
+        assert p.last_sequence_id() == 5
+        assert stored_values(p) == [b"n4", b"r0", b"r1", b"r2", b"r3", b"w5-retry"]
+
+
 def test_wait_as_completed_and_asyncio_take_the_futures(impl, tmp_path):
     with producer_on(impl, tmp_path, batching_max_messages=4) as p:
         futures = [p.send_async(b"%d" % i) for i in range(6)]  # one full batch, two waiting

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from tests.helpers import brokers_at
+from tests.helpers import Served, brokers_at
 
 
 class RecordingParticipant:
@@ -35,6 +35,20 @@ class Participants:
 
     def __call__(self, kind, name):
         return self.by_name.setdefault((kind, name), RecordingParticipant())
+
+
+@pytest.fixture(params=["embedded", "remote"])
+def env(request, tmp_path):
+    """open(**options) -> a broker on tmp_path (reopened after close()); with "remote", its
+    client() is a remote client through a server serving it."""
+    with brokers_at(
+        tmp_path / "data",
+        wrap=Served if request.param == "remote" else None,
+        sync=False,
+        num_coordinators=2,
+        txn_timeout_tick_ms=10,
+    ) as open_:
+        yield open_
 
 
 @pytest.fixture

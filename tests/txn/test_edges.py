@@ -1,203 +1,351 @@
-"""The protocol at its edges: operations of ended transactions, registrations that land late,
-participants whose end never came, and the low watermark that cleans up after them."""
+"""The edges of the protocol (DESIGN.md): de-duplication of aborted sends, unsubscribing while
+transactions hold acks, and message ids that name a batch index without the batch size."""
 
 from __future__ import annotations
 
 import functools
-import time
+import threading
 
 import pytest
 
-import pulsartxn
-from pulsartxn import ConsumerType, TxnState
-from pulsartxn.errors import InvalidTxnStatus, TransactionTimeout
+from pulsartxn import ConsumerType, InitialPosition, MessageId
+from pulsartxn.errors import (
+    AlreadyClosed,
+    InvalidMessageId,
+    InvalidTxnStatus,
+    TransactionConflict,
+)
 from tests import helpers
 
 drain = functools.partial(helpers.drain, timeout_ms=100)
+scanned = functools.partial(helpers.scanned, sort=True)
 
 
-@pytest.fixture(params=["embedded", "remote"])
-def env(request, tmp_path):
-    with helpers.brokers_at(
-        tmp_path / "data",
-        wrap=helpers.Served if request.param == "remote" else None,
-        sync=False,
-        num_coordinators=2,
-        txn_timeout_tick_ms=10,
-    ) as open_:
-        yield open_
+def values(msgs) -> list[bytes]:
+    return sorted(m.data() for m in msgs)
 
 
-def wait_for(predicate, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
+def backlog(broker, sub: str = "s") -> int:
+    return broker.admin.topic_stats("t")["subscriptions"][sub]["backlog"]
 
 
-@pytest.mark.parametrize("end", ["commit", "abort", "timeout"])
-def test_late_acks_of_an_ended_transaction_are_refused(env, end):
-    """A transactional ack that comes after its transaction ended (committed, aborted, timed
-    out), through any handle, is refused and holds nothing: the message is delivered again
-    and a plain ack takes it."""
+# -- de-duplication counts only what is or will be visible --------------------------------------
+
+
+def test_a_resend_of_an_aborted_send_is_stored_again(env):
     broker = env()
     client = broker.client()
+    p = client.create_producer("t", producer_name="p")
+    t1 = client.new_transaction()
+    aborted = p.send(b"v1", sequence_id=0, txn=t1)
+    t1.abort()
+    t2 = client.new_transaction()
+    retried = p.send(b"v1-retry", sequence_id=0, txn=t2)
+    assert retried.entry_id() > aborted.entry_id()
+    t2.commit()
+    assert scanned(client, "t") == [b"v1-retry"]
+    # Committed now: a resend, in a transaction or not, is a duplicate and stores nothing.
+    t3 = client.new_transaction()
+    assert p.send(b"v1-third", sequence_id=0, txn=t3) == retried
+    t3.commit()
+    assert p.send(b"v1-plain", sequence_id=0) == retried
+    assert scanned(client, "t") == [b"v1-retry"]
+
+
+def test_a_plain_resend_of_an_aborted_send_is_stored_again(env):
+    broker = env()
+    client = broker.client()
+    p = client.create_producer("t", producer_name="p")
+    t1 = client.new_transaction()
+    aborted = p.send(b"v1", sequence_id=0, txn=t1)
+    t1.abort()
+    retried = p.send(b"v1-retry", sequence_id=0)
+    assert retried.entry_id() > aborted.entry_id()
+    assert p.send(b"v1-again", sequence_id=0) == retried
+    assert scanned(client, "t") == [b"v1-retry"]
+    # A send of a transaction still open counts: its resend is a duplicate until it aborts.
+    t2 = client.new_transaction()
+    held = p.send(b"o", sequence_id=1, txn=t2)
+    assert p.send(b"o-again", sequence_id=1) == held
+    t2.abort()
+    assert p.send(b"o-retry", sequence_id=1).entry_id() > held.entry_id()
+    assert scanned(client, "t") == [b"o-retry", b"v1-retry"]
+
+
+def test_a_resend_of_an_aborted_send_never_written_is_stored_again(env):
+    """The sends of a transaction wait in the producer (or ride with a later write), and an
+    abort drops them unwritten: their sequence ids do not count either."""
+    broker = env()
+    client = broker.client()
+    p = client.create_producer(
+        "t", producer_name="p", batching_max_messages=3, batching_max_publish_delay_ms=60_000
+    )
+    t1 = client.new_transaction()
+    waiting = [p.send_async(b"w%d" % i, sequence_id=i, txn=t1) for i in range(4)]
+    t1.abort()
+    p.flush()
+    # The full batch may have been written before the abort; the last one never is.
+    assert all(f.exception() is None for f in waiting[:3]) or all(
+        isinstance(f.exception(), InvalidTxnStatus) for f in waiting[:3]
+    )
+    assert isinstance(waiting[3].exception(), InvalidTxnStatus)
+    w1 = p.send(b"w1-retry", sequence_id=1)
+    t2 = client.new_transaction()
+    w3 = p.send(b"w3-retry", sequence_id=3, txn=t2)
+    t2.commit()
+    assert w1.entry_id() >= 0 and w3.entry_id() > w1.entry_id()
+    assert p.send(b"w1-again", sequence_id=1) == w1
+    assert p.send(b"w3-again", sequence_id=3) == w3
+    assert scanned(client, "t") == [b"w1-retry", b"w3-retry"]
+
+
+def test_a_resend_waiting_in_its_transaction_batch_is_a_duplicate(env):
+    broker = env()
+    client = broker.client()
+    p = client.create_producer("t", producer_name="p", batching_max_publish_delay_ms=60_000)
+    txn = client.new_transaction()
+    first = p.send_async(b"x", sequence_id=3, txn=txn)
+    again = p.send_async(b"x-again", sequence_id=3, txn=txn)
+    p.flush()
+    txn.commit()
+    assert again.result() == first.result()
+    assert scanned(client, "t") == [b"x"]
+
+
+def test_a_resend_waiting_in_another_transactions_batch_is_its_duplicate(env):
+    broker = env()
+    client = broker.client()
+    p = client.create_producer("t", producer_name="p", batching_max_publish_delay_ms=60_000)
+    t1, t2 = client.new_transaction(), client.new_transaction()
+    first = p.send_async(b"x", sequence_id=3, txn=t1)
+    # Answered once t1's batch is written, not when t1 ends (which this thread does next).
+    again = []
+    sender = threading.Thread(
+        target=lambda: again.append(p.send(b"x-again", sequence_id=3, txn=t2)), daemon=True
+    )
+    sender.start()
+    sender.join(10)
+    assert again == [first.result(timeout=5)]
+    t1.commit()
+    t2.commit()
+    assert scanned(client, "t") == [b"x"]
+
+
+def test_a_transactional_resend_of_a_plain_send_still_waiting_is_its_duplicate(env):
+    broker = env()
+    client = broker.client()
+    p = client.create_producer("t", producer_name="p", batching_max_publish_delay_ms=60_000)
+    first = p.send_async(b"x", sequence_id=3)
+    txn = client.new_transaction()
+    again = []
+    sender = threading.Thread(
+        target=lambda: again.append(p.send(b"x-again", sequence_id=3, txn=txn)), daemon=True
+    )
+    sender.start()
+    sender.join(10)
+    assert again == [first.result(timeout=5)]
+    txn.commit()
+    assert scanned(client, "t") == [b"x"]
+
+
+def test_each_aborted_sequence_of_an_entry_is_stored_again_alone_and_after_a_restart(env):
+    """An aborted entry held sequences 0..9; resending 0 alone must not hide 1..9 (5 is not
+    a gap), and neither the broker's highest sequence nor the producer's goes down (10, sent
+    plain after them, stays a duplicate), before and after a restart."""
+    broker = env()
+    client = broker.client()
+    options = {"batching_max_messages": 10, "batching_max_publish_delay_ms": 60_000}
+    p = client.create_producer("t", producer_name="p", **options)
+    t1 = client.new_transaction()
+    sent = [p.send_async(b"a%d" % i, sequence_id=i, txn=t1) for i in range(10)]
+    p.flush()
+    assert len({f.result().entry_id() for f in sent}) == 1
+    t1.abort()
+    ten = p.send(b"ten", sequence_id=10)
+    r0 = p.send(b"r0", sequence_id=0)
+    r5 = p.send(b"r5", sequence_id=5)
+    assert r5.entry_id() > r0.entry_id() > ten.entry_id()
+    assert p.send(b"ten-again", sequence_id=10) == ten
+    assert p.send(b"r5-again", sequence_id=5) == r5
+    assert scanned(client, "t") == [b"r0", b"r5", b"ten"]
+    broker.close()
+
+    broker = env()
+    client = broker.client()
+    p = client.create_producer("t", producer_name="p", **options)
+    assert p.send(b"ten-again", sequence_id=10) == ten
+    assert p.send(b"r0-again", sequence_id=0) == r0
+    assert p.send(b"r5-again", sequence_id=5) == r5
+    t2 = client.new_transaction()
+    r7 = p.send(b"r7", sequence_id=7, txn=t2)
+    t2.commit()
+    assert r7.entry_id() > r5.entry_id()
+    assert p.send(b"r7-again", sequence_id=7) == r7
+    p.send(b"eleven")  # after the highest sequence, 10
+    assert p.send(b"eleven-again", sequence_id=11).entry_id() > r7.entry_id()
+    assert p.send(b"eleven-again", sequence_id=11) != r7
+    assert scanned(client, "t") == [b"eleven", b"r0", b"r5", b"r7", b"ten"]
+
+
+# -- unsubscribing while transactions hold acks ------------------------------------------------
+
+
+def _three_on_s(client):
     producer = client.create_producer("t", batching_enabled=False)
-    producer.send(b"a")
-    producer.send(b"b")
-    consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
-    a, b = drain(consumer)
-    txn = client.new_transaction(timeout_ms=100 if end == "timeout" else 60_000)
-    consumer.acknowledge(a, txn=txn)
-    if end == "commit":
-        txn.commit()
-    elif end == "abort":
-        txn.abort()
-    else:
-        wait_for(lambda: txn.state is TxnState.TIMEOUT)
-    late = client.transaction(txn.id)  # a handle that does not know it ended
-    error = TransactionTimeout if end == "timeout" else InvalidTxnStatus
-    with pytest.raises(error):
-        consumer.acknowledge(b, txn=late)
-    assert broker.admin.pending_ack_stats("t", "s")["ongoing_txn_size"] == 0
+    for i in range(3):
+        producer.send(b"m%d" % i)
+    consumer = client.subscribe("t", "s")
+    msgs = drain(consumer)
+    assert values(msgs) == [b"m0", b"m1", b"m2"]
+    return consumer, msgs
+
+
+def test_unsubscribe_is_refused_while_a_transaction_holds_acks(env):
+    broker = env()
+    client = broker.client()
+    consumer, (m0, m1, m2) = _three_on_s(client)
+    holder = client.new_transaction()
+    consumer.acknowledge(m0, txn=holder)
+    with pytest.raises(TransactionConflict) as refused:
+        consumer.unsubscribe()
+    assert "'s'" in str(refused.value) and str(holder.id) in str(refused.value)
+    # Nothing changed: the consumer is attached and usable, the hold is in place.
+    consumer.acknowledge(m1)
     consumer.redeliver_unacknowledged_messages()
-    got = drain(consumer)
-    assert sorted(m.data() for m in got) == ([b"b"] if end == "commit" else [b"a", b"b"])
+    assert values(drain(consumer)) == [b"m2"]
+    holder.commit()
+    assert backlog(broker) == 1
+    consumer.unsubscribe()
+    fresh = client.subscribe("t", "s", initial_position=InitialPosition.Earliest)
+    assert values(drain(fresh)) == [b"m0", b"m1", b"m2"]
+    assert broker.admin.pending_ack_stats("t", "s")["ongoing_txn_size"] == 0
+
+
+def test_unsubscribe_after_the_holder_aborts_leaves_nothing_held(env):
+    broker = env()
+    client = broker.client()
+    consumer, msgs = _three_on_s(client)
+    holder = client.new_transaction()
+    for m in msgs[:2]:
+        consumer.acknowledge(m, txn=holder)
+    holder.abort()
+    consumer.unsubscribe()
+    fresh = client.subscribe("t", "s", initial_position=InitialPosition.Earliest)
+    got = drain(fresh)
+    assert values(got) == [b"m0", b"m1", b"m2"]
+    later = client.new_transaction()
     for m in got:
-        consumer.acknowledge(m)  # nothing holds them
-    assert broker.admin.topic_stats("t")["subscriptions"]["s"]["backlog"] == 0
+        fresh.acknowledge(m, txn=later)  # none is held by the aborted transaction
+    later.commit()
+    assert backlog(broker) == 0
 
 
-def test_a_late_send_is_refused_after_the_buffer_forgot_the_transaction(tmp_path):
-    """The transaction buffer remembers a bounded number of ended transactions; past it,
-    the coordinator (or its low watermark) still refuses a late send."""
-    with pulsartxn.Broker(tmp_path / "data", sync=False, num_coordinators=1) as broker:
-        client = broker.client()
-        producer = client.create_producer("t", batching_enabled=False)
-        part = broker._partition(broker.topic_partitions("t")[0])
-        part.buffer.max_ended = 2
-        holder = client.new_transaction()  # holds the low watermark below the others
-        ended = []
-        for i in range(4):
-            txn = client.new_transaction()
-            producer.send(b"x%d" % i, txn=txn)
-            txn.commit()
-            ended.append(txn.id)
-        assert ended[0] not in part.buffer.ended  # forgotten here
-        with pytest.raises(InvalidTxnStatus, match="COMMITTED"):
-            producer.send(b"late", txn=client.transaction(ended[0]))
-        holder.abort()
-        assert helpers.scanned(client, "t", sort=True) == [b"x0", b"x1", b"x2", b"x3"]
+def test_a_transactional_ack_after_the_unsubscribe_is_refused(env):
+    """An ack that reaches the subscription once the unsubscribe has checked it is refused:
+    it is neither dropped silently nor inherited by a new subscription of the name."""
+    broker = env()
+    client = broker.client()
+    consumer, (m0, _, _) = _three_on_s(client)
+    _, (partition,) = broker._resolve("t", create=False)
+    old = partition.subscriptions["s"]
+    consumer.unsubscribe()
+    txn = client.new_transaction()
+    with pytest.raises(AlreadyClosed, match="unsubscribed"):
+        old.pending_ack.ack(txn.id, m0.message_id().entry_id(), -1, 0, False)
+    with pytest.raises(AlreadyClosed, match="unsubscribed"):
+        old.acknowledge(m0.message_id())
+    fresh = client.subscribe("t", "s", initial_position=InitialPosition.Earliest)
+    assert values(drain(fresh)) == [b"m0", b"m1", b"m2"]
+    txn.commit()
 
 
-class _Elsewhere:
-    """A participant resolver for participants that live in another broker (they answer
-    here, the real ones of this broker never hear of the end): the coordinator finalizes
-    them one by one, as it would remote ones."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self.calls: list = []
-
-    def __call__(self, kind, name):
-        return self if kind == self.kind else None
-
-    def end_txn(self, txn_id, commit, low_watermark) -> None:
-        self.calls.append((txn_id, commit))
+# -- a batch index without the batch size ------------------------------------------------------
 
 
-def test_a_registration_landing_after_the_cleanup_writes_nothing(tmp_path):
-    """A subscription's registration rides in the pending-ack log write of its acks. If that
-    write lands after the transaction's records were deleted (its end finalized one by one),
-    it must write nothing: a NEW record with it would come back after a restart as an OPEN
-    transaction holding the low watermark back until its deadline."""
-    elsewhere = _Elsewhere("partition")
-    data = tmp_path / "data"
-    with pulsartxn.Broker(
-        data,
-        sync=True,
-        num_coordinators=1,
-        batching_max_publish_delay_ms=60_000,
-        txn_participants=elsewhere,
-    ) as broker:
-        client = broker.client()
-        client.create_producer("in", batching_enabled=False).send(b"x")
-        consumer = client.subscribe("in", "s")
-        txn = client.new_transaction()
-        client.create_producer("out").send(b"y", txn=txn)  # a participant elsewhere
-        consumer.acknowledge(consumer.receive(2000), txn=txn)
-        pending = broker._partition(broker.topic_partitions("in")[0]).subscriptions["s"]
-        pending = pending.pending_ack
-        with pending.lock:  # taken for the log; its write is on its way
-            late = pending._rows_op(*pending._take_unlogged())
-        txn.abort()
-        assert txn.state is TxnState.ABORTED
-        log_db = broker.storage.open_db(b"txnlog/0")
-        wait_for(lambda: _entries(broker, log_db) == 0)  # cleaned up
-        broker.storage.run(late)
-        assert _entries(broker, log_db) == 0
-        assert _entries(broker, broker.storage.open_db(b"pendingack")) == 0
-    with pulsartxn.Broker(data, sync=True, num_coordinators=1) as broker:
-        assert broker.admin.coordinator_stats(0)["recovered_txns"] == 0
-        assert broker.admin.slow_transactions(0) == []
+def _one_entry_of_four(client, sub_type=ConsumerType.Exclusive):
+    producer = client.create_producer(
+        "t", batching_max_messages=4, batching_max_publish_delay_ms=60_000
+    )
+    for i in range(4):
+        producer.send_async(b"m%d" % i)
+    producer.flush()
+    consumer = client.subscribe("t", "s", subscription_type=sub_type)
+    msgs = drain(consumer)
+    ids = [m.message_id() for m in msgs]
+    assert len({i.entry_id() for i in ids}) == 1
+    assert [i.batch_index() for i in ids] == [0, 1, 2, 3]
+    return consumer, ids[0]
 
 
-def _entries(broker, db) -> int:
-    with broker.storage.read() as t:
-        return t.stat(db)["entries"]
+def _bare(mid: MessageId, batch_index: int, batch_size: int = 0) -> MessageId:
+    return MessageId(mid.ledger_id(), mid.entry_id(), mid.partition(), batch_index, batch_size)
 
 
-def test_the_timer_pushes_the_low_watermark_to_participants_that_missed_an_end(tmp_path):
-    """A partition and a subscription that never heard of a transaction's end (its end went
-    to participants elsewhere) keep it ongoing: readers of the partition stop at it, and its
-    acks stay held. Once its coordinator's low watermark passes it, the coordinator's timer
-    tells them, without more traffic: the partition aborts it, the subscription releases."""
-    elsewhere = _Elsewhere("partition")
-    subs_elsewhere = _Elsewhere("subscription")
-
-    def resolve(kind, name):
-        return elsewhere(kind, name) or subs_elsewhere(kind, name)
-
-    with pulsartxn.Broker(
-        tmp_path / "data",
-        sync=False,
-        num_coordinators=1,
-        txn_timeout_tick_ms=10,
-        txn_participants=resolve,
-    ) as broker:
-        client = broker.client()
-        producer = client.create_producer("t", batching_enabled=False)
-        producer.send(b"input")
-        consumer = client.subscribe("t", "s")
-        (m,) = drain(consumer)
-        txn = client.new_transaction()
-        producer.send(b"lost-end", txn=txn)
-        consumer.acknowledge(m, txn=txn)
-        producer.send(b"after")
-        txn.commit()  # its participants here are told nothing
-        assert txn.state is TxnState.COMMITTED and elsewhere.calls and subs_elsewhere.calls
-        wait_for(
-            lambda: broker.admin.transaction_buffer_stats("t")["ongoing_txn_size"] == 0
-            and broker.admin.pending_ack_stats("t", "s")["ongoing_txn_size"] == 0
-        )
-        stats = broker.admin.transaction_buffer_stats("t")
-        assert stats["aborted_by_low_watermark"] == 1 and stats["ended_remembered"] == 0
-        consumer.redeliver_unacknowledged_messages()
-        assert [x.data() for x in drain(consumer)] == [b"input", b"after"]
+def _redelivered(consumer) -> list[bytes]:
+    consumer.redeliver_unacknowledged_messages()
+    return values(drain(consumer))
 
 
-def test_the_timer_lets_buffers_forget_ended_transactions(tmp_path):
-    """A buffer remembers the transactions that ended on it (late sends refused) until their
-    coordinator's low watermark passes them; the timer brings it without more traffic."""
-    with pulsartxn.Broker(
-        tmp_path / "data", sync=False, num_coordinators=1, txn_timeout_tick_ms=10
-    ) as broker:
-        client = broker.client()
-        producer = client.create_producer("t", batching_enabled=False)
-        for i in range(3):
-            txn = client.new_transaction()
-            producer.send(b"%d" % i, txn=txn)
-            txn.commit()
-        wait_for(lambda: broker.admin.transaction_buffer_stats("t")["ended_remembered"] == 0)
-        stats = broker.admin.transaction_buffer_stats("t")
-        assert int(stats["low_watermarks"]["0"]) > txn.id.sequence
+@pytest.mark.parametrize("in_txn", [False, True], ids=["plain", "txn"])
+def test_a_batch_index_without_the_batch_size_acks_that_message_only(env, in_txn):
+    broker = env()
+    client = broker.client()
+    consumer, mid = _one_entry_of_four(client, ConsumerType.Shared)
+    txn = client.new_transaction() if in_txn else None
+    consumer.acknowledge(_bare(mid, 0), txn=txn)
+    if txn is not None:
+        txn.commit()
+    assert backlog(broker) == 3
+    assert _redelivered(consumer) == [b"m1", b"m2", b"m3"]
+    consumer.close()
+    again = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    assert values(drain(again)) == [b"m1", b"m2", b"m3"]
+
+
+@pytest.mark.parametrize("in_txn", [False, True], ids=["plain", "txn"])
+def test_a_cumulative_ack_without_the_batch_size_stops_at_its_batch_index(env, in_txn):
+    broker = env()
+    client = broker.client()
+    consumer, mid = _one_entry_of_four(client)
+    txn = client.new_transaction() if in_txn else None
+    consumer.acknowledge_cumulative(_bare(mid, 1), txn=txn)
+    if txn is not None:
+        txn.commit()
+    assert backlog(broker) == 2
+    assert _redelivered(consumer) == [b"m2", b"m3"]
+    consumer.close()
+    again = client.subscribe("t", "s")
+    assert values(drain(again)) == [b"m2", b"m3"]
+
+
+def test_a_negative_ack_of_a_lone_message_by_batch_index_zero(env):
+    broker = env()
+    client = broker.client()
+    client.create_producer("t", batching_enabled=False).send(b"lone")
+    consumer = client.subscribe("t", "s", negative_ack_redelivery_delay_ms=0)
+    (m,) = drain(consumer)
+    mid = m.message_id()
+    assert mid.batch_index() == -1
+    consumer.negative_acknowledge(_bare(mid, 0))
+    (again,) = drain(consumer)
+    assert again.data() == b"lone" and again.redelivery_count() == 1
+
+
+def test_a_batch_index_outside_the_entry_or_a_contradicting_size_changes_nothing(env):
+    broker = env()
+    client = broker.client()
+    consumer, mid = _one_entry_of_four(client)
+    txn = client.new_transaction()
+    for bad in (_bare(mid, 4), _bare(mid, 0, 3), _bare(mid, -2)):
+        with pytest.raises(InvalidMessageId):
+            consumer.acknowledge(bad)
+        with pytest.raises(InvalidMessageId):
+            consumer.acknowledge_cumulative(bad)
+        with pytest.raises(InvalidMessageId):
+            consumer.acknowledge(bad, txn=txn)
+        with pytest.raises(InvalidMessageId):
+            consumer.negative_acknowledge(bad)
+    assert broker.admin.pending_ack_stats("t", "s")["acks"] == 0
+    txn.commit()
+    assert backlog(broker) == 4
+    assert _redelivered(consumer) == [b"m0", b"m1", b"m2", b"m3"]

@@ -25,20 +25,6 @@ drain = functools.partial(helpers.drain, timeout_ms=100)
 scanned = functools.partial(helpers.scanned, sort=True)
 
 
-@pytest.fixture(params=["embedded", "remote"])
-def env(request, tmp_path):
-    """open(**options) -> a broker on tmp_path (reopened after close()); with "remote", its
-    client() is a remote client through a server serving it."""
-    with helpers.brokers_at(
-        tmp_path / "data",
-        wrap=helpers.Served if request.param == "remote" else None,
-        sync=False,
-        num_coordinators=2,
-        txn_timeout_tick_ms=10,
-    ) as open_:
-        yield open_
-
-
 def values_of(msgs):
     return sorted(m.data() for m in msgs)
 

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
 
 from .entrycodec import encode_entry
 from .outcome import MessageFuture, Outcome
 
-if TYPE_CHECKING:
-    from ...messaging.message import MessageId
-
 __all__ = ["PartitionProducer", "Batch", "TxnBatch"]
+
+# Ranges of dropped sequence ids a producer remembers per partition (the latest ones).
+MAX_DROPPED = 1024
 
 
 def _done(value=None, error: BaseException | None = None) -> Future:
@@ -35,7 +35,16 @@ def _done(value=None, error: BaseException | None = None) -> Future:
 class Batch:
     """Messages waiting to become one entry; their futures share the batch's Outcome."""
 
-    __slots__ = ("values", "keys", "props", "first_sequence", "nbytes", "started", "outcome")
+    __slots__ = (
+        "values",
+        "keys",
+        "props",
+        "first_sequence",
+        "nbytes",
+        "started",
+        "outcome",
+        "resent",
+    )
 
     def __init__(self, first_sequence: int) -> None:
         self.values: list[bytes] = []
@@ -45,9 +54,16 @@ class Batch:
         self.nbytes = 0
         self.started = time.monotonic()
         self.outcome = Outcome()
+        self.resent = False  # holds sequence ids stored before in aborted entries
 
     def contains(self, sequence_id: int) -> bool:
         return self.first_sequence <= sequence_id < self.first_sequence + len(self.values)
+
+    def waiting(self, sequence_id: int) -> MessageFuture | None:
+        """The future of the message with this sequence id in this batch, or None."""
+        if self.first_sequence <= sequence_id < self.first_sequence + len(self.values):
+            return MessageFuture(self.outcome, sequence_id - self.first_sequence)
+        return None
 
     def append(self, content: bytes, properties, key) -> int:
         """Add one message (its key and properties lists made at the first that has one);
@@ -101,6 +117,8 @@ class PartitionProducer:
         self.batch: Batch | None = None
         self.inflight: list[Batch] = []  # sent, not yet durable
         self.closed = False  # set by the producer's close()
+        # (first, end) of sequence ids of aborted sends never written
+        self.dropped: deque[tuple[int, int]] = deque(maxlen=MAX_DROPPED)
         self.watched = False  # the broker's flusher will look at this container again
         self._txn_last = None  # the transaction whose open batch here is _txn_batch
         self._txn_batch: TxnBatch | None = None
@@ -189,11 +207,15 @@ class PartitionProducer:
 
     def add(self, content: bytes, properties, key, sequence_id) -> Future:
         producer = self.producer
+        resent = False
         with self.lock:
             if sequence_id is None:
                 sequence_id = self.last_sequence + 1
             elif sequence_id <= self.last_sequence:
-                return self._duplicate(sequence_id)
+                dup = self._duplicate(sequence_id)
+                if dup is not None:
+                    return dup
+                resent = True
             batch = self.batch
             if batch is not None and (
                 len(batch.values) >= producer.batching_max_messages
@@ -209,32 +231,39 @@ class PartitionProducer:
                     producer.client.broker._flusher.watch(self)
             n = batch.append(content, properties, key)
             fut = MessageFuture(batch.outcome, n)
-            self.last_sequence = sequence_id
+            if resent:
+                batch.resent = True  # last_sequence stays: it never goes down
+            else:
+                self.last_sequence = sequence_id
             if not producer.batching_enabled or n + 1 >= producer.batching_max_messages:
                 self._flush_locked()
             return fut
 
-    def _duplicate(self, sequence_id: int) -> Future:
-        # Imported here: pulsartxn.messaging.message imports this package (for Message).
-        from ...messaging.message import MessageId
-
+    def waiting(self, sequence_id: int) -> MessageFuture | None:
+        """The future of the message with this sequence id still in this container (sent and
+        not yet durable, or in the open batch), or None (lock held)."""
         for batch in [*self.inflight, self.batch]:
-            if batch is not None and batch.contains(sequence_id):
-                return MessageFuture(batch.outcome, sequence_id - batch.first_sequence)
-        found = self.partition.lookup_sequence(self.producer.name, sequence_id)
-        if found is None:
-            # Below the highest persisted but never stored (a gap): Pulsar answers -1:-1.
-            return _done(MessageId(-1, -1, self.partition.index))
-        entry_id, n, batch_index = found
-        return _done(self._message_id(entry_id, n, batch_index))
+            if batch is not None:
+                fut = batch.waiting(sequence_id)
+                if fut is not None:
+                    return fut
+        return None
 
-    def _message_id(self, entry_id: int, n: int, batch_index: int) -> MessageId:
-        from ...messaging.message import MessageId
+    def was_dropped(self, sequence_id: int) -> bool:
+        """Whether `sequence_id` was sent in a transaction that aborted before the batch
+        holding it was written (the producer records those ranges in ``dropped``)."""
+        return any(first <= sequence_id < end for first, end in list(self.dropped))
 
-        p = self.partition
-        return MessageId(
-            p.ledger_id, entry_id, p.index, batch_index if n > 1 else -1, n if n > 1 else 0
-        )
+    def _duplicate(self, sequence_id: int) -> Future | None:
+        """A resend's answer (lock held): the original's future or MessageId, or None when
+        its send was aborted and it is to be stored anew."""
+        fut = self.waiting(sequence_id)
+        if fut is not None:
+            return fut
+        mid = self.partition.duplicate_of(self.producer.name, sequence_id)
+        if mid is None or (mid.entry_id() < 0 and self.was_dropped(sequence_id)):
+            return None
+        return _done(mid)
 
     def flush(self, quiet: bool = False) -> list[Outcome]:
         """Send the waiting batch now; return the Outcome of every batch not yet ended
@@ -297,6 +326,7 @@ class PartitionProducer:
             producer.name,
             batch.first_sequence,
             on_published=published,
+            resend=batch.resent,
         )
         fut = p.storage.submit(op, False, quiet)
         fut.add_done_callback(lambda f: self._failed(f, batch))

@@ -1,0 +1,194 @@
+"""Ended transactions at the edges: their late operations, registrations that land after
+their cleanup, participants their end never reached, and the low watermark that cleans up
+after them. (env: tests/txn/conftest.py, the embedded and the remote client.)"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import pytest
+
+import pulsartxn
+from pulsartxn import ConsumerType, TxnState
+from pulsartxn.errors import InvalidTxnStatus, TransactionTimeout
+from tests import helpers
+
+drain = functools.partial(helpers.drain, timeout_ms=100)
+
+
+def wait_for(predicate, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("end", ["commit", "abort", "timeout"])
+def test_late_acks_of_an_ended_transaction_are_refused(env, end):
+    """A transactional ack that comes after its transaction ended (committed, aborted, timed
+    out), through any handle, is refused and holds nothing: the message is delivered again
+    and a plain ack takes it."""
+    broker = env()
+    client = broker.client()
+    producer = client.create_producer("t", batching_enabled=False)
+    producer.send(b"a")
+    producer.send(b"b")
+    consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    a, b = drain(consumer)
+    txn = client.new_transaction(timeout_ms=100 if end == "timeout" else 60_000)
+    consumer.acknowledge(a, txn=txn)
+    if end == "commit":
+        txn.commit()
+    elif end == "abort":
+        txn.abort()
+    else:
+        wait_for(lambda: txn.state is TxnState.TIMEOUT)
+    late = client.transaction(txn.id)  # a handle that does not know it ended
+    error = TransactionTimeout if end == "timeout" else InvalidTxnStatus
+    with pytest.raises(error):
+        consumer.acknowledge(b, txn=late)
+    assert broker.admin.pending_ack_stats("t", "s")["ongoing_txn_size"] == 0
+    consumer.redeliver_unacknowledged_messages()
+    got = drain(consumer)
+    assert sorted(m.data() for m in got) == ([b"b"] if end == "commit" else [b"a", b"b"])
+    for m in got:
+        consumer.acknowledge(m)  # nothing holds them
+    assert broker.admin.topic_stats("t")["subscriptions"]["s"]["backlog"] == 0
+
+
+def test_a_late_send_is_refused_after_the_buffer_forgot_the_transaction(tmp_path):
+    """The transaction buffer remembers a bounded number of ended transactions; past it,
+    the coordinator (or its low watermark) still refuses a late send."""
+    with pulsartxn.Broker(tmp_path / "data", sync=False, num_coordinators=1) as broker:
+        client = broker.client()
+        producer = client.create_producer("t", batching_enabled=False)
+        part = broker._partition(broker.topic_partitions("t")[0])
+        part.buffer.max_ended = 2
+        holder = client.new_transaction()  # holds the low watermark below the others
+        ended = []
+        for i in range(4):
+            txn = client.new_transaction()
+            producer.send(b"x%d" % i, txn=txn)
+            txn.commit()
+            ended.append(txn.id)
+        assert ended[0] not in part.buffer.ended  # forgotten here
+        with pytest.raises(InvalidTxnStatus, match="COMMITTED"):
+            producer.send(b"late", txn=client.transaction(ended[0]))
+        holder.abort()
+        assert helpers.scanned(client, "t", sort=True) == [b"x0", b"x1", b"x2", b"x3"]
+
+
+class _Elsewhere:
+    """A participant resolver for participants that live in another broker (they answer
+    here, the real ones of this broker never hear of the end): the coordinator finalizes
+    them one by one, as it would remote ones."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.calls: list = []
+
+    def __call__(self, kind, name):
+        return self if kind == self.kind else None
+
+    def end_txn(self, txn_id, commit, low_watermark) -> None:
+        self.calls.append((txn_id, commit))
+
+
+def test_a_registration_landing_after_the_cleanup_writes_nothing(tmp_path):
+    """A subscription's registration rides in the pending-ack log write of its acks. If that
+    write lands after the transaction's records were deleted (its end finalized one by one),
+    it must write nothing: a NEW record with it would come back after a restart as an OPEN
+    transaction holding the low watermark back until its deadline."""
+    elsewhere = _Elsewhere("partition")
+    data = tmp_path / "data"
+    with pulsartxn.Broker(
+        data,
+        sync=True,
+        num_coordinators=1,
+        batching_max_publish_delay_ms=60_000,
+        txn_participants=elsewhere,
+    ) as broker:
+        client = broker.client()
+        client.create_producer("in", batching_enabled=False).send(b"x")
+        consumer = client.subscribe("in", "s")
+        txn = client.new_transaction()
+        client.create_producer("out").send(b"y", txn=txn)  # a participant elsewhere
+        consumer.acknowledge(consumer.receive(2000), txn=txn)
+        pending = broker._partition(broker.topic_partitions("in")[0]).subscriptions["s"]
+        pending = pending.pending_ack
+        with pending.lock:  # taken for the log; its write is on its way
+            late = pending._rows_op(*pending._take_unlogged())
+        txn.abort()
+        assert txn.state is TxnState.ABORTED
+        log_db = broker.storage.open_db(b"txnlog/0")
+        wait_for(lambda: _entries(broker, log_db) == 0)  # cleaned up
+        broker.storage.run(late)
+        assert _entries(broker, log_db) == 0
+        assert _entries(broker, broker.storage.open_db(b"pendingack")) == 0
+    with pulsartxn.Broker(data, sync=True, num_coordinators=1) as broker:
+        assert broker.admin.coordinator_stats(0)["recovered_txns"] == 0
+        assert broker.admin.slow_transactions(0) == []
+
+
+def _entries(broker, db) -> int:
+    with broker.storage.read() as t:
+        return t.stat(db)["entries"]
+
+
+def test_the_timer_pushes_the_low_watermark_to_participants_that_missed_an_end(tmp_path):
+    """A partition and a subscription that never heard of a transaction's end (its end went
+    to participants elsewhere) keep it ongoing: readers of the partition stop at it, and its
+    acks stay held. Once its coordinator's low watermark passes it, the coordinator's timer
+    tells them, without more traffic: the partition aborts it, the subscription releases."""
+    elsewhere = _Elsewhere("partition")
+    subs_elsewhere = _Elsewhere("subscription")
+
+    def resolve(kind, name):
+        return elsewhere(kind, name) or subs_elsewhere(kind, name)
+
+    with pulsartxn.Broker(
+        tmp_path / "data",
+        sync=False,
+        num_coordinators=1,
+        txn_timeout_tick_ms=10,
+        txn_participants=resolve,
+    ) as broker:
+        client = broker.client()
+        producer = client.create_producer("t", batching_enabled=False)
+        producer.send(b"input")
+        consumer = client.subscribe("t", "s")
+        (m,) = drain(consumer)
+        txn = client.new_transaction()
+        producer.send(b"lost-end", txn=txn)
+        consumer.acknowledge(m, txn=txn)
+        producer.send(b"after")
+        txn.commit()  # its participants here are told nothing
+        assert txn.state is TxnState.COMMITTED and elsewhere.calls and subs_elsewhere.calls
+        wait_for(
+            lambda: (
+                broker.admin.transaction_buffer_stats("t")["ongoing_txn_size"] == 0
+                and broker.admin.pending_ack_stats("t", "s")["ongoing_txn_size"] == 0
+            )
+        )
+        stats = broker.admin.transaction_buffer_stats("t")
+        assert stats["aborted_by_low_watermark"] == 1 and stats["ended_remembered"] == 0
+        consumer.redeliver_unacknowledged_messages()
+        assert [x.data() for x in drain(consumer)] == [b"input", b"after"]
+
+
+def test_the_timer_lets_buffers_forget_ended_transactions(tmp_path):
+    """A buffer remembers the transactions that ended on it (late sends refused) until their
+    coordinator's low watermark passes them; the timer brings it without more traffic."""
+    with pulsartxn.Broker(
+        tmp_path / "data", sync=False, num_coordinators=1, txn_timeout_tick_ms=10
+    ) as broker:
+        client = broker.client()
+        producer = client.create_producer("t", batching_enabled=False)
+        for i in range(3):
+            txn = client.new_transaction()
+            producer.send(b"%d" % i, txn=txn)
+            txn.commit()
+        wait_for(lambda: broker.admin.transaction_buffer_stats("t")["ended_remembered"] == 0)
+        stats = broker.admin.transaction_buffer_stats("t")
+        assert int(stats["low_watermarks"]["0"]) > txn.id.sequence
