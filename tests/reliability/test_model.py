@@ -95,6 +95,12 @@ class BrokerModel(RuleBasedStateMachine):
                 self.broker.create_topic(topic, n)
         self.client = self.broker.client()
         self.producers = {t: self.client.create_producer(t, batching_enabled=False) for t in TOPICS}
+        # Named, for sends with explicit sequence ids (de-duplication); a partition key keeps
+        # each on one partition, where its sequence ids are counted.
+        self.sequenced = {
+            t: self.client.create_producer(t, producer_name=f"seq-{t}", batching_enabled=False)
+            for t in TOPICS
+        }
         self.consumers = {
             (t, s): self.client.subscribe(t, s, initial_position=InitialPosition.Earliest)
             for t, s in SUBSCRIPTIONS
@@ -402,6 +408,43 @@ class BrokerModel(RuleBasedStateMachine):
             loser.handle.commit()
         assert loser.handle.state is TxnState.ABORTED
         self._end(loser, False)
+
+    @rule(topic=st.sampled_from(sorted(TOPICS)), plain=st.booleans())
+    def resend_after_abort(self, topic, plain) -> None:
+        """A send with an explicit sequence id in a transaction that aborts, then the same
+        sequence id again (plainly, or in a transaction that commits): an aborted send does
+        not count for de-duplication, so the resend is stored and shows once."""
+        producer = self.sequenced[topic]
+        seq = producer.last_sequence_id() + 1
+        first = self._open_txn(0)
+        data = self._next()
+        mid = producer.send(data, sequence_id=seq, partition_key="k", txn=first.handle)
+        self._record_send(topic, data, mid, first)
+        first.handle.abort()
+        self._end(first, False)
+        event("resend after an abort")
+        retry = self._next()
+        if plain:
+            again = producer.send(retry, sequence_id=seq, partition_key="k")
+            assert again != mid
+            self._record_send(topic, retry, again, None)
+            return
+        second = self._open_txn(0)
+        again = producer.send(retry, sequence_id=seq, partition_key="k", txn=second.handle)
+        assert again != mid
+        self._record_send(topic, retry, again, second)
+        second.handle.commit()
+        self._end(second, True)
+
+    @rule(sub=st.sampled_from(SUBSCRIPTIONS))
+    def unsubscribe_with_holds(self, sub) -> None:
+        """Unsubscribing while transactions hold acks on the subscription is refused and
+        changes nothing (the consumer stays, the holds stay)."""
+        if not self.pending[sub]:
+            return
+        event("unsubscribe with holds")
+        with pytest.raises(TransactionConflict):
+            self.consumers[sub].unsubscribe()
 
     @rule(go=st.integers(0, 2))
     def restart(self, go) -> None:
