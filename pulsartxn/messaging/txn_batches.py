@@ -169,7 +169,7 @@ class TransactionBatches:
         inflight = [b.inflight for b in sent if b.inflight is not None]
         if inflight:
             storage = sent[0].part.partition.storage
-            storage.commits.flush_lazy(durable=False)
+            storage.commits.flush_lazy(durable=False, lead=True)
             for fut in inflight:
                 try:
                     storage.wait(fut)

@@ -239,14 +239,20 @@ class GroupCommit:
             if not done():
                 time.sleep(0)
 
-    def flush_lazy(self, durable: bool = True) -> None:
+    def flush_lazy(self, durable: bool = True, lead: bool = False) -> None:
         """Commit the lazy ops now (a group of their own if nothing else is queued); with
-        durable=False, flushed only if one of them asks for it."""
+        `lead`, in this thread when no group is being committed (no hand-off to the writer
+        thread, and the call returns once they landed); with durable=False, flushed only if
+        one of them asks for it."""
         with self._lazy_lock:
             pending = bool(self._lazy)
         if pending and not self._closed:
+            op = WriteOp(_nothing, nbytes=0, records=0, durable=durable)
             try:
-                self.submit(WriteOp(_nothing, nbytes=0, records=0, durable=durable))
+                if lead:
+                    self.run(op)
+                else:
+                    self.submit(op)
             except AlreadyClosed:
                 pass
 
@@ -337,7 +343,8 @@ class GroupCommit:
         if self._closed:
             self._fail(op, AlreadyClosed("the broker's storage is closed"))
             return
-        self._gather(self._last_group - 1)
+        if op.durable:  # a group that is not flushed is quick: nothing to wait for
+            self._gather(self._last_group - 1)
         group: list[WriteOp] = []
         nbytes = records = 0
         stop = False
@@ -493,6 +500,9 @@ class GroupCommit:
         if journal is not None and sum(op.nbytes for op in group) < self._direct_bytes:
             rec = Recorder(self._names)
             view = RecordingTxn(txn, rec)
+        # Ops that are durable only by a later flush (durable=False) alone: their record is
+        # written, not flushed; the next flushed record covers it.
+        flush = any(op.durable for op in group)
         results = []
         try:
             for op in group:
@@ -510,9 +520,6 @@ class GroupCommit:
             if journal is None or (rec is not None and not rec.size):
                 txn.commit()
             elif rec is not None and journal.start(rec.payload(), txn.id()):
-                # Ops that are durable only by a later flush (durable=False) alone: the
-                # record is written, not flushed; the next flushed record covers it.
-                flush = any(op.durable for op in group)
                 # While the device writes the record, commit LMDB (without syncing). Its
                 # readers see the group now, but the broker publishes what a group did
                 # (positions, answers: the ops' on_commit) only once it is durable, below.

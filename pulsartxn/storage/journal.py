@@ -240,6 +240,7 @@ class Journal:
         ``append`` says); ``finish`` makes it durable, ``abandon`` takes it back. In between
         the device writes while the caller goes on (the group commit commits the group's LMDB
         transaction meanwhile), where the journal writes directly through an io_uring."""
+        self._settle()
         size = len(payload)
         need = _blocks(_REC.size + size)
         if need > self.region // 2:
@@ -263,18 +264,22 @@ class Journal:
 
     def finish(self, flush: bool = True) -> None:
         """The started record is written: make it durable (StorageError if it cannot be;
-        the journal then takes no more records). flush=False: written only; the next
-        flushed record makes it durable too (one file, flushed whole)."""
+        the journal then takes no more records). flush=False: it stays in flight; the next
+        record waits for it first (a failure then fails the journal), and the next flush
+        makes it durable too (one file, flushed whole)."""
         lsn, need = self._last, self._started
         self._started = 0
+        if not flush:
+            self.lsn = lsn + need
+            self.records += 1
+            return
         try:
             self._written()
         except OSError as exc:
             raise self._write_error(exc) from exc
         try:
-            if flush:
-                os.fdatasync(self._fd)
-                self.flushes += 1
+            os.fdatasync(self._fd)
+            self.flushes += 1
         except OSError as exc:
             # After a failed fdatasync the kernel may have dropped the pages it could not
             # write: nothing since the last good one can be trusted until a reopen recovers.
@@ -282,6 +287,17 @@ class Journal:
             raise StorageError(f"the journal could not sync: {exc}") from exc
         self.lsn = lsn + need
         self.records += 1
+
+    def _settle(self) -> None:
+        """Wait for a record left in flight (finish without flush): its failure is a past
+        group's, answered already, so the journal fails and takes no more records."""
+        if self._writing is None:
+            return
+        try:
+            self._written()
+        except OSError as exc:
+            self.failed = exc
+            raise StorageError(f"the journal could not write an earlier record: {exc}") from exc
 
     def abandon(self) -> None:
         """Take back the started record: the group it holds did not happen."""
@@ -444,6 +460,10 @@ class Journal:
         if self._data_fd is not None:
             os.close(self._data_fd)
             self._data_fd = None
+        try:
+            self._settle()
+        except StorageError:
+            pass  # the records before it are what a reopen replays
         self._close_direct()
         os.close(self._fd)
 

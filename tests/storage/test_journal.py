@@ -480,3 +480,42 @@ def test_a_file_system_refusing_the_direct_write_gets_it_through_the_page_cache(
             assert bytes(txn.get(b"k2", db=db)) == b"v2"
     finally:
         again.close()
+
+
+STORED_CHILD = textwrap.dedent(
+    """
+    import os, sys
+    from pulsartxn.storage import Storage
+    storage = Storage(sys.argv[1], sync=True)
+    db = storage.open_db(b"t")
+    for i in range(int(sys.argv[2])):
+        # Stored, not flushed: the record may still be on its way to the device.
+        storage.write(lambda t, i=i: t.put(b"%08d" % i, b"v%d" % i, db=db), durable=False)
+    print("stored", flush=True)
+    os.kill(os.getpid(), 9)
+    """
+)
+
+
+def test_a_stored_group_outlives_the_process(tmp_path):
+    """A group of ops durable only by a later flush (a transaction's sends and acks) is
+    answered once stored: its record may still be in flight, but a process that dies at
+    once (no flush, no close) leaves it to the next open."""
+    path = tmp_path / "env"
+    proc = subprocess.run(
+        [sys.executable, "-c", STORED_CHILD, str(path), "50"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL and "stored" in proc.stdout, proc.stderr
+    storage = Storage(str(path), sync=True)
+    try:
+        db = storage.open_db(b"t")
+        with storage.read() as t:
+            got = {bytes(k): bytes(v) for k, v in t.cursor(db=db)}
+        assert got == {b"%08d" % i: b"v%d" % i for i in range(50)}
+        assert storage.journal.flushes == 0 and storage.journal.replayed >= 50
+    finally:
+        storage.close()
