@@ -79,6 +79,9 @@ def test_send_batch_1000(benchmark, client, values, txn):
 
 
 def _fill(client, values, abort_every: int) -> int:
+    # A network session's client: its aborted transactions' batches are in the ledger (an
+    # in-process transaction's ride in its commit, and an abort writes none of them).
+    client = client.broker.client(session="fill")
     producer = client.create_producer("rc")
     committed = 0
     for i in range(len(values) // PER_TXN):

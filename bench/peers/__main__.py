@@ -7,7 +7,7 @@ Each system reads a batch of B input messages, writes one result per input and a
 - pulsartxn: embedded broker, sync=True, an Exclusive subscription: batch_receive, then either
   the results with send_async(txn=) (they ride in the commit: one fsync per transaction) and
   one acknowledge_cumulative(last, txn=) (the inputs are taken in order, as Pulsar's
-  exactly-once examples do), or send_batch(txn=) (durable when it returns: two fsyncs) and an
+  exactly-once examples do), or send_batch(txn=) (it rides in the commit too) and an
   acknowledge(txn=) per input; then commit. The better of the two is compared. A third row
   logs each begin before new_transaction() returns (durable_begin=True: one more fsync per
   transaction), for scale: the peers' BEGIN and MULTI write nothing either;

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from .._native import PartitionProducer, value_sizes
 from ..errors import AlreadyClosed, MessageTooBig
+from ..txn.log import IN_PROCESS
 from .message import MessageId
 from .partition import Partition
 from .txn_batches import TransactionBatches
@@ -201,16 +202,21 @@ class Producer(TransactionBatches):
         return fut.result()
 
     def send_batch(self, values, keys=None, txn=None) -> int:
-        """Bulk send: a list of bytes or a pyarrow binary/string array; durable when it returns."""
-        n, futures, txn, _ = self._submit_batch(values, keys, txn, quiet=True)
-        self._wait_batches(futures, txn)
+        """Bulk send: a list of bytes or a pyarrow binary/string array; durable when it
+        returns. In a transaction, durable by its commit: the batch rides in the commit's
+        write (an in-process transaction dies with this process: nothing is gained by
+        writing it sooner), or is written with the next group commit."""
+        ride = txn is not None and self.client._owner == IN_PROCESS
+        n, futures, txn, _ = self._submit_batch(values, keys, txn, quiet=True, ride=ride)
+        if not ride:
+            self._wait_batches(futures, txn)
         return n
 
-    def _submit_batch(self, values, keys, txn, quiet: bool):
+    def _submit_batch(self, values, keys, txn, quiet: bool, ride: bool = False):
         """send_batch without the wait: (count, futures of its writes, the Transaction,
         messages per partition). Quiet writes are committed by whoever waits for them; the
         server's streamed send_batch submits them for the writer thread and waits at the end
-        of the stream."""
+        of the stream. `ride`: a transaction's writes wait for its commit to take them."""
         self._check_open()
         n, sizes = _sizes(values)
         if keys is not None and len(keys) != n:
@@ -263,7 +269,9 @@ class Producer(TransactionBatches):
         try:
             for i, rows in plan.items():
                 futures.append(
-                    self._send_rows(self._parts[i], values, key_list, rows, n, sizes, txn, quiet)
+                    self._send_rows(
+                        self._parts[i], values, key_list, rows, n, sizes, txn, quiet, ride
+                    )
                 )
         except BaseException:
             self._wait_batches(futures, txn)  # a write's error first, as it is the cause
@@ -294,6 +302,7 @@ class Producer(TransactionBatches):
         sizes: np.ndarray,
         txn=None,
         quiet: bool = True,
+        ride: bool = False,
     ) -> Future:
         if len(rows) == n:
             sub_values = values
@@ -316,7 +325,9 @@ class Producer(TransactionBatches):
                     staged[1](False)
                 raise
         try:
-            fut = self._submit_rows(part, sub_values, sub_keys, rows, sizes, txn, staged, quiet)
+            fut = self._submit_rows(
+                part, sub_values, sub_keys, rows, sizes, txn, staged, quiet, ride
+            )
         except BaseException:
             if txn is not None:
                 buffer.append_failed(txn.id)
@@ -327,12 +338,16 @@ class Producer(TransactionBatches):
             topic = part.partition.topic
             txn.send_counts[topic] = txn.send_counts.get(topic, 0) + len(rows)
             fut.add_done_callback(lambda f: f.exception() and buffer.append_failed(txn.id))
+            if ride:  # nobody waits for it: a failure leaves the transaction able only to abort
+                fut.add_done_callback(lambda f: f.exception() and txn._failed(f.exception()))
             if staged is not None:
                 landed = staged[1]
                 fut.add_done_callback(lambda f: landed(f.exception() is None))
         return fut
 
-    def _submit_rows(self, part, sub_values, sub_keys, rows, sizes, txn, staged, quiet) -> Future:
+    def _submit_rows(
+        self, part, sub_values, sub_keys, rows, sizes, txn, staged, quiet, ride=False
+    ) -> Future:
         with part.lock:
             part._flush_locked()
             first_seq = part.last_sequence + 1
@@ -353,7 +368,11 @@ class Producer(TransactionBatches):
             if staged is not None:
                 op.prepend(staged[0])
             if txn is not None:
-                op.durable = False  # stored now, durable by the transaction's commit
+                op.durable = False  # durable by the transaction's commit
+            if ride:
+                fut = part.partition.storage.submit(op, lazy=True)
+                txn._riding.append((op, staged is not None, part.partition.topic))
+                return fut
             # Quiet: send_batch commits it itself when it waits (no writer wake-up).
             return part.partition.storage.submit(op, quiet=quiet)
 

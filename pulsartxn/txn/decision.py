@@ -19,7 +19,13 @@ import heapq
 import threading
 import time
 
-from ..errors import AlreadyClosed, InvalidTxnStatus, Timeout, TransactionConflict
+from ..errors import (
+    AlreadyClosed,
+    InvalidTxnStatus,
+    StorageError,
+    Timeout,
+    TransactionConflict,
+)
 from ..storage import WriteOp, combine
 from . import log
 from .meta import (
@@ -143,9 +149,16 @@ class TransactionEnd:
                     raise
                 try:
                     self.storage.run(decision)
-                except Exception:  # noqa: BLE001 - decided below without the participants
-                    if taken:
-                        raise  # its data failed with it: it cannot commit
+                except Exception as exc:  # noqa: BLE001 - decided below without them
+                    if taken:  # its data failed with it: it cannot commit
+                        if isinstance(exc, StorageError):  # a full disk says so
+                            raise abort_only(exc) from None
+                        raise abort_only(
+                            InvalidTxnStatus(
+                                f"cannot commit transaction {meta.txn_id}: its sends could "
+                                f"not be written: {exc}"
+                            )
+                        ) from exc
                     # A participant's part failed with it (nothing was written): decide
                     # alone, then finalize every participant the slow way, retried until
                     # each succeeds.
@@ -233,8 +246,10 @@ class TransactionEnd:
                 o.future.result()
             except Exception as exc:  # noqa: BLE001 - a failed send: abort only
                 if commit:
-                    raise InvalidTxnStatus(
-                        f"cannot commit: a send of the transaction to {topic} failed: {exc}"
+                    raise abort_only(
+                        InvalidTxnStatus(
+                            f"cannot commit: a send of the transaction to {topic} failed: {exc}"
+                        )
                     ) from exc
         per_partition: dict = {}
         staged = 0

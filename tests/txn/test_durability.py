@@ -34,3 +34,39 @@ def test_a_transaction_costs_one_device_flush_whatever_sent_its_messages(tmp_pat
                 txn.commit()
             assert journal.flushes - before == 5, name
         assert len(helpers.scanned(client, "t")) == 1 + 5 * 9
+
+
+def test_a_transactional_send_batch_that_fails_to_land_aborts_its_commit(tmp_path):
+    """An in-process transaction's send_batch rides in its commit's write (nothing is gained
+    by writing it sooner: the transaction dies with the process); if its write fails, the
+    commit aborts the transaction and says so, and nothing of it shows."""
+    import lmdb
+
+    import pulsartxn
+    from pulsartxn import TxnState
+    from pulsartxn.errors import InvalidTxnStatus
+
+    with pulsartxn.Broker(tmp_path / "data", sync=True) as broker:
+        client = broker.client()
+        producer = client.create_producer("t")
+        producer.send(b"before")
+        part = broker._partition(broker.topic_partitions("t")[0])
+        original = part.append_messages_op
+
+        def failing(*args, **kwargs):
+            op = original(*args, **kwargs)
+
+            def apply(txn):
+                raise lmdb.Error("mdb_put: injected write error")
+
+            op.apply = apply
+            return op
+
+        part.append_messages_op = failing
+        txn = client.new_transaction()
+        assert producer.send_batch([b"a", b"b"], txn=txn) == 2  # handed over, not yet written
+        with pytest.raises(InvalidTxnStatus, match="injected.*aborted"):
+            txn.commit()
+        assert txn.state is TxnState.ABORTED
+        part.append_messages_op = original
+        assert helpers.scanned(client, "t") == [b"before"]

@@ -19,7 +19,9 @@ def build_recovery(path: str, n_txns: int, per_txn: int = PER_TXN, payload: int 
     aborted TxnIDs, n_txns markers). Returns the entries in the ledger (markers included)."""
     values = [os.urandom(payload) for _ in range(per_txn)]
     with pulsartxn.Broker(path, sync=False) as broker:
-        client = broker.client()
+        # A network session's client: its send_batch writes before it returns (an in-process
+        # transaction's batch would ride in its commit, and an abort would write nothing).
+        client = broker.client(session="recovery-bench")
         # batching_max_messages=1: send_batch writes one entry per message.
         producer = client.create_producer(TOPIC, batching_max_messages=1)
         for i in range(n_txns):

@@ -21,6 +21,9 @@ N_RECOVERY = 20_000  # transactions of 5 one-message entries, every other one ab
 
 
 def _fill(client, topic, values, abort_every):
+    # A network session's client: its aborted transactions' batches are in the ledger (an
+    # in-process transaction's ride in its commit, and an abort writes none of them).
+    client = client.broker.client(session="fill")
     producer = client.create_producer(topic)
     committed = 0
     for i in range(len(values) // PER_TXN):
