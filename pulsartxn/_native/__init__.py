@@ -60,6 +60,7 @@ NAMES = (
     "RecordingCursor",
     "FlushTimer",
     "Message",
+    "MessageId",
     "AsyncWriter",
 )
 

@@ -1,3 +1,14 @@
+from libc.stdint cimport int32_t, int64_t
+
+
+cdef class MessageId:
+    cdef readonly int64_t _ledger_id
+    cdef readonly int64_t _entry_id
+    cdef readonly int32_t _partition
+    cdef readonly int32_t _batch_index
+    cdef readonly int32_t _batch_size
+
+
 cdef class Message:
     cdef object _data
     cdef object _properties
@@ -9,4 +20,6 @@ cdef class Message:
     cdef object _txn
 
 
+cdef MessageId new_message_id(int64_t ledger_id, int64_t entry_id, int32_t partition,
+                              int32_t batch_index, int32_t batch_size)
 cdef object message_id_type()

@@ -5,17 +5,120 @@
 The twin is ``reference/message.py``.
 """
 
-# pulsartxn.messaging.message.MessageId, imported when first needed: that module imports
-# this package (for Message), so no module of it can import MessageId while the package loads.
-# outcome.pyx cimports this getter.
-cdef object MessageId = None
+from libc.stdint cimport int32_t, int64_t
+
+import struct
+
+from pulsartxn.errors import InvalidMessageId
+
+_ID = struct.Struct("<2sQQiii")
+_ID_MAGIC = b"M1"
+_MAX = (1 << 63) - 1
+
+
+cdef class MessageId:
+    """Where a message is: ledger and entry, its index in a batched entry, and its partition.
+
+    ``batch_index`` is -1 for an entry that holds one message; ``batch_size`` is the number of
+    messages in the entry (what batch-index acknowledgement needs). Ordered by (ledger, entry,
+    batch index, partition), hashable, picklable. The twin is ``reference/message.py``.
+    """
+
+    def __init__(self, int64_t ledger_id, int64_t entry_id, int32_t partition=-1,
+                 int32_t batch_index=-1, int32_t batch_size=0):
+        self._ledger_id = ledger_id
+        self._entry_id = entry_id
+        self._partition = partition
+        self._batch_index = batch_index
+        self._batch_size = batch_size
+
+    def ledger_id(self):
+        return self._ledger_id
+
+    def entry_id(self):
+        return self._entry_id
+
+    def partition(self):
+        return self._partition
+
+    def batch_index(self):
+        return self._batch_index
+
+    def batch_size(self):
+        return self._batch_size
+
+    def _key(self):
+        return (self._ledger_id, self._entry_id, self._batch_index)
+
+    def __richcmp__(self, other, int op):
+        cdef MessageId o
+        # A value: equal to the twin's MessageId of the same fields too.
+        if isinstance(other, MessageId):
+            o = <MessageId>other
+            b = (o._ledger_id, o._entry_id, o._batch_index, o._partition)
+        elif hasattr(other, "_batch_index") and hasattr(other, "_ledger_id"):
+            b = (other._ledger_id, other._entry_id, other._batch_index, other._partition)
+        else:
+            return NotImplemented
+        a = (self._ledger_id, self._entry_id, self._batch_index, self._partition)
+        if op == 0:
+            return a < b
+        if op == 1:
+            return a <= b
+        if op == 2:
+            return a == b
+        if op == 3:
+            return a != b
+        if op == 4:
+            return a > b
+        return a >= b
+
+    def __hash__(self):
+        return hash(((self._ledger_id, self._entry_id, self._batch_index), self._partition))
+
+    def serialize(self):
+        return _ID.pack(_ID_MAGIC, self._ledger_id, self._entry_id, self._partition,
+                        self._batch_index, self._batch_size)
+
+    @classmethod
+    def deserialize(cls, data):
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"MessageId.deserialize takes bytes, not {type(data).__name__}")
+        if len(data) != _ID.size or bytes(data[:2]) != _ID_MAGIC:
+            raise InvalidMessageId(f"not a serialized MessageId: {bytes(data)[:32]!r}")
+        _, ledger, entry, partition, batch_index, batch_size = _ID.unpack(bytes(data))
+        if ledger > _MAX or entry > _MAX:
+            raise InvalidMessageId(f"not a serialized MessageId: {bytes(data)[:32]!r}")
+        return cls(ledger, entry, partition, batch_index, batch_size)
+
+    def __reduce__(self):
+        return (MessageId, (self._ledger_id, self._entry_id, self._partition,
+                            self._batch_index, self._batch_size))
+
+    def __repr__(self):
+        return (
+            f"MessageId(ledger_id={self._ledger_id}, entry_id={self._entry_id}, "
+            f"partition={self._partition}, batch_index={self._batch_index})"
+        )
+
+    def __str__(self):
+        return f"({self._ledger_id},{self._entry_id},{self._partition},{self._batch_index})"
+
+
+cdef MessageId new_message_id(int64_t ledger_id, int64_t entry_id, int32_t partition,
+                              int32_t batch_index, int32_t batch_size):
+    """A MessageId made in C (no call of its __init__): what a durable batch's futures and
+    the dispatch loop's messages answer."""
+    cdef MessageId mid = MessageId.__new__(MessageId)
+    mid._ledger_id = ledger_id
+    mid._entry_id = entry_id
+    mid._partition = partition
+    mid._batch_index = batch_index
+    mid._batch_size = batch_size
+    return mid
 
 
 cdef object message_id_type():
-    global MessageId
-    if MessageId is None:
-        from pulsartxn.messaging.message import MessageId as found
-        MessageId = found
     return MessageId
 
 
@@ -50,7 +153,7 @@ cdef class Message:
         mid = self._id
         if type(mid) is tuple:
             # Delivered with the id's fields: made on first use (most messages never are).
-            mid = self._id = message_id_type()(*mid)
+            mid = self._id = new_message_id(mid[0], mid[1], mid[2], mid[3], mid[4])
         return mid
 
     def topic_name(self):

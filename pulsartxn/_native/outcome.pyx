@@ -8,7 +8,7 @@ cimport cython
 from cpython.pythread cimport PyThread_allocate_lock, PyThread_free_lock
 from libc.stdint cimport int64_t
 
-from .message cimport message_id_type
+from .message cimport new_message_id
 
 import logging
 import threading
@@ -93,10 +93,9 @@ cdef class Outcome:
 
     cdef object message_id(self, Py_ssize_t index):
         p = self.partition
-        id_type = message_id_type()
         if self.count > 1:
-            return id_type(p.ledger_id, self.entry_id, p.index, index, self.count)
-        return id_type(p.ledger_id, self.entry_id, p.index)
+            return new_message_id(p.ledger_id, self.entry_id, p.index, index, self.count)
+        return new_message_id(p.ledger_id, self.entry_id, p.index, -1, 0)
 
     cdef int wait_done(self, object timeout) except -1:
         with self.condition:

@@ -6,9 +6,12 @@ from __future__ import annotations
 import pickle
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import pulsartxn
 from pulsartxn._native import load
+from pulsartxn.errors import InvalidMessageId
 from pulsartxn.messaging.message import MessageId
 
 IMPLS = [load("native"), load("reference")]
@@ -44,3 +47,47 @@ def test_message_accessors_lazy_id_repr_and_pickle(impl):
 
 def test_the_public_message_is_the_chosen_implementations():
     assert pulsartxn.Message is load(pulsartxn.IMPLEMENTATION).Message
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2**63 - 1),
+            st.integers(-1, 2**63 - 1),
+            st.integers(-1, 2**31 - 1),
+            st.integers(-1, 2**31 - 1),
+            st.integers(0, 2**31 - 1),
+        ),
+        min_size=1,
+        max_size=20,
+    )
+)
+def test_native_and_twin_message_ids_agree(fields):
+    """MessageId (native and twin): the same accessors, order, equality and hash, repr, str
+    and serialized bytes for the same fields; equal across the two; pickled and back."""
+    native, twin = (load("native").MessageId, load("reference").MessageId)
+    ns, ts = [native(*f) for f in fields], [twin(*f) for f in fields]
+    for n, t, f in zip(ns, ts, fields):
+        assert (n.ledger_id(), n.entry_id(), n.partition(), n.batch_index(), n.batch_size()) == f
+        assert (t.ledger_id(), t.entry_id(), t.partition(), t.batch_index(), t.batch_size()) == f
+        assert n == t and hash(n) == hash(t) and (repr(n), str(n)) == (repr(t), str(t))
+        assert pickle.loads(pickle.dumps(n)) == n and pickle.loads(pickle.dumps(t)) == t
+        if f[1] >= 0:
+            assert n.serialize() == t.serialize()
+            assert native.deserialize(t.serialize()) == n == twin.deserialize(n.serialize())
+    order = sorted(range(len(fields)), key=lambda i: ns[i])
+    assert [ts[i] for i in order] == sorted(ts)
+    assert [ns[i] <= ns[j] for i in order for j in order] == [
+        ts[i] <= ts[j] for i in order for j in order
+    ]
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda ns: ns.kind)
+def test_a_message_id_refuses_what_is_not_one(impl):
+    with pytest.raises(InvalidMessageId):
+        impl.MessageId.deserialize(b"M1" + bytes(10))
+    with pytest.raises(InvalidMessageId):  # an entry id past 2^63 - 1
+        impl.MessageId.deserialize(b"M1" + bytes(8) + b"\xff" * 8 + bytes(12))
+    with pytest.raises(TypeError):
+        impl.MessageId.deserialize("M1")
+    assert impl.MessageId(1, 2) != (1, 2, -1, -1)

@@ -7,10 +7,8 @@ import logging
 import threading
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ...messaging.message import MessageId
+from .message import MessageId
 
 __all__ = ["MessageFuture", "Outcome", "Lock"]
 
@@ -57,9 +55,6 @@ class Outcome:
             hook(block)
 
     def message_id(self, index: int) -> MessageId:
-        # Imported here: pulsartxn.messaging.message imports this package (for Message).
-        from ...messaging.message import MessageId
-
         p = self.partition
         if self.count > 1:
             return MessageId(p.ledger_id, self.entry_id, p.index, index, self.count)
