@@ -5,9 +5,11 @@ run on the same broker (sync=False unless a row says otherwise, 100-byte message
 
 a. produce at 1000 messages per transaction vs plain produce of the same messages in the same
    send style (per-message send_async then commit vs send_async then flush; send_batch in a
-   transaction then commit vs plain send_batch); then the same on a synced broker (sync=True,
-   the default): a transaction's send_async batches ride in its commit's one fsync, while a
-   transactional send_batch is durable on return and the commit adds a second;
+   transaction then commit vs plain send_batch); waiting on every future of a transaction's
+   send_async vs not waiting (the first wait writes the batch); then the same on a synced
+   broker (sync=True, the default), where a transaction's sends are stored, not flushed, and
+   its commit's one flush covers them: send_batch + commit also against raw py-lmdb syncing a
+   putmulti of the same messages;
 b. read-committed reads of a ledger where 10% of the transactions aborted vs one where none
    did. Both ledgers hold the same number of data messages; the rate is messages read from the
    ledger per second (aborted ones included, markers not), so the ratio is plain time over
@@ -29,6 +31,8 @@ import shutil
 import tempfile
 import time
 from statistics import median
+
+import lmdb
 
 import pulsartxn
 
@@ -54,8 +58,26 @@ def _per_call(fn, min_time: float = 0.2) -> float:
 # -- a. produce --------------------------------------------------------------------------------
 
 
+def _raw_putmulti(path: str, chunks: list[list[bytes]], sync: bool):
+    """Raw py-lmdb: each chunk of messages in one putmulti, committed (synced with `sync`)."""
+    env = lmdb.open(path, map_size=1 << 32, max_dbs=2, sync=sync, metasync=sync)
+    db = env.open_db(b"t")
+    key = [0]
+
+    def run():
+        for chunk in chunks:
+            k = key[0]
+            with env.begin(write=True) as txn:
+                txn.cursor(db=db).putmulti(
+                    [((k + i).to_bytes(8, "big"), v) for i, v in enumerate(chunk)], append=True
+                )
+            key[0] = k + len(chunk)
+
+    return env, run
+
+
 def _produce_rows(
-    client, values: list[bytes], n_txns: int, rounds: int, durable: bool = False
+    client, values: list[bytes], n_txns: int, rounds: int, durable: bool = False, raw_dir=None
 ) -> list[Row]:
     """sync=False isolates the CPU cost of a transaction; `durable` runs the same on a synced
     broker (the default), where each side waits for its fsyncs."""
@@ -91,16 +113,62 @@ def _produce_rows(
             b_txn.send_batch(chunk, txn=txn)
             txn.commit()
 
-    times: dict[str, list[float]] = {k: [] for k in ("ap", "at", "bp", "bt")}
-    for r in range(rounds):
-        # Alternate which side goes first, so neither always meets the other's writeback.
-        order = (("ap", async_plain), ("at", async_txn), ("bp", batch_plain), ("bt", batch_txn))
-        if r % 2:
-            order = (order[1], order[0], order[3], order[2])
-        for key, fn in order:
-            times[key].append(timed(fn))
+    w_txn = client.create_producer("produce-txn-waited")
+
+    def async_txn_waited():
+        send = w_txn.send_async
+        for chunk in chunks:
+            txn = client.new_transaction()
+            futures = [send(v, txn=txn) for v in chunk]
+            for f in futures:
+                f.result()
+            txn.commit()
+
+    env, raw = _raw_putmulti(raw_dir, chunks, durable) if raw_dir else (None, None)
+    pairs = [
+        ("ap", async_plain, "at", async_txn),
+        ("bp", batch_plain, "bt", batch_txn),
+        ("at2", async_txn, "aw", async_txn_waited),
+    ]
+    if raw is not None:
+        pairs.append(("raw", raw, "bt2", batch_txn))
+    times: dict[str, list[float]] = {k: [] for p in pairs for k in (p[0], p[2])}
+    try:
+        for r in range(rounds):
+            # Alternate which side goes first, so neither always meets the other's writeback.
+            for base_key, base_fn, our_key, our_fn in pairs:
+                order = ((base_key, base_fn), (our_key, our_fn))
+                for key, fn in order[::-1] if r % 2 else order:
+                    times[key].append(timed(fn))
+    finally:
+        if env is not None:
+            env.close()
     n = n_txns * PER_TXN
-    return [
+    rows = []
+    if raw is not None:
+        rows.append(
+            paired(
+                f"send_batch(1000, txn) + commit, {n_txns} txns{suffix} (vs raw lmdb)",
+                n,
+                "msgs",
+                times["bt2"],
+                times["raw"],
+                "raw lmdb putmulti of the same 1000, one synced commit each",
+                2.0,
+            )
+        )
+    rows.append(
+        paired(
+            f"send_async x1000 (txn), wait on every future, + commit, {n_txns} txns{suffix}",
+            n,
+            "msgs",
+            times["aw"],
+            times["at2"],
+            "the same without waiting, same run",
+            0.4,
+        )
+    )
+    return rows + [
         paired(
             f"send_async x1000 + commit, {n_txns} txns{suffix} (vs send_async x1000 + flush)",
             n,
@@ -128,6 +196,9 @@ def _produce_rows(
 def _fill_txns(client, topic: str, values: list[bytes], n_txns: int, abort_every: int) -> int:
     """n_txns transactions of PER_TXN messages (send_batch); every abort_every-th aborts.
     Returns the number of committed messages."""
+    # A network session's client: its aborted transactions' batches are in the ledger (an
+    # in-process transaction's ride in its commit, and an abort writes none of them).
+    client = client.broker.client(session="fill")
     producer = client.create_producer(topic)
     committed = 0
     for i in range(n_txns):
@@ -334,7 +405,9 @@ def measure(quick: bool = False) -> list[Row]:
             rows += _ack_rows(client, values, n_acks, rounds)
         with pulsartxn.Broker(os.path.join(tmp, "durable"), sync=True) as broker:
             n = n_txns // 4
-            rows += _produce_rows(broker.client(), values[: n * PER_TXN], n, rounds, True)
+            rows += _produce_rows(
+                broker.client(), values[: n * PER_TXN], n, rounds, True, os.path.join(tmp, "raw")
+            )
         rows += _recovery_rows(tmp, n_recovery, rounds)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
