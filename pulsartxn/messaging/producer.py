@@ -370,6 +370,7 @@ class Producer(TransactionBatches):
             if txn is not None:
                 op.durable = False  # durable by the transaction's commit
             if ride:
+                op.held = True  # an in-process transaction's: it dies with the process anyway
                 fut = part.partition.storage.submit(op, lazy=True)
                 txn._riding.append((op, staged is not None, part.partition.topic))
                 return fut

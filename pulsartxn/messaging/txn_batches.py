@@ -12,6 +12,7 @@ from concurrent.futures import Future
 
 from .._native import TxnBatch, encode_entry
 from ..errors import InvalidTxnStatus
+from ..txn.log import IN_PROCESS
 from ..txn.state import FINAL
 
 # Waiting transaction batches past which a producer drops those of transactions that ended
@@ -133,8 +134,10 @@ class TransactionBatches:
             op.prepend(staged[0])
         # Lazy: it rides with the next group commit, or in the transaction's decision when
         # that comes first (then data, decision and markers are one LMDB transaction). Not
-        # durable on its own: the commit's flush makes it so.
+        # durable on its own: the commit's flush makes it so. An in-process transaction's is
+        # held: it dies with the process anyway, so its record may wait for the next one.
         op.durable = False
+        op.held = self.client._owner == IN_PROCESS
         fut = partition.storage.submit(op, lazy=True)
         txn._riding.append((op, staged is not None, partition.topic))
         txn.send_counts[partition.topic] = txn.send_counts.get(partition.topic, 0) + n
@@ -169,7 +172,8 @@ class TransactionBatches:
         inflight = [b.inflight for b in sent if b.inflight is not None]
         if inflight:
             storage = sent[0].part.partition.storage
-            storage.commits.flush_lazy(durable=False, lead=True)
+            held = self.client._owner == IN_PROCESS
+            storage.commits.flush_lazy(durable=False, lead=True, held=held)
             for fut in inflight:
                 try:
                     storage.wait(fut)

@@ -29,6 +29,7 @@ from .ops import OpFuture, WriteOp, storage_error
 from .recording import Recorder, RecordingTxn
 
 _STOP = object()
+CARRY_MAX = 1 << 20  # bytes of held groups' changes waiting for a record
 
 
 class _OpQueue:
@@ -239,15 +240,15 @@ class GroupCommit:
             if not done():
                 time.sleep(0)
 
-    def flush_lazy(self, durable: bool = True, lead: bool = False) -> None:
+    def flush_lazy(self, durable: bool = True, lead: bool = False, held: bool = False) -> None:
         """Commit the lazy ops now (a group of their own if nothing else is queued); with
         `lead`, in this thread when no group is being committed (no hand-off to the writer
         thread, and the call returns once they landed); with durable=False, flushed only if
-        one of them asks for it."""
+        one of them asks for it; with `held` too, written only if one of them asks for it."""
         with self._lazy_lock:
             pending = bool(self._lazy)
         if pending and not self._closed:
-            op = WriteOp(_nothing, nbytes=0, records=0, durable=durable)
+            op = WriteOp(_nothing, nbytes=0, records=0, durable=durable, held=held)
             try:
                 if lead:
                     self.run(op)
@@ -501,8 +502,10 @@ class GroupCommit:
             rec = Recorder(self._names)
             view = RecordingTxn(txn, rec)
         # Ops that are durable only by a later flush (durable=False) alone: their record is
-        # written, not flushed; the next flushed record covers it.
+        # written, not flushed; the next flushed record covers it. Held ones alone: their
+        # changes wait for the next record, which carries them first (CARRY_MAX at most).
         flush = any(op.durable for op in group)
+        hold = not flush and all(op.held for op in group)
         results = []
         try:
             for op in group:
@@ -519,6 +522,10 @@ class GroupCommit:
                     raise _OpFailed() from exc
             if journal is None or (rec is not None and not rec.size):
                 txn.commit()
+            elif rec is not None and hold and journal.carried + rec.size <= CARRY_MAX:
+                txn.commit()
+                txn = None
+                journal.carry(rec.payload())
             elif rec is not None and journal.start(rec.payload(), txn.id()):
                 # While the device writes the record, commit LMDB (without syncing). Its
                 # readers see the group now, but the broker publishes what a group did
@@ -535,7 +542,8 @@ class GroupCommit:
             else:
                 txn.commit()
                 txn = None
-                journal.checkpoint()
+                journal.checkpoint()  # what it carried is in the checkpoint too
+                journal.carried_over()
             txn = None
             self._last_commit_s = time.monotonic() - started
         finally:

@@ -89,6 +89,10 @@ class Journal:
         self._stage: mmap.mmap | None = None
         self.records = 0
         self.flushes = 0  # fdatasyncs that made records durable
+        # Held groups' changes (their record payloads), committed to LMDB, that the next
+        # record carries before its own: lost with the process until then.
+        self._carry: list[bytes] = []
+        self.carried = 0
         self.checkpoints = 0
         self.replayed = 0
 
@@ -235,12 +239,24 @@ class Journal:
         self.finish()
         return True
 
+    def carry(self, payload: bytes) -> None:
+        """A held group's changes: the next record writes them first (see WriteOp.held)."""
+        self._carry.append(payload)
+        self.carried += len(payload)
+
+    def carried_over(self) -> None:
+        """The held groups' changes are in a record or a checkpoint: nothing to carry."""
+        self._carry = []
+        self.carried = 0
+
     def start(self, payload: bytes, txnid: int) -> bool:
         """``append`` in two steps: start writing the record (False, and nothing written, as
         ``append`` says); ``finish`` makes it durable, ``abandon`` takes it back. In between
         the device writes while the caller goes on (the group commit commits the group's LMDB
         transaction meanwhile), where the journal writes directly through an io_uring."""
         self._settle()
+        if self._carry:  # replayed in order: the held groups' changes, then this group's
+            payload = b"".join(self._carry) + payload
         size = len(payload)
         need = _blocks(_REC.size + size)
         if need > self.region // 2:
@@ -269,6 +285,7 @@ class Journal:
         makes it durable too (one file, flushed whole)."""
         lsn, need = self._last, self._started
         self._started = 0
+        self.carried_over()  # they are in this record
         if not flush:
             self.lsn = lsn + need
             self.records += 1

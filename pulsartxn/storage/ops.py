@@ -117,7 +117,9 @@ class WriteOp:
     happen, so state reserved inside ``apply`` can be given back. ``durable=False``: the op is
     answered once stored (a process crash keeps it); a later flushed group makes it durable,
     and a group of such ops alone costs no device flush (a transaction's sends and acks, whose
-    commit flushes).
+    commit flushes). ``held`` (with durable=False): it may even die with the process until a
+    later group's record carries it (an in-process transaction's data, which dies with it
+    anyway): a group of such ops alone writes no record.
     """
 
     apply: Callable[[lmdb.Transaction], Any]
@@ -128,6 +130,7 @@ class WriteOp:
     future: OpFuture = field(default_factory=OpFuture)
     lazy: bool = False  # submitted lazily: nobody waits for it
     durable: bool = True  # its group is flushed before it is answered
+    held: bool = False  # not durable: its record may wait for a later group's
 
     def prepend(self, first: Callable[[lmdb.Transaction], Any]) -> None:
         """Run ``first(txn)`` before this op's own writes, in the same LMDB transaction."""
@@ -170,6 +173,7 @@ def combine(ops: list[WriteOp]) -> WriteOp:
         on_commit=on_commit,
         on_abort=on_abort,
         durable=any(op.durable for op in ops),
+        held=all(op.held for op in ops),
     )
 
     def answer(fut):

@@ -519,3 +519,48 @@ def test_a_stored_group_outlives_the_process(tmp_path):
         assert storage.journal.flushes == 0 and storage.journal.replayed >= 50
     finally:
         storage.close()
+
+
+HELD_CHILD = textwrap.dedent(
+    """
+    import os, sys
+    from pulsartxn.storage import Storage
+    storage = Storage(sys.argv[1], sync=True)
+    db = storage.open_db(b"t")
+
+    def put(key, **how):
+        storage.write(lambda t: t.put(key, b"v", db=db), **how)
+
+    put(b"held-1", durable=False, held=True)
+    put(b"held-2", durable=False, held=True)
+    put(b"durable", durable=True)  # its record carries the two held groups first
+    put(b"held-3", durable=False, held=True)  # no record after it: dies with the process
+    print(storage.journal.records, flush=True)
+    os.kill(os.getpid(), 9)
+    """
+)
+
+
+def test_held_groups_ride_in_the_next_record_and_die_with_the_process_before_it(tmp_path):
+    """Ops held (an in-process transaction's data: it dies with the process anyway) commit
+    to LMDB and write no record of their own: the next record carries them, in order, before
+    its own group. Held after the last record, they are gone after a crash."""
+    path = tmp_path / "env"
+    Storage(str(path), sync=True).close()
+    proc = subprocess.run(
+        [sys.executable, "-c", HELD_CHILD, str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert int(proc.stdout.split()[0]) == 1  # one record for four groups
+    storage = Storage(str(path), sync=True)
+    try:
+        db = storage.open_db(b"t")
+        with storage.read() as t:
+            got = sorted(bytes(k) for k, _ in t.cursor(db=db))
+        assert got == [b"durable", b"held-1", b"held-2"]
+    finally:
+        storage.close()
