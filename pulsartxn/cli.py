@@ -41,32 +41,53 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_secret(path: str | None, what: str) -> str | None:
+    if path is None:
+        return None
+    with open(path) as f:
+        value = f.read().strip()
+    if not value:
+        raise ValueError(f"{what} {path} is empty")
+    return value
+
+
 def _serve(args: argparse.Namespace) -> int:
     import logging
 
     from pulsartxn.server.service import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    token = None
-    if args.token_file:
-        with open(args.token_file) as f:
-            token = f.read().strip()
-        if not token:
-            raise ValueError(f"token file {args.token_file} is empty")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    tls = None
+    if args.tls_cert:
+        with open(args.tls_cert, "rb") as cert, open(args.tls_key, "rb") as key:
+            tls = (cert.read(), key.read())
     serve(
         args.data_dir,
         args.host,
         args.port,
-        token,
+        _read_secret(args.token_file, "token file"),
         max_request_bytes=args.max_request_bytes,
         session_timeout_s=args.session_timeout_s,
+        admin_token=_read_secret(args.admin_token_file, "admin token file"),
+        tls=tls,
+        insecure=args.insecure,
+        max_wait_ms=args.max_wait_ms,
         sync=not args.no_sync,
     )
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad option is one line (and exit 2), not the usage text."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pulsartxn", description=__doc__)
+    parser = _Parser(prog="pulsartxn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     from pulsartxn import perf
 
@@ -76,8 +97,25 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
     srv.add_argument("--port", type=int, default=6650, help="0 picks a free port")
     srv.add_argument("--token-file", help="file holding the bearer token clients must send")
+    srv.add_argument(
+        "--admin-token-file",
+        help="file holding the bearer token admin calls need (with --token-file: required)",
+    )
+    srv.add_argument("--tls-cert", help="PEM certificate: serve pulsartxn+ssl:// (grpc+tls)")
+    srv.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    srv.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow serving off loopback without a token (anyone reaching it may do anything)",
+    )
     srv.add_argument("--no-sync", action="store_true", help="do not fsync commits")
     srv.add_argument("--max-request-bytes", type=int, default=64 * 1024 * 1024)
+    srv.add_argument(
+        "--max-wait-ms",
+        type=int,
+        default=10_000,
+        help="the longest a call waits on the server (a client waiting longer asks again)",
+    )
     srv.add_argument(
         "--session-timeout-s",
         type=float,
@@ -112,8 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from pulsartxn.errors import PulsarTxnError
+
     try:
         return args.func(args)
-    except (ValueError, TypeError, OSError) as exc:
-        print(f"pulsartxn {args.command}: {exc}", file=sys.stderr)
+    except (ValueError, TypeError, OSError, PulsarTxnError) as exc:
+        # One line, no traceback: a busy port, a locked data directory, a bad option value.
+        print(f"pulsartxn {args.command}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

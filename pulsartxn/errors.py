@@ -29,6 +29,7 @@ __all__ = [
     "TopicAlreadyExists",
     "TooManyTransactions",
     "CoordinatorUnavailable",
+    "NotAuthorized",
 ]
 
 
@@ -118,6 +119,11 @@ class TooManyTransactions(PulsarTxnError):
 
 class CoordinatorUnavailable(PulsarTxnError):
     """A coordinator exists but could not recover its log (see coordinator_stats)."""
+
+
+class NotAuthorized(PulsarTxnError):
+    """The caller's credentials do not allow the call (an admin call without the admin
+    token, another session's transaction without its capability); nothing changed."""
 
 
 class Unrecordable(PulsarTxnError):

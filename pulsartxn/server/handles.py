@@ -425,8 +425,21 @@ class RemoteConsumer(_Handle):
         return self._subscription
 
     def receive(self, timeout_millis=None) -> Message:
-        (body,) = self._client._call("receive", {"timeout_millis": timeout_millis}, owner=self)
-        return protocol.decode_message(body)
+        """The server waits at most its MAX_WAIT_MS a call: a longer wait asks again."""
+        if timeout_millis is not None and (
+            isinstance(timeout_millis, bool) or not isinstance(timeout_millis, int)
+        ):
+            raise ValueError(f"timeout_millis must be a non-negative int, not {timeout_millis!r}")
+        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
+        while True:
+            left = None if deadline is None else max(int((deadline - time.monotonic()) * 1000), 0)
+            try:
+                (body,) = self._client._call("receive", {"timeout_millis": left}, owner=self)
+            except errors.Timeout:
+                if deadline is None or time.monotonic() < deadline:
+                    continue  # the server's wait ended before ours
+                raise
+            return protocol.decode_message(body)
 
     def batch_receive(self, max_num_messages=1000, timeout_millis=100) -> list[Message]:
         """Dispatch as a DoGet stream: the messages arrive as one Arrow record batch."""

@@ -63,6 +63,12 @@ def unframe(body, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> tuple[dict, mem
     return args, view[4 + n :]
 
 
+def bounded(text, limit: int = 100) -> str:
+    """`text` as an error message may echo it: at most `limit` characters."""
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def to_flight_error(exc: BaseException) -> flight.FlightServerError:
     name = type(exc).__name__
     if name not in _ERRORS:
@@ -74,7 +80,7 @@ def to_flight_error(exc: BaseException) -> flight.FlightServerError:
 def from_flight_error(exc: flight.FlightError) -> BaseException:
     """The API.md exception a FlightError stands for."""
     if isinstance(exc, flight.FlightUnauthenticatedError):
-        return errors.PulsarTxnError(f"authentication failed: {exc}")
+        return errors.NotAuthorized(f"authentication failed: {exc}")
     info = getattr(exc, "extra_info", None)
     if info:
         try:

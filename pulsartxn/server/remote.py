@@ -49,12 +49,30 @@ class RemoteClient:
         token: str | None = None,
         reconnect_timeout_s: float = 30.0,
         keepalive_s: float = 1.0,
+        tls_trust_certs_file_path: str | None = None,
     ) -> None:
+        """``pulsartxn://host:port``, or ``pulsartxn+ssl://host:port`` (TLS: the server's
+        certificate is checked against `tls_trust_certs_file_path`, a PEM file, else against
+        the system's roots), as Pulsar's ``pulsar+ssl://``."""
         url = urlparse(service_url)
-        if url.scheme != "pulsartxn" or not url.hostname or not url.port:
-            raise ValueError(f"service_url must be pulsartxn://host:port, not {service_url!r}")
+        if url.scheme not in ("pulsartxn", "pulsartxn+ssl") or not url.hostname or not url.port:
+            raise ValueError(
+                f"service_url must be pulsartxn://host:port or pulsartxn+ssl://host:port, "
+                f"not {service_url!r}"
+            )
         self.service_url = service_url
-        self._flight = flight.FlightClient(f"grpc://{url.hostname}:{url.port}")
+        if url.scheme == "pulsartxn+ssl":
+            roots = None
+            if tls_trust_certs_file_path is not None:
+                with open(tls_trust_certs_file_path, "rb") as f:
+                    roots = f.read()
+            self._flight = flight.FlightClient(
+                f"grpc+tls://{url.hostname}:{url.port}", tls_root_certs=roots
+            )
+        elif tls_trust_certs_file_path is not None:
+            raise ValueError("tls_trust_certs_file_path needs a pulsartxn+ssl:// service_url")
+        else:
+            self._flight = flight.FlightClient(f"grpc://{url.hostname}:{url.port}")
         headers = [(b"authorization", b"Bearer " + token.encode())] if token else []
         self._options = flight.FlightCallOptions(headers=headers)
         self._session = uuid.uuid4().hex

@@ -34,6 +34,9 @@ from . import protocol
 from .protocol import frame, jsonable, unframe
 
 STREAM_INFLIGHT = 4  # send_batch writes of one DoPut stream in flight before the next waits
+# The longest a call waits on the server by default (a receive for ever would hold a server
+# thread for ever): a client that waits longer asks again.
+MAX_WAIT_MS = 10_000
 
 log = logging.getLogger(__name__)
 
@@ -89,16 +92,36 @@ class _Session:
             pass
 
 
+ADMIN, CLIENT = "admin", "client"
+
+
+class _Role(flight.ServerMiddleware):
+    """What the call's credentials allow: ADMIN (every call) or CLIENT (no admin call)."""
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+
+
 class _AuthFactory(flight.ServerMiddlewareFactory):
-    def __init__(self, token: str) -> None:
-        self._expected = b"Bearer " + token.encode()
+    """Bearer tokens, as Pulsar's roles: the admin token allows every call, the client token
+    every call but the admin ones. A kind without a token is open to all (no token at all:
+    development on loopback)."""
+
+    def __init__(self, token: str | None, admin_token: str | None) -> None:
+        self._client = b"Bearer " + token.encode() if token else None
+        self._admin = b"Bearer " + admin_token.encode() if admin_token else None
 
     def start_call(self, info, headers):
         values = headers.get("authorization") or headers.get("Authorization") or []
         got = values[0].encode() if values else b""
-        if not hmac.compare_digest(got, self._expected):
-            raise flight.FlightUnauthenticatedError("missing or wrong bearer token")
-        return None
+        # Both compared, in constant time, whatever the first says.
+        is_admin = self._admin is not None and hmac.compare_digest(got, self._admin)
+        is_client = self._client is not None and hmac.compare_digest(got, self._client)
+        if is_admin or (self._admin is None and self._client is None):
+            return _Role(ADMIN)
+        if is_client or self._client is None:
+            return _Role(CLIENT)
+        raise flight.FlightUnauthenticatedError("missing or wrong bearer token")
 
 
 class BrokerServer(flight.FlightServerBase):
@@ -110,9 +133,22 @@ class BrokerServer(flight.FlightServerBase):
         token: str | None = None,
         max_request_bytes: int = protocol.DEFAULT_MAX_REQUEST_BYTES,
         session_timeout_s: float = 10.0,
+        *,
+        admin_token: str | None = None,
+        tls: tuple[bytes, bytes] | None = None,
+        max_wait_ms: int = MAX_WAIT_MS,
     ) -> None:
-        middleware = {"auth": _AuthFactory(token)} if token else {}
-        super().__init__(f"grpc://{host}:{port}", middleware=middleware)
+        """`token`: what clients must present; `admin_token`: what admin calls need (both
+        None: everything open). `tls`: (certificate, key) in PEM: grpc+tls. `max_wait_ms`:
+        the longest a call waits here (a client waiting longer asks again)."""
+        self.max_wait_ms = max_wait_ms
+        middleware = {"auth": _AuthFactory(token, admin_token)}
+        scheme = "grpc+tls" if tls else "grpc"
+        super().__init__(
+            f"{scheme}://{host}:{port}",
+            middleware=middleware,
+            tls_certificates=[tls] if tls else None,
+        )
         self.broker = broker
         self.max_request_bytes = max_request_bytes
         self.session_timeout_s = session_timeout_s
@@ -127,6 +163,7 @@ class BrokerServer(flight.FlightServerBase):
         self._actions = {
             name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_on_")
         }
+        self._admin_actions = {self._on_admin}
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -198,11 +235,18 @@ class BrokerServer(flight.FlightServerBase):
             s.remember(value, txn)
         return txn
 
+    def _admin_only(self, context, what: str) -> None:
+        middleware = context.get_middleware("auth")
+        if middleware is not None and middleware.role != ADMIN:
+            raise errors.NotAuthorized(f"{what} needs the admin token")
+
     def do_action(self, context, action):
         try:
             handler = self._actions.get(action.type)
             if handler is None:
-                raise ValueError(f"unknown action {action.type!r}")
+                raise ValueError(f"unknown action {protocol.bounded(action.type)!r}")
+            if handler in self._admin_actions:
+                self._admin_only(context, f"{action.type}")
             args, payload = unframe(action.body.to_pybytes(), self.max_request_bytes)
             try:
                 out = handler(args, payload)
@@ -221,6 +265,21 @@ class BrokerServer(flight.FlightServerBase):
 
     def list_actions(self, context):
         return [(name, "") for name in sorted(self._actions)]
+
+    # Flight calls this service does not offer: a clean error, never a traceback.
+    def list_flights(self, context, criteria):
+        raise protocol.to_flight_error(ValueError("ListFlights is not offered: use scan"))
+
+    def get_flight_info(self, context, descriptor):
+        raise protocol.to_flight_error(ValueError("GetFlightInfo is not offered: use scan"))
+
+    def get_schema(self, context, descriptor):
+        # What a scan streams, whatever is asked (pyarrow answers an error raised here with
+        # the handler's traceback).
+        return flight.SchemaResult(READ_SCHEMA())
+
+    def do_exchange(self, context, descriptor, reader, writer):
+        raise protocol.to_flight_error(ValueError("DoExchange is not offered"))
 
     # -- sessions and topics ---------------------------------------------------------------
 
@@ -384,7 +443,8 @@ class BrokerServer(flight.FlightServerBase):
 
     def _on_receive(self, args, payload):
         s = self._session(args)
-        msg = self._consumer(s, args).receive(args.get("timeout_millis"))
+        wait = _capped_wait(args.get("timeout_millis"), self.max_wait_ms)
+        msg = self._consumer(s, args).receive(wait)
         return protocol.encode_message(msg)
 
     def _mid(self, args) -> MessageId:
@@ -510,7 +570,8 @@ class BrokerServer(flight.FlightServerBase):
             if args.get("op") == "receive":
                 # Dispatch to a consumer: what batch_receive gives, as one record batch.
                 msgs = self._consumer(s, args).batch_receive(
-                    args.get("max_num_messages", 1000), args.get("timeout_millis", 100)
+                    args.get("max_num_messages", 1000),
+                    _capped_wait(args.get("timeout_millis", 100), self.max_wait_ms),
                 )
                 batch = protocol.messages_to_batch(msgs)
                 return flight.RecordBatchStream(pa.Table.from_batches([batch]))
@@ -536,16 +597,49 @@ def serve(
     token: str | None,
     max_request_bytes: int = protocol.DEFAULT_MAX_REQUEST_BYTES,
     session_timeout_s: float = 10.0,
+    *,
+    admin_token: str | None = None,
+    tls: tuple[bytes, bytes] | None = None,
+    insecure: bool = False,
+    max_wait_ms: int = MAX_WAIT_MS,
     **broker_options,
 ) -> None:
     """Run a broker and serve it until SIGINT/SIGTERM; then close it cleanly (in-flight
-    groups committed, sessions closed, LMDB closed)."""
+    groups committed, sessions closed, LMDB closed). Off loopback, a server without a token
+    is refused unless `insecure` (anyone who reaches the port could do anything)."""
+    import ipaddress
     import signal
 
     from ..broker import Broker
 
+    loopback = host == "localhost"
+    try:
+        loopback = loopback or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    if not loopback and token is None and admin_token is None and not insecure:
+        raise errors.InvalidConfiguration(
+            f"serving on {host} without a token lets anyone who reaches it do anything: "
+            "give --token-file (and --admin-token-file), or --insecure"
+        )
+    if port:
+        _check_free(host, port)  # one clear line, not gRPC's log and a traceback
     broker = Broker(data_dir, **broker_options)
-    server = BrokerServer(broker, host, port, token, max_request_bytes, session_timeout_s)
+    try:
+        server = BrokerServer(
+            broker,
+            host,
+            port,
+            token,
+            max_request_bytes,
+            session_timeout_s,
+            admin_token=admin_token,
+            tls=tls,
+            max_wait_ms=max_wait_ms,
+        )
+    except BaseException:
+        broker.close()
+        raise
     stop = threading.Event()
 
     def on_signal(signum, frame_):
@@ -553,7 +647,10 @@ def serve(
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    print(f"pulsartxn serving {broker.data_dir} on pulsartxn://{host}:{server.port}", flush=True)
+    scheme = "pulsartxn+ssl" if tls else "pulsartxn"
+    print(f"pulsartxn serving {broker.data_dir} on {scheme}://{host}:{server.port}", flush=True)
+    if token is None and admin_token is None:
+        log.warning("no token: every call is allowed to anyone who reaches %s:%s", host, port)
     try:
         stop.wait()
     finally:
@@ -561,3 +658,25 @@ def serve(
         server.shutdown()
         broker.close()
         print("pulsartxn server stopped", flush=True)
+
+
+def _capped_wait(timeout_millis, cap: int):
+    """A wait asked for (None: for ever), at most `cap` ms (bad values are the callee's to
+    refuse)."""
+    if timeout_millis is None:
+        return cap
+    if isinstance(timeout_millis, int) and not isinstance(timeout_millis, bool):
+        return min(timeout_millis, cap)
+    return timeout_millis
+
+
+def _check_free(host: str, port: int) -> None:
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None

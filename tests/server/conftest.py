@@ -35,7 +35,7 @@ class Server:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
-            found = re.search(r"pulsartxn://127\.0\.0\.1:(\d+)", line or "")
+            found = re.search(r"pulsartxn(?:\+ssl)?://127\.0\.0\.1:(\d+)", line or "")
             if found:
                 self.port = int(found.group(1))
                 return self.url

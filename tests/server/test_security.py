@@ -1,0 +1,169 @@
+"""Who may do what over the network: client and admin tokens, TLS, a server off loopback
+without a token, Flight calls the service does not offer, and the command line's errors.
+Real `pulsartxn serve` processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pyarrow.flight as flight
+import pytest
+
+import pulsartxn
+from pulsartxn.errors import NotAuthorized
+
+
+def _write(path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture
+def tokens(tmp_path):
+    return (
+        _write(tmp_path / "client.token", "client-secret\n"),
+        _write(tmp_path / "admin.token", "admin-secret\n"),
+    )
+
+
+def test_admin_calls_need_the_admin_token(server, tokens):
+    client_file, admin_file = tokens
+    s = server("--token-file", client_file, "--admin-token-file", admin_file)
+    with pytest.raises(NotAuthorized):
+        pulsartxn.Client(s.url)  # no token at all
+    with pytest.raises(NotAuthorized):
+        pulsartxn.Client(s.url, token="wrong")
+    user = pulsartxn.Client(s.url, token="client-secret")
+    user.create_producer("t").send(b"m")
+    txn = user.new_transaction()
+    for call in (
+        lambda: user.admin.coordinators(),
+        lambda: user.admin.slow_transactions(0),  # other sessions' transactions: admins only
+        lambda: user.admin.scale_coordinators(40),
+    ):
+        with pytest.raises(NotAuthorized, match="admin token"):
+            call()
+    admin = pulsartxn.Client(s.url, token="admin-secret")
+    assert len(admin.admin.coordinators()) == 16  # the refused scale saved nothing
+    assert [t["txn_id"] for t in admin.admin.slow_transactions(0)] == [str(txn.id)]
+    admin.create_producer("t").send(b"admin may produce too")
+    txn.commit()
+    user.close()
+    admin.close()
+
+
+def test_with_a_client_token_only_no_one_makes_admin_calls(server, tokens):
+    s = server("--token-file", tokens[0])
+    user = pulsartxn.Client(s.url, token="client-secret")
+    with pytest.raises(NotAuthorized):
+        user.admin.topic_stats("t")
+    user.close()
+
+
+def test_off_loopback_a_server_without_a_token_is_refused_in_one_line(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "pulsartxn", "serve", "--data-dir", str(tmp_path / "d")]
+        + ["--host", "0.0.0.0", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--insecure" in lines[0] and "--token-file" in lines[0]
+    assert not (tmp_path / "d").exists()  # refused before anything was made
+
+
+def test_the_command_line_reports_errors_in_one_line(server, tmp_path):
+    s = server()
+    cases = [
+        ["--port", "abc"],  # a bad option
+        ["--nope"],
+        ["--data-dir", str(tmp_path / "other"), "--port", str(s.port)],  # a busy port
+        ["--data-dir", s.data_dir, "--port", "0"],  # a locked data directory
+        ["--data-dir", str(tmp_path / "x"), "--tls-cert", "c.pem"],  # half of TLS
+    ]
+    for args in cases:
+        run = subprocess.run(
+            [sys.executable, "-m", "pulsartxn", "serve", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        lines = run.stderr.strip().splitlines()
+        assert run.returncode == 2 and len(lines) == 1, (args, run.stderr)
+        assert "Traceback" not in run.stderr
+
+
+def test_flight_calls_the_service_does_not_offer_answer_a_clean_error(server):
+    s = server()
+    raw = flight.FlightClient(f"grpc://127.0.0.1:{s.port}")
+    descriptor = flight.FlightDescriptor.for_command(b"x")
+    calls = (
+        lambda: list(raw.list_flights()),
+        lambda: raw.get_flight_info(descriptor),
+        lambda: raw.do_exchange(descriptor)[1].read_chunk(),
+        lambda: list(raw.do_action(flight.Action("no-such-call", b""))),
+    )
+    for call in calls:
+        with pytest.raises(flight.FlightError) as caught:
+            call()
+        assert "Traceback" not in str(caught.value) and 'File "' not in str(caught.value)
+    assert "value" in raw.get_schema(descriptor).schema.names  # a scan's: no error to raise
+    raw.close()
+    pulsartxn.Client(s.url).close()  # still serving
+
+
+def _certificate(tmp_path):
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+        + ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost"]
+        + ["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )
+    return str(cert), str(key)
+
+
+def test_tls(server, tmp_path, tokens):
+    cert, key = _certificate(tmp_path)
+    s = server("--tls-cert", cert, "--tls-key", key, "--token-file", tokens[0])
+    url = f"pulsartxn+ssl://127.0.0.1:{s.port}"
+    client = pulsartxn.Client(url, token="client-secret", tls_trust_certs_file_path=cert)
+    producer = client.create_producer("t")
+    with client.new_transaction() as txn:
+        producer.send_batch([b"a", b"b"], txn=txn)
+    values = [v for b in client.scan("t") for v in b.column("value").to_pylist()]
+    assert values == [b"a", b"b"]
+    client.close()
+    with pytest.raises(pulsartxn.PulsarTxnError):  # plain text to a TLS port
+        pulsartxn.Client(s.url, token="client-secret", reconnect_timeout_s=1)
+    with pytest.raises(ValueError, match="pulsartxn\\+ssl"):
+        pulsartxn.Client(s.url, tls_trust_certs_file_path=cert)
+
+
+def test_a_receive_for_ever_is_asked_again_past_the_servers_wait(server):
+    """The server waits at most --max-wait-ms for a call (a receive for ever would hold one
+    of its threads for ever); the client's receive(None) asks again until a message comes."""
+    import threading
+    import time
+
+    s = server("--max-wait-ms", "100")
+    client = pulsartxn.Client(s.url)
+    consumer = client.subscribe("t", "s")
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(consumer.receive()), daemon=True)
+    waiter.start()
+    time.sleep(0.5)  # several of the server's waits have ended meanwhile
+    assert waiter.is_alive() and not got
+    client.create_producer("t").send(b"late")
+    waiter.join(10)
+    assert [m.data() for m in got] == [b"late"]
+    with pytest.raises(pulsartxn.Timeout):
+        consumer.receive(300)  # a wait of our own still ends when it says
+    client.close()
