@@ -186,15 +186,21 @@ class Client:
     # -- transactions ----------------------------------------------------------------------
 
     def new_transaction(
-        self, timeout_ms: int | None = None, coordinator_id: int | None = None, group=None
+        self,
+        timeout_ms: int | None = None,
+        coordinator_id: int | None = None,
+        group=None,
+        group_capability: str | None = None,
     ) -> Transaction:
-        """Begin a transaction (logged by its coordinator before this returns)."""
+        """Begin a transaction. (`group_capability`: what a network session needs to join a
+        group another holds; an in-process client is trusted and needs none.)"""
         self._check_open()
         meta = self.broker.txn.new_transaction(timeout_ms, coordinator_id, group, self._owner)
         return Transaction(self, self.broker.txn, meta.txn_id, counted=True)
 
-    def transaction(self, txn_id) -> Transaction:
-        """A handle on an existing transaction by id (TxnID, its str or its int)."""
+    def transaction(self, txn_id, capability: str | None = None) -> Transaction:
+        """A handle on an existing transaction by id (TxnID, its str or its int). (An
+        in-process client is trusted: the `capability` a network session needs is not.)"""
         self._check_open()
         tid = as_txn_id(txn_id)
         service = self.broker.txn
@@ -209,7 +215,14 @@ class Client:
         expected = _flush_for_commit(txns)
         self.broker.txn.commit_all([as_txn_id(t) for t in txns], expected)
 
-    def commit_group(self, group: str, winners, idempotency_key=None) -> dict:
+    def group_capability(self, group: str, capability: str | None = None) -> str | None:
+        """A network session's capability on a group; an in-process client needs none."""
+        _check_group(group)
+        return None
+
+    def commit_group(
+        self, group: str, winners, idempotency_key=None, group_capability: str | None = None
+    ) -> dict:
         """Commit exactly `winners` and abort every other transaction labelled `group`, in one
         decision. With idempotency_key=(app_id, version), a key whose version was already
         decided for app_id is a no-op success (``{"duplicate": True}``)."""
@@ -220,7 +233,7 @@ class Client:
             group, [as_txn_id(t) for t in winners], idempotency_key, expected
         )
 
-    def abort_group(self, group: str) -> dict:
+    def abort_group(self, group: str, group_capability: str | None = None) -> dict:
         """Abort every live transaction labelled `group`."""
         self._check_open()
         return self.broker.txn.abort_group(group)
@@ -263,6 +276,11 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _check_group(group) -> None:
+    if not isinstance(group, str) or not group:
+        raise ValueError(f"group must be a non-empty str, not {group!r}")
 
 
 def _flush_for_commit(txns) -> dict:

@@ -93,6 +93,7 @@ class BatchStream:
     def __init__(self, producer: RemoteProducer, txn) -> None:
         self._producer = producer
         self._txn = _txn_str(txn)
+        self._capability = producer._client._capability_of(self._txn)
         self._handle = txn if isinstance(txn, RemoteTransaction) else None
         self._writer = self._reader = None
         self._schema = None
@@ -113,6 +114,7 @@ class BatchStream:
                     {
                         "handle": self._producer._ensure(),
                         "txn": self._txn,
+                        "capability": self._capability,
                         "session": client._session,
                     }
                 )
@@ -215,7 +217,10 @@ class RemoteProducer(_Handle):
             msgs.append({"n": len(content), "props": props, "key": key, "seq": seq})
             payloads.append(content)
         out = self._client._json(
-            "send_many", {"messages": msgs, "txn": txn}, b"".join(payloads), owner=self
+            "send_many",
+            {"messages": msgs, "txn": txn, "capability": self._client._capability_of(txn)},
+            b"".join(payloads),
+            owner=self,
         )
         if handle is not None:
             handle._stored(out.get("partitions") or [])
@@ -356,7 +361,12 @@ class RemoteProducer(_Handle):
             names.append("key")
         table = pa.Table.from_arrays(cols, names=names)
         command = frame(
-            {"handle": self._ensure(), "txn": _txn_str(txn), "session": self._client._session}
+            {
+                "handle": self._ensure(),
+                "txn": _txn_str(txn),
+                "capability": self._client._capability_of(_txn_str(txn)),
+                "session": self._client._session,
+            }
         )
         try:
             writer, reader = self._client._flight.do_put(
@@ -471,7 +481,12 @@ class RemoteConsumer(_Handle):
     def _ack(self, msg_or_id, txn, cumulative: bool) -> None:
         out = self._client._json(
             "ack",
-            {"id": _mid_hex(msg_or_id), "txn": _txn_str(txn), "cumulative": cumulative},
+            {
+                "id": _mid_hex(msg_or_id),
+                "txn": _txn_str(txn),
+                "capability": self._client._capability_of(_txn_str(txn)),
+                "cumulative": cumulative,
+            },
             owner=self,
         )
         if isinstance(txn, RemoteTransaction) and out.get("participant"):
@@ -510,9 +525,14 @@ class RemoteConsumer(_Handle):
 
 
 class RemoteTransaction(TransactionContext):
-    def __init__(self, client: RemoteClient, txn_id: TxnID, counted: bool = True) -> None:
+    def __init__(
+        self, client: RemoteClient, txn_id: TxnID, counted: bool = True, capability=None
+    ) -> None:
         self._client = client
         self.id = txn_id
+        # The secret that lets another session end or use it: give it, with the id, to the
+        # process that is to (client.transaction(id, capability=...)).
+        self.capability = capability
         # Acks per (partition, subscription) and messages per partition made through this
         # handle; `counted`: it opened the transaction, so they are all of them (its commit
         # states them, and the broker checks it still holds them).
@@ -527,7 +547,8 @@ class RemoteTransaction(TransactionContext):
 
     @property
     def state(self) -> TxnState:
-        return TxnState(self._client._json("txn_state", {"txn": str(self.id)})["state"])
+        out = self._client._json("txn_state", {"txn": str(self.id), "capability": self.capability})
+        return TxnState(out["state"])
 
     def flush_for_commit(self) -> None:
         for producer in list(self.producers):
@@ -542,6 +563,7 @@ class RemoteTransaction(TransactionContext):
                 "end",
                 {
                     "txn": str(self.id),
+                    "capability": self.capability,
                     "commit": commit,
                     "timeout_ms": timeout_ms,
                     "counted": self.counted,

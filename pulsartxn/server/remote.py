@@ -82,6 +82,8 @@ class RemoteClient:
         self._closed = False
         self._lock = threading.Lock()
         self._objects: weakref.WeakSet = weakref.WeakSet()
+        self._capabilities: dict[str, str] = {}  # TxnID string -> its capability
+        self._group_capabilities: dict[str, str] = {}  # group label -> its capability
         self._hello()
         self.admin = RemoteAdmin(self)
         self._stop = threading.Event()
@@ -167,24 +169,63 @@ class RemoteClient:
         self._objects.add(c)
         return c
 
-    def new_transaction(self, timeout_ms=None, coordinator_id=None, group=None):
+    def _capability_of(self, txn: str | None) -> str | None:
+        return None if txn is None else self._capabilities.get(txn)
+
+    def new_transaction(
+        self, timeout_ms=None, coordinator_id=None, group=None, group_capability=None
+    ):
+        """A transaction of this session. Another session uses or ends it only with its
+        ``capability``; joining a group another session holds needs ``group_capability``."""
+        if group_capability is None and group is not None:
+            group_capability = self._group_capabilities.get(group)
         out = self._json(
             "new_transaction",
-            {"timeout_ms": timeout_ms, "coordinator_id": coordinator_id, "group": group},
+            {
+                "timeout_ms": timeout_ms,
+                "coordinator_id": coordinator_id,
+                "group": group,
+                "group_capability": group_capability,
+            },
         )
-        return RemoteTransaction(self, TxnID.parse(out["txn"]))
+        if group is not None and out.get("group_capability"):
+            self._group_capabilities[group] = out["group_capability"]
+        self._capabilities[out["txn"]] = out["capability"]
+        return RemoteTransaction(self, TxnID.parse(out["txn"]), capability=out["capability"])
 
-    def transaction(self, txn_id):
-        t = RemoteTransaction(self, TxnID.parse(_txn_str(txn_id)), counted=False)
+    def group_capability(self, group: str, capability: str | None = None) -> str:
+        """The secret that lets a session decide group `group` (``commit_group``,
+        ``abort_group``) and open transactions in it once others have: this session's if it
+        holds it, else the label's while no one else does (hand it to the other sessions that
+        are to join or decide it). With `capability`, that one is checked and kept."""
+        out = self._json("group_capability", {"group": group, "capability": capability})
+        self._group_capabilities[group] = out["capability"]
+        return out["capability"]
+
+    def transaction(self, txn_id, capability: str | None = None):
+        """A handle on a transaction by id; one of another session needs its `capability`
+        to be used or ended (its state can always be read)."""
+        key = _txn_str(txn_id)
+        if capability is not None:
+            self._capabilities[key] = capability
+        t = RemoteTransaction(
+            self, TxnID.parse(key), counted=False, capability=self._capability_of(key)
+        )
         t.state  # noqa: B018 - TransactionNotFound / CoordinatorNotFound now
         return t
 
     def commit_all(self, txns) -> None:
         txns = list(txns)
         _flush_handles(txns)
-        self._json("commit_all", {"txns": [_txn_str(t) for t in txns]})
+        keys = [_txn_str(t) for t in txns]
+        self._json(
+            "commit_all",
+            {"txns": keys, "capabilities": [self._capability_of(k) for k in keys]},
+        )
 
-    def commit_group(self, group: str, winners, idempotency_key=None) -> dict:
+    def commit_group(
+        self, group: str, winners, idempotency_key=None, group_capability=None
+    ) -> dict:
         winners = list(winners)
         _flush_handles(winners)
         out = self._json(
@@ -193,14 +234,21 @@ class RemoteClient:
                 "group": group,
                 "winners": [_txn_str(t) for t in winners],
                 "idempotency_key": list(idempotency_key) if idempotency_key else None,
+                "group_capability": group_capability or self._group_capabilities.get(group),
             },
         )
         out["committed"] = [TxnID.parse(t) for t in out["committed"]]
         out["aborted"] = [TxnID.parse(t) for t in out["aborted"]]
         return out
 
-    def abort_group(self, group: str) -> dict:
-        out = self._json("abort_group", {"group": group})
+    def abort_group(self, group: str, group_capability=None) -> dict:
+        out = self._json(
+            "abort_group",
+            {
+                "group": group,
+                "group_capability": group_capability or self._group_capabilities.get(group),
+            },
+        )
         out["aborted"] = [TxnID.parse(t) for t in out["aborted"]]
         out["committed"] = [TxnID.parse(t) for t in out["committed"]]
         return out

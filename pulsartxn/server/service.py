@@ -18,6 +18,7 @@ import hmac
 import itertools
 import json
 import logging
+import secrets
 import threading
 import time
 
@@ -26,6 +27,7 @@ import pyarrow.flight as flight
 
 from .. import errors
 from .._native.entryformat import READ_SCHEMA
+from ..client import as_txn_id
 from ..messaging.consumer import ConsumerType, InitialPosition, Isolation
 from ..messaging.message import MessageId
 from ..txn.log import IN_PROCESS
@@ -60,6 +62,7 @@ class _Session:
         self.producers: dict[int, object] = {}
         self.consumers: dict[int, object] = {}
         self.txns: dict[str, object] = {}
+        self.groups: set[str] = set()  # labels whose capability it holds
         self._prune_at = _PRUNE_TXNS_AT
         self.last_seen = time.monotonic()
         self.lock = threading.Lock()
@@ -164,6 +167,9 @@ class BrokerServer(flight.FlightServerBase):
             name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_on_")
         }
         self._admin_actions = {self._on_admin}
+        self._local = threading.local()  # the call's role (do_action, do_put, do_get)
+        self._key = _capability_key(broker)
+        self._reserved: dict[str, float] = {}  # group label -> when its capability was given
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -224,24 +230,66 @@ class BrokerServer(flight.FlightServerBase):
         s.last_seen = time.monotonic()
         return s
 
-    def _txn(self, s: _Session, value, required: bool = False):
+    def _txn(self, s: _Session, value, required: bool = False, capability=None):
+        """The session's handle on a transaction: one it opened or was given the capability
+        of (an admin's call needs none)."""
         if value is None and not required:
             return None
         if not isinstance(value, str):
-            raise TypeError(f"txn must be a TxnID string, not {value!r}")
+            raise TypeError(f"txn must be a TxnID string, not {protocol.bounded(value)!r}")
         txn = s.txns.get(value)
         if txn is None:
+            if not self._admin() and not self._holds(b"txn:" + value.encode(), capability):
+                raise errors.NotAuthorized(
+                    f"transaction {protocol.bounded(value)} belongs to another session: "
+                    "present its capability"
+                )
             txn = s.client.transaction(value)
             s.remember(value, txn)
         return txn
+
+    # -- capabilities: a secret per transaction and per group label, keyed by the server --
+
+    def _capability(self, what: bytes) -> str:
+        return hmac.new(self._key, what, "sha256").hexdigest()[:32]
+
+    def _holds(self, what: bytes, capability) -> bool:
+        return isinstance(capability, str) and hmac.compare_digest(
+            capability.encode(), self._capability(what).encode()
+        )
+
+    def _admin(self) -> bool:
+        return getattr(self._local, "admin", True)
+
+    def _group(self, s: _Session, label, capability, claim: bool) -> str | None:
+        """The capability of group `label` for session `s`: it holds it, presents it, or (with
+        `claim`) takes it while nobody else does (no live member, not given out lately)."""
+        if not isinstance(label, str):
+            return None  # the call refuses the label itself
+        what = b"group:" + label.encode()
+        if self._admin() or label in s.groups or self._holds(what, capability):
+            s.groups.add(label)
+            return self._capability(what)
+        if claim and not self.broker.txn.group_members(label) and label not in self._reserved:
+            s.groups.add(label)
+            self._reserved[label] = time.monotonic()
+            return self._capability(what)
+        raise errors.NotAuthorized(
+            f"group {protocol.bounded(label)!r} belongs to another session: present its capability"
+        )
 
     def _admin_only(self, context, what: str) -> None:
         middleware = context.get_middleware("auth")
         if middleware is not None and middleware.role != ADMIN:
             raise errors.NotAuthorized(f"{what} needs the admin token")
 
+    def _role(self, context) -> None:
+        middleware = context.get_middleware("auth")
+        self._local.admin = middleware is None or middleware.role == ADMIN
+
     def do_action(self, context, action):
         try:
+            self._role(context)
             handler = self._actions.get(action.type)
             if handler is None:
                 raise ValueError(f"unknown action {protocol.bounded(action.type)!r}")
@@ -338,7 +386,7 @@ class BrokerServer(flight.FlightServerBase):
         durable when answered."""
         s = self._session(args)
         p = self._producer(s, args)
-        txn = self._txn(s, args.get("txn"))
+        txn = self._txn(s, args.get("txn"), capability=args.get("capability"))
         futures, off = [], 0
         topics = {part.partition.index: part.partition.topic for part in p._parts}
         for m in args["messages"]:
@@ -381,10 +429,11 @@ class BrokerServer(flight.FlightServerBase):
 
     def do_put(self, context, descriptor, reader, writer):
         try:
+            self._role(context)
             args, _ = unframe(descriptor.command, self.max_request_bytes)
             s = self._session(args)
             p = self._producer(s, args)
-            txn = self._txn(s, args.get("txn"))
+            txn = self._txn(s, args.get("txn"), capability=args.get("capability"))
             total = 0
             size = 0
             stored: dict = {}
@@ -453,7 +502,7 @@ class BrokerServer(flight.FlightServerBase):
     def _on_ack(self, args, payload):
         s = self._session(args)
         c = self._consumer(s, args)
-        txn = self._txn(s, args.get("txn"))
+        txn = self._txn(s, args.get("txn"), capability=args.get("capability"))
         if args.get("cumulative"):
             name = c.acknowledge_cumulative(self._mid(args), txn=txn)
         else:
@@ -508,19 +557,37 @@ class BrokerServer(flight.FlightServerBase):
 
     def _on_new_transaction(self, args, payload):
         s = self._session(args)
-        txn = s.client.new_transaction(
-            args.get("timeout_ms"), args.get("coordinator_id"), args.get("group")
-        )
+        label = args.get("group")
+        group_capability = None
+        if label is not None:
+            group_capability = self._group(s, label, args.get("group_capability"), claim=True)
+        txn = s.client.new_transaction(args.get("timeout_ms"), args.get("coordinator_id"), label)
         s.remember(str(txn.id), txn)
-        return {"txn": str(txn.id)}
+        return {
+            "txn": str(txn.id),
+            "capability": self._capability(b"txn:" + str(txn.id).encode()),
+            "group_capability": group_capability,
+        }
+
+    def _on_group_capability(self, args, payload):
+        s = self._session(args)
+        label = args["group"]
+        if not isinstance(label, str) or not label:
+            raise ValueError(f"group must be a non-empty str, not {protocol.bounded(label)!r}")
+        return {"capability": self._group(s, label, args.get("capability"), claim=True)}
 
     def _on_txn_state(self, args, payload):
         s = self._session(args)
-        return {"state": self._txn(s, args["txn"], required=True).state.value}
+        value, capability = args["txn"], args.get("capability")
+        if value in s.txns or self._admin() or capability is not None:
+            # A handle on it: the session holds it from now on (it outlives its opener's).
+            return {"state": self._txn(s, value, True, capability).state.value}
+        # Reading a state needs no capability (using or ending it does).
+        return {"state": self.broker.txn.state_of(as_txn_id(value)).value}
 
     def _on_end(self, args, payload):
         s = self._session(args)
-        txn = self._txn(s, args["txn"], required=True)
+        txn = self._txn(s, args["txn"], required=True, capability=args.get("capability"))
         if args.get("commit"):
             counts = None
             if args.get("counted"):  # the client's handle opened it: its counts are whole
@@ -537,11 +604,14 @@ class BrokerServer(flight.FlightServerBase):
 
     def _on_commit_all(self, args, payload):
         s = self._session(args)
-        s.client.commit_all(args["txns"])
+        caps = args.get("capabilities") or [None] * len(args["txns"])
+        handles = [self._txn(s, t, True, c) for t, c in zip(args["txns"], caps)]
+        s.client.commit_all(handles)
         return {}
 
     def _on_commit_group(self, args, payload):
         s = self._session(args)
+        self._group(s, args["group"], args.get("group_capability"), claim=False)
         key = args.get("idempotency_key")
         out = s.client.commit_group(
             args["group"], args["winners"], tuple(key) if key is not None else None
@@ -550,6 +620,7 @@ class BrokerServer(flight.FlightServerBase):
 
     def _on_abort_group(self, args, payload):
         s = self._session(args)
+        self._group(s, args["group"], args.get("group_capability"), claim=False)
         return jsonable(s.client.abort_group(args["group"]))
 
     # -- admin and scans -------------------------------------------------------------------
@@ -565,6 +636,7 @@ class BrokerServer(flight.FlightServerBase):
 
     def do_get(self, context, ticket):
         try:
+            self._role(context)
             args, _ = unframe(ticket.ticket, self.max_request_bytes)
             s = self._session(args)
             if args.get("op") == "receive":
@@ -658,6 +730,22 @@ def serve(
         server.shutdown()
         broker.close()
         print("pulsartxn server stopped", flush=True)
+
+
+CAPABILITY_KEY = b"server/capability-key"
+
+
+def _capability_key(broker) -> bytes:
+    """The server's secret for capabilities, kept in the broker's store (a restarted server
+    honours those it gave out): made at the first start."""
+    storage = broker.storage
+    with storage.read() as txn:
+        raw = txn.get(CAPABILITY_KEY, db=storage.meta)
+        if raw is not None:
+            return bytes(raw)
+    key = secrets.token_bytes(32)  # the data directory is this process's alone (locked)
+    storage.write(lambda t: t.put(CAPABILITY_KEY, key, db=storage.meta))
+    return key
 
 
 def _capped_wait(timeout_millis, cap: int):

@@ -209,6 +209,7 @@ class _Writer(DataSourceArrowWriter):
             ready = [
                 c["coordinator_id"] for c in client.admin.coordinators() if c["state"] == "READY"
             ]
+            self.group_capability = _claim(client, self.label)
         finally:
             client.close()
         if not ready:
@@ -232,6 +233,7 @@ class _Writer(DataSourceArrowWriter):
             self.value,
             self.key,
             self.inject,
+            self.group_capability,
         )
         return _Attempt(TaskContext.get().partitionId(), str(txn) if txn else None, rows)
 
@@ -246,6 +248,7 @@ class _Writer(DataSourceArrowWriter):
                 self.label,
                 [t for t in winners.values() if t],
                 idempotency_key=idempotency_key,
+                group_capability=self.group_capability,
             )
         finally:
             client.close()
@@ -256,7 +259,7 @@ class _Writer(DataSourceArrowWriter):
     def abort(self, messages) -> None:
         client = _client(self.options)
         try:
-            client.abort_group(self.label)
+            client.abort_group(self.label, group_capability=self.group_capability)
         finally:
             client.close()
 
@@ -271,6 +274,11 @@ class _StreamWriter(_Writer, DataSourceStreamWriter):
         super().__init__(options, schema, False)
         self.query = options.get("query") or f"spark-stream:{options['topic']}"
         self.label = f"spark-stream-{self.query}"
+        client = _client(options)
+        try:
+            self.group_capability = _claim(client, self.label)
+        finally:
+            client.close()
 
     def commit(self, messages, batchId) -> None:
         if self._decide(messages, idempotency_key=(self.query, int(batchId)))["duplicate"]:
@@ -279,6 +287,17 @@ class _StreamWriter(_Writer, DataSourceStreamWriter):
 
     def abort(self, messages, batchId) -> None:
         _Writer.abort(self, messages)
+
+
+def _claim(client, label: str):
+    """The writer's claim on its label (None when another session holds it: then a server
+    with tokens refuses its decision, and says so)."""
+    from ..errors import NotAuthorized
+
+    try:
+        return client.group_capability(label)
+    except NotAuthorized:
+        return None
 
 
 def register(spark, service_url: str | None = None) -> None:

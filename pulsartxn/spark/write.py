@@ -56,7 +56,16 @@ def prepare(df, value_column: str = "value", key_column: str | None = None):
 
 
 def write_attempt(
-    client, topic, label, coordinator_id, timeout_ms, batches, value=0, key=None, inject=None
+    client,
+    topic,
+    label,
+    coordinator_id,
+    timeout_ms,
+    batches,
+    value=0,
+    key=None,
+    inject=None,
+    group_capability=None,
 ):
     """One task attempt's write: its own transaction in `label`, one ``send_batch`` per
     non-empty Arrow batch (columns `value` and `key`, by index or name); not committed.
@@ -75,7 +84,10 @@ def write_attempt(
                 continue
             if txn is None:
                 txn = client.new_transaction(
-                    timeout_ms=timeout_ms, coordinator_id=coordinator_id, group=label
+                    timeout_ms=timeout_ms,
+                    coordinator_id=coordinator_id,
+                    group=label,
+                    group_capability=group_capability,
                 )
                 producer = client.create_producer(topic)
                 if hasattr(producer, "batch_stream"):
@@ -118,7 +130,9 @@ def _as_string(col):
     return col if col.type == pa.string() else col.cast(pa.string())
 
 
-def _task(service_url, token, topic, label, coordinator_id, timeout_ms, inject=None):
+def _task(
+    service_url, token, topic, label, coordinator_id, timeout_ms, inject=None, capability=None
+):
     """The function each task attempt runs inside ``mapInArrow``. `inject(partition_id,
     attempt, batches_sent)` runs after each batch is sent (tests inject failures with it)."""
 
@@ -144,6 +158,7 @@ def _task(service_url, token, topic, label, coordinator_id, timeout_ms, inject=N
             0,
             key,
             inject,
+            capability,
         )
         msb = lsb = 0
         if txn_id is not None:
@@ -194,6 +209,9 @@ class WriteJob:
         if not ready:
             raise RuntimeError(f"no transaction coordinator is ready at {service_url}")
         self.coordinator_id = ready[hash(self.label) % len(ready)]
+        # The job's claim on its label: the tasks join with it, the decision needs it (a
+        # network session of another job cannot decide or join this one).
+        self.group_capability = client.group_capability(self.label)
 
     def tasks(self, prepared_df):
         """The DataFrame whose collection runs the write: one report row per task."""
@@ -205,6 +223,7 @@ class WriteJob:
             self.coordinator_id,
             self.txn_timeout_ms,
             self.inject,
+            self.group_capability,
         )
         return prepared_df.mapInArrow(fn, REPORT_SCHEMA)
 

@@ -360,6 +360,11 @@ class Coordinators:
             losers = sorted(members.difference(winners))
             return self._decide_locked(winners, losers, group, key, expected)
 
+    def group_members(self, group: str) -> set:
+        """The live transactions labelled `group`."""
+        with self._lock:
+            return set(self._groups.get(group, ()))
+
     def abort_group(self, group: str) -> dict:
         _check_label(group)
         with self._lock:

@@ -167,3 +167,66 @@ def test_a_receive_for_ever_is_asked_again_past_the_servers_wait(server):
     with pytest.raises(pulsartxn.Timeout):
         consumer.receive(300)  # a wait of our own still ends when it says
     client.close()
+
+
+def test_a_transaction_belongs_to_whoever_opened_it(server, tokens):
+    """Another session (with the client token) may not commit, abort, send or ack in a
+    transaction, or decide or join its group, without the transaction's (or the group's)
+    capability, which its opener holds; with it, it may (the Spark path hands it on)."""
+    s = server("--token-file", tokens[0], "--admin-token-file", tokens[1])
+    a = pulsartxn.Client(s.url, token="client-secret")
+    b = pulsartxn.Client(s.url, token="client-secret")
+    a.create_producer("in").send(b"input")
+    txn = a.new_transaction()
+    grouped = a.new_transaction(group="a-job")
+    a.create_producer("t").send(b"mine", txn=txn)
+    stranger = b.transaction(txn.id)  # its state can be read: nothing more
+    assert stranger.state is pulsartxn.TxnState.OPEN
+    consumer = b.subscribe("in", "s")
+    msg = consumer.receive(5000)
+    for call in (
+        lambda: stranger.commit(),
+        lambda: stranger.abort(),
+        lambda: b.create_producer("t").send(b"theirs", txn=stranger),
+        lambda: consumer.acknowledge(msg, txn=stranger),
+        lambda: b.commit_all([txn.id]),
+        lambda: b.abort_group("a-job"),
+        lambda: b.commit_group("a-job", [grouped.id]),
+        lambda: b.new_transaction(group="a-job"),  # joining it
+        lambda: b.group_capability("a-job"),
+    ):
+        with pytest.raises(NotAuthorized, match="another session"):
+            call()
+    assert txn.state is pulsartxn.TxnState.OPEN and grouped.state is pulsartxn.TxnState.OPEN
+    # Handed on with its capability (as a Spark task hands its TxnID to the driver):
+    handed = b.transaction(txn.id, capability=txn.capability)
+    b.create_producer("t").send(b"theirs", txn=handed)
+    handed.commit()
+    cap = a.group_capability("a-job")
+    joined = b.new_transaction(group="a-job", group_capability=cap)
+    assert b.commit_group("a-job", [joined.id])["aborted"] == [grouped.id]
+    values = sorted(v for batch in a.scan("t") for v in batch.column("value").to_pylist())
+    assert values == [b"mine", b"theirs"]
+    with pytest.raises(NotAuthorized):  # a made-up capability is refused
+        b.transaction(a.new_transaction().id, capability="0" * 32).abort()
+    a.close()
+    b.close()
+
+
+def test_a_capability_outlives_a_server_restart(server, tokens):
+    """The server's key for capabilities is kept in its data directory: a capability given
+    before a kill -9 still lets another session end the transaction after the restart."""
+    s = server("--token-file", tokens[0])
+    a = pulsartxn.Client(s.url, token="client-secret")
+    txn = a.new_transaction(timeout_ms=600_000)
+    a.create_producer("t").send(b"kept", txn=txn)
+    capability = txn.capability
+    a._stop.set()  # gone without a word
+    s.kill9()
+    s.start()
+    b = pulsartxn.Client(s.url, token="client-secret")
+    with pytest.raises(NotAuthorized):
+        b.transaction(txn.id).commit()
+    b.transaction(txn.id, capability=capability).commit()
+    assert [v for x in b.scan("t") for v in x.column("value").to_pylist()] == [b"kept"]
+    b.close()
