@@ -1,38 +1,15 @@
 """pulsartxn: Apache Pulsar's transaction model with a native core, durable on LMDB.
 
-The public surface is API.md's; everything below is importable from here.
+The public surface is docs/API.md's; everything below is importable from here.
 """
 
 from __future__ import annotations
 
+from . import errors as _errors
 from ._native import IMPLEMENTATION, TxnID
 from .broker import Broker
 from .client import Client
-from .errors import (
-    AlreadyClosed,
-    ConsumerBusy,
-    CoordinatorNotFound,
-    CoordinatorUnavailable,
-    CorruptEntry,
-    DataDirectoryLocked,
-    InvalidConfiguration,
-    InvalidMessageId,
-    InvalidTopicName,
-    InvalidTxnStatus,
-    MessageTooBig,
-    NotAuthorized,
-    ProducerBusy,
-    PulsarTxnError,
-    StorageError,
-    StorageFull,
-    Timeout,
-    TooManyTransactions,
-    TopicAlreadyExists,
-    TopicNotFound,
-    TransactionConflict,
-    TransactionNotFound,
-    TransactionTimeout,
-)
+from .errors import *  # noqa: F403 - the hierarchy, listed once (errors.__all__)
 from .messaging.consumer import ConsumerType, InitialPosition, Isolation
 from .messaging.message import Message, MessageId
 from .txn.state import TxnState
@@ -52,28 +29,6 @@ __all__ = [
     "MessageId",
     "Transaction",
     "TxnState",
-    "TooManyTransactions",
-    "CoordinatorUnavailable",
-    "NotAuthorized",
-    "DataDirectoryLocked",
-    "InvalidConfiguration",
-    "InvalidMessageId",
-    "MessageTooBig",
-    "StorageError",
-    "StorageFull",
-    "TopicAlreadyExists",
-    "PulsarTxnError",
-    "TransactionConflict",
-    "InvalidTxnStatus",
-    "TransactionNotFound",
-    "TransactionTimeout",
-    "CoordinatorNotFound",
-    "TopicNotFound",
-    "InvalidTopicName",
-    "ProducerBusy",
-    "ConsumerBusy",
-    "Timeout",
-    "AlreadyClosed",
-    "CorruptEntry",
+    *_errors.__all__,
     "__version__",
 ]

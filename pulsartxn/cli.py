@@ -54,7 +54,7 @@ def _read_secret(path: str | None, what: str) -> str | None:
 def _serve(args: argparse.Namespace) -> int:
     import logging
 
-    from pulsartxn.server.service import serve
+    from pulsartxn.server.service import SessionLimits, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -74,6 +74,12 @@ def _serve(args: argparse.Namespace) -> int:
         tls=tls,
         insecure=args.insecure,
         max_wait_ms=args.max_wait_ms,
+        limits=SessionLimits(
+            consumers=args.session_max_consumers,
+            producers=args.session_max_producers,
+            transactions=args.session_max_transactions,
+            waiting_receives=args.session_max_waiting_receives,
+        ),
         sync=not args.no_sync,
     )
     return 0
@@ -110,6 +116,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.add_argument("--no-sync", action="store_true", help="do not fsync commits")
     srv.add_argument("--max-request-bytes", type=int, default=64 * 1024 * 1024)
+    for what, default in (
+        ("consumers", 1024),
+        ("producers", 1024),
+        ("transactions", 10_000),
+        ("waiting-receives", 256),
+    ):
+        srv.add_argument(
+            f"--session-max-{what}",
+            type=int,
+            default=default,
+            help=f"the most {what.replace('-', ' ')} one client session may hold at once",
+        )
     srv.add_argument(
         "--max-wait-ms",
         type=int,

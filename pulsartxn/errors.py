@@ -30,6 +30,7 @@ __all__ = [
     "TooManyTransactions",
     "CoordinatorUnavailable",
     "NotAuthorized",
+    "QuotaExceeded",
 ]
 
 
@@ -124,6 +125,11 @@ class CoordinatorUnavailable(PulsarTxnError):
 class NotAuthorized(PulsarTxnError):
     """The caller's credentials do not allow the call (an admin call without the admin
     token, another session's transaction without its capability); nothing changed."""
+
+
+class QuotaExceeded(PulsarTxnError):
+    """A limit that keeps one client from using up what others need (topics, partitions, a
+    session's consumers, producers, transactions or waiting receives); nothing changed."""
 
 
 class Unrecordable(PulsarTxnError):

@@ -14,6 +14,7 @@ parsed strictly: a malformed call gets an error and changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import itertools
 import json
@@ -21,6 +22,7 @@ import logging
 import secrets
 import threading
 import time
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -55,6 +57,17 @@ protocol._ERRORS["SessionLost"] = SessionLost
 _PRUNE_TXNS_AT = 1024
 
 
+@dataclass(frozen=True)
+class SessionLimits:
+    """What one session may hold at once: past them, a typed QuotaExceeded, never memory or
+    threads taken from the others."""
+
+    consumers: int = 1024
+    producers: int = 1024
+    transactions: int = 10_000  # open transactions it opened or holds
+    waiting_receives: int = 256  # receives parked on the server, each holding a thread
+
+
 class _Session:
     def __init__(self, sid: str, client) -> None:
         self.id = sid
@@ -63,6 +76,7 @@ class _Session:
         self.consumers: dict[int, object] = {}
         self.txns: dict[str, object] = {}
         self.groups: set[str] = set()  # labels whose capability it holds
+        self.waiting = 0  # receives parked on the server
         self._prune_at = _PRUNE_TXNS_AT
         self.last_seen = time.monotonic()
         self.lock = threading.Lock()
@@ -78,6 +92,11 @@ class _Session:
             if len(self.txns) > self._prune_at:
                 self.txns = {k: t for k, t in self.txns.items() if t.state not in FINAL}
                 self._prune_at = max(_PRUNE_TXNS_AT, 2 * len(self.txns))
+
+    def prune(self) -> None:
+        """Drop the handles of transactions that have ended."""
+        with self.lock:
+            self.txns = {k: t for k, t in self.txns.items() if t.state not in FINAL}
 
     def forget(self, key: str) -> None:
         with self.lock:
@@ -140,11 +159,13 @@ class BrokerServer(flight.FlightServerBase):
         admin_token: str | None = None,
         tls: tuple[bytes, bytes] | None = None,
         max_wait_ms: int = MAX_WAIT_MS,
+        limits: SessionLimits | None = None,
     ) -> None:
         """`token`: what clients must present; `admin_token`: what admin calls need (both
         None: everything open). `tls`: (certificate, key) in PEM: grpc+tls. `max_wait_ms`:
         the longest a call waits here (a client waiting longer asks again)."""
         self.max_wait_ms = max_wait_ms
+        self.limits = limits or SessionLimits()
         middleware = {"auth": _AuthFactory(token, admin_token)}
         scheme = "grpc+tls" if tls else "grpc"
         super().__init__(
@@ -278,6 +299,23 @@ class BrokerServer(flight.FlightServerBase):
             f"group {protocol.bounded(label)!r} belongs to another session: present its capability"
         )
 
+    @staticmethod
+    def _room(count: int, limit: int, what: str) -> None:
+        if count >= limit:
+            raise errors.QuotaExceeded(f"a session may hold at most {limit} {what}")
+
+    @contextlib.contextmanager
+    def _waiting(self, s: _Session):
+        """A receive parked on the server for `s` (each holds a server thread)."""
+        with s.lock:
+            self._room(s.waiting, self.limits.waiting_receives, "receives waiting at once")
+            s.waiting += 1
+        try:
+            yield
+        finally:
+            with s.lock:
+                s.waiting -= 1
+
     def _admin_only(self, context, what: str) -> None:
         middleware = context.get_middleware("auth")
         if middleware is not None and middleware.role != ADMIN:
@@ -369,6 +407,7 @@ class BrokerServer(flight.FlightServerBase):
 
     def _on_create_producer(self, args, payload):
         s = self._session(args)
+        self._room(len(s.producers), self.limits.producers, "producers")
         p = s.client.create_producer(args["topic"], **(args.get("options") or {}))
         handle = next(self._handles)
         with s.lock:
@@ -478,6 +517,7 @@ class BrokerServer(flight.FlightServerBase):
         ):
             if key in opts:
                 opts[key] = enum[opts[key]]
+        self._room(len(s.consumers), self.limits.consumers, "consumers")
         c = s.client.subscribe(args["topic"], args["subscription"], **opts)
         handle = next(self._handles)
         with s.lock:
@@ -493,7 +533,9 @@ class BrokerServer(flight.FlightServerBase):
     def _on_receive(self, args, payload):
         s = self._session(args)
         wait = _capped_wait(args.get("timeout_millis"), self.max_wait_ms)
-        msg = self._consumer(s, args).receive(wait)
+        consumer = self._consumer(s, args)
+        with self._waiting(s):
+            msg = consumer.receive(wait)
         return protocol.encode_message(msg)
 
     def _mid(self, args) -> MessageId:
@@ -558,6 +600,9 @@ class BrokerServer(flight.FlightServerBase):
     def _on_new_transaction(self, args, payload):
         s = self._session(args)
         label = args.get("group")
+        if len(s.txns) >= self.limits.transactions:
+            s.prune()  # those that ended through other handles or timed out go first
+            self._room(len(s.txns), self.limits.transactions, "open transactions")
         group_capability = None
         if label is not None:
             group_capability = self._group(s, label, args.get("group_capability"), claim=True)
@@ -641,10 +686,12 @@ class BrokerServer(flight.FlightServerBase):
             s = self._session(args)
             if args.get("op") == "receive":
                 # Dispatch to a consumer: what batch_receive gives, as one record batch.
-                msgs = self._consumer(s, args).batch_receive(
-                    args.get("max_num_messages", 1000),
-                    _capped_wait(args.get("timeout_millis", 100), self.max_wait_ms),
-                )
+                consumer = self._consumer(s, args)
+                with self._waiting(s):
+                    msgs = consumer.batch_receive(
+                        args.get("max_num_messages", 1000),
+                        _capped_wait(args.get("timeout_millis", 100), self.max_wait_ms),
+                    )
                 batch = protocol.messages_to_batch(msgs)
                 return flight.RecordBatchStream(pa.Table.from_batches([batch]))
             if args.get("op") != "scan":
@@ -674,6 +721,7 @@ def serve(
     tls: tuple[bytes, bytes] | None = None,
     insecure: bool = False,
     max_wait_ms: int = MAX_WAIT_MS,
+    limits: SessionLimits | None = None,
     **broker_options,
 ) -> None:
     """Run a broker and serve it until SIGINT/SIGTERM; then close it cleanly (in-flight
@@ -708,6 +756,7 @@ def serve(
             admin_token=admin_token,
             tls=tls,
             max_wait_ms=max_wait_ms,
+            limits=limits,
         )
     except BaseException:
         broker.close()

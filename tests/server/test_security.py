@@ -230,3 +230,54 @@ def test_a_capability_outlives_a_server_restart(server, tokens):
     b.transaction(txn.id, capability=capability).commit()
     assert [v for x in b.scan("t") for v in x.column("value").to_pylist()] == [b"kept"]
     b.close()
+
+
+def test_a_session_holds_at_most_its_limits(server):
+    """Past its limits a session gets QuotaExceeded (nothing taken from the others): its
+    consumers, producers, open transactions and receives waiting on the server."""
+    import threading
+    import time
+
+    s = server(
+        "--session-max-consumers",
+        "3",
+        "--session-max-producers",
+        "2",
+        "--session-max-transactions",
+        "3",
+        "--session-max-waiting-receives",
+        "2",
+    )
+    a = pulsartxn.Client(s.url)
+    c0, c1, c2 = (a.subscribe("t", f"s{i}") for i in range(3))
+    with pytest.raises(pulsartxn.QuotaExceeded, match="3 consumers"):
+        a.subscribe("t", "s3")
+    producer = a.create_producer("t")
+    a.create_producer("t")
+    with pytest.raises(pulsartxn.QuotaExceeded, match="2 producers"):
+        a.create_producer("t")
+    txns = [a.new_transaction() for _ in range(3)]
+    with pytest.raises(pulsartxn.QuotaExceeded, match="3 open transactions"):
+        a.new_transaction()
+    txns[0].abort()
+    a.new_transaction().abort()  # room again once one has ended
+    got = []
+    parked = [
+        threading.Thread(target=lambda c=c: got.append(c.receive()), daemon=True) for c in (c0, c1)
+    ]
+    for t in parked:
+        t.start()
+    time.sleep(0.5)  # both parked on the server
+    with pytest.raises(pulsartxn.QuotaExceeded, match="receives waiting"):
+        c2.receive(100)
+    producer.send(b"wake")  # each subscription has it: the parked receives end
+    for t in parked:
+        t.join(10)
+    assert [m.data() for m in got] == [b"wake", b"wake"]
+    assert c2.receive(2000).data() == b"wake"
+    b = pulsartxn.Client(s.url)  # another session is not charged for a's
+    b.subscribe("t", "other")
+    b.create_producer("t")
+    b.new_transaction().abort()
+    a.close()
+    b.close()
