@@ -179,6 +179,20 @@ def messages_to_batch(msgs):
     )
 
 
+def message_batches(msgs, max_bytes: int):
+    """`msgs` as dispatch batches of about `max_bytes` of payload each (one message larger
+    than that is a batch of its own)."""
+    start = size = 0
+    for i, m in enumerate(msgs):
+        n = len(m.data())
+        if i > start and size + n > max_bytes:
+            yield messages_to_batch(msgs[start:i])
+            start, size = i, 0
+        size += n
+    if start < len(msgs) or not msgs:
+        yield messages_to_batch(msgs[start:])
+
+
 def batch_to_messages(batch) -> list[Message]:
     """The messages of a dispatch batch; a batch not of the dispatch schema is a ValueError."""
     if not batch.schema.equals(dispatch_schema()):

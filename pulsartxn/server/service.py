@@ -38,6 +38,7 @@ from . import protocol
 from .protocol import frame, jsonable, unframe
 
 STREAM_INFLIGHT = 4  # send_batch writes of one DoPut stream in flight before the next waits
+STREAM_BATCH_BYTES = 4 << 20  # payload bytes per record batch of a dispatch stream
 # The longest a call waits on the server by default (a receive for ever would hold a server
 # thread for ever): a client that waits longer asks again.
 MAX_WAIT_MS = 10_000
@@ -692,8 +693,10 @@ class BrokerServer(flight.FlightServerBase):
                         args.get("max_num_messages", 1000),
                         _capped_wait(args.get("timeout_millis", 100), self.max_wait_ms),
                     )
-                batch = protocol.messages_to_batch(msgs)
-                return flight.RecordBatchStream(pa.Table.from_batches([batch]))
+                # Streamed in batches of a bounded size (a message past it goes alone).
+                return flight.GeneratorStream(
+                    protocol.dispatch_schema(), protocol.message_batches(msgs, STREAM_BATCH_BYTES)
+                )
             if args.get("op") != "scan":
                 raise ValueError(f"unknown stream {args.get('op')!r}")
             start, end = args.get("start"), args.get("end")

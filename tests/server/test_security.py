@@ -281,3 +281,30 @@ def test_a_session_holds_at_most_its_limits(server):
     b.new_transaction().abort()
     a.close()
     b.close()
+
+
+def test_a_batch_receive_streams_in_batches_of_bounded_size(server):
+    """Dispatch over the network is a stream of record batches of about 4 MiB of payload
+    each, not one of everything the call returns."""
+    s = server()
+    client = pulsartxn.Client(s.url)
+    big = [bytes([i]) * (1 << 20) for i in range(12)]
+    client.create_producer("t").send_batch(big)
+    consumer = client.subscribe("t", "s")
+    raw = flight.FlightClient(f"grpc://127.0.0.1:{s.port}")
+    from pulsartxn.server.protocol import frame
+
+    ticket = frame(
+        {
+            "op": "receive",
+            "handle": consumer._ensure(),
+            "max_num_messages": 100,
+            "timeout_millis": 2000,
+            "session": client._session,
+        }
+    )
+    batches = [chunk.data for chunk in raw.do_get(flight.Ticket(ticket))]
+    assert sum(b.num_rows for b in batches) == 12 and len(batches) >= 3
+    assert all(sum(len(v) for v in b.column("value").to_pylist()) <= 5 << 20 for b in batches)
+    raw.close()
+    client.close()
