@@ -120,7 +120,7 @@ def decode_message(body) -> Message:
         and _is_int(t)
         and _is_int(r)
     ):
-        raise ValueError(f"malformed message: bad field types in {head!r}")
+        raise ValueError(f"malformed message: bad field types in {bounded(head)}")
     return Message(bytes(data), props, key, mid, topic, t, r)
 
 

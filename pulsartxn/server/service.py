@@ -248,7 +248,7 @@ class BrokerServer(flight.FlightServerBase):
         with self._lock:
             s = self._sessions.get(sid) if isinstance(sid, str) else None
         if s is None:
-            raise SessionLost(f"unknown session {sid!r}")
+            raise SessionLost(f"unknown session {protocol.bounded(sid)!r}")
         s.last_seen = time.monotonic()
         return s
 
@@ -340,7 +340,9 @@ class BrokerServer(flight.FlightServerBase):
             except KeyError as exc:
                 name = exc.args[0] if exc.args else None
                 if isinstance(name, str) and name not in args:  # args["topic"] of a bad call
-                    raise ValueError(f"{action.type}: missing argument {name!r}") from None
+                    raise ValueError(
+                        f"{action.type}: missing argument {protocol.bounded(name)!r}"
+                    ) from None
                 raise
         except flight.FlightError:
             raise
@@ -373,7 +375,8 @@ class BrokerServer(flight.FlightServerBase):
     def _on_hello(self, args, payload):
         if args.get("version") != protocol.VERSION:
             raise errors.InvalidConfiguration(
-                f"protocol version {args.get('version')!r} is not {protocol.VERSION}"
+                f"protocol version {protocol.bounded(args.get('version'))!r}"
+                f" is not {protocol.VERSION}"
             )
         sid = args.get("session")
         if not isinstance(sid, str) or not 8 <= len(sid) <= 64:
@@ -418,7 +421,7 @@ class BrokerServer(flight.FlightServerBase):
     def _producer(self, s: _Session, args):
         p = s.producers.get(args.get("handle"))
         if p is None:
-            raise SessionLost(f"unknown producer {args.get('handle')!r}")
+            raise SessionLost(f"unknown producer {protocol.bounded(args.get('handle'))!r}")
         return p
 
     def _on_send_many(self, args, payload):
@@ -528,7 +531,7 @@ class BrokerServer(flight.FlightServerBase):
     def _consumer(self, s: _Session, args):
         c = s.consumers.get(args.get("handle"))
         if c is None:
-            raise SessionLost(f"unknown consumer {args.get('handle')!r}")
+            raise SessionLost(f"unknown consumer {protocol.bounded(args.get('handle'))!r}")
         return c
 
     def _on_receive(self, args, payload):
@@ -677,7 +680,7 @@ class BrokerServer(flight.FlightServerBase):
         self._session(args)
         method = args.get("method")
         if method not in self._ADMIN:
-            raise ValueError(f"unknown admin call {method!r}")
+            raise ValueError(f"unknown admin call {protocol.bounded(method)!r}")
         return {"result": jsonable(getattr(self.broker.admin, method)(*args.get("args", [])))}
 
     def do_get(self, context, ticket):
@@ -698,7 +701,7 @@ class BrokerServer(flight.FlightServerBase):
                     protocol.dispatch_schema(), protocol.message_batches(msgs, STREAM_BATCH_BYTES)
                 )
             if args.get("op") != "scan":
-                raise ValueError(f"unknown stream {args.get('op')!r}")
+                raise ValueError(f"unknown stream {protocol.bounded(args.get('op'))!r}")
             start, end = args.get("start"), args.get("end")
             if isinstance(start, str):
                 start = MessageId.deserialize(bytes.fromhex(start))
