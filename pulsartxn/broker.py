@@ -145,6 +145,7 @@ class Broker:
         self._topics_db = self.storage.open_db(b"topics")
         self._ledgers_db = self.storage.open_db(b"ledgers")
         self._cursors_db = self.storage.open_db(b"cursors")
+        self.topic_count, self.partition_count = self._count_topics()
         self._partitions: dict[str, Partition] = {}
         self._clients: weakref.WeakSet = weakref.WeakSet()
         self._flusher = _BatchFlusher(cfg.batching_max_publish_delay_ms)
@@ -361,6 +362,20 @@ class Broker:
         return int.from_bytes(
             hashlib.blake2b(producer_name.encode(), digest_size=8).digest(), "little"
         )
+
+    def _count_topics(self) -> tuple[int, int]:
+        """(topics, partitions) the store holds; a non-partitioned topic counts one."""
+        topics = partitions = 0
+        with self.storage.read() as txn:
+            for _, raw in txn.cursor(db=self._topics_db):
+                topics += 1
+                partitions += max(json.loads(bytes(raw))["partitions"], 1)
+        return topics, partitions
+
+    def ledgers_in_use(self) -> int:
+        """Partitions that have a ledger: a named database each."""
+        with self.storage.read() as txn:
+            return txn.stat(self._ledgers_db)["entries"]
 
     def _known_topics(self) -> list[str]:
         with self.storage.read() as txn:

@@ -29,6 +29,7 @@ __all__ = [
     "TopicAlreadyExists",
     "TooManyTransactions",
     "CoordinatorUnavailable",
+    "QuotaExceeded",
 ]
 
 
@@ -118,6 +119,11 @@ class TooManyTransactions(PulsarTxnError):
 
 class CoordinatorUnavailable(PulsarTxnError):
     """A coordinator exists but could not recover its log (see coordinator_stats)."""
+
+
+class QuotaExceeded(PulsarTxnError):
+    """A limit of the broker (max_topics, max_partitions, max_dbs, the coordinators' memory
+    budget) would be passed; nothing was created or saved."""
 
 
 class Unrecordable(PulsarTxnError):

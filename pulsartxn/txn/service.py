@@ -9,23 +9,28 @@ that end several transactions with one log record (``commit_all``, ``commit_grou
 from __future__ import annotations
 
 import itertools
+import logging
 import struct
 import threading
 import time
 
 from .._native import MAX_SEQUENCE, TxnID
+from ..config import SHARED_DBS
 from ..errors import (
     CoordinatorNotFound,
     CoordinatorUnavailable,
     CorruptEntry,
+    InvalidConfiguration,
     InvalidTxnStatus,
     PulsarTxnError,
+    QuotaExceeded,
     StorageError,
     Timeout,
 )
 from ..storage import WriteOp
 from . import log
 from .coordinator import ABORTED, COMMITTED, OPEN, Coordinator, TxnMeta, status_error
+from .meta import COORDINATOR_BYTES
 from .state import EndReason, TxnState
 from .timer import TxnTimer
 
@@ -39,6 +44,7 @@ CLEAN_KEY = b"txn/closed-cleanly"
 BOOT_KEY = b"txn/boot-id"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 LWM_PUSH_S = 0.1  # how often the timer tells participants a coordinator's low watermark
+_LOG = logging.getLogger("pulsartxn.txn")
 
 
 class _Stateless:
@@ -75,11 +81,11 @@ class Coordinators:
         with self.storage.read() as txn:
             raw = txn.get(log.COORDINATORS_KEY, db=self.storage.meta)
         stored = struct.unpack("<I", bytes(raw))[0] if raw is not None else 0
-        # A data directory never shrinks its coordinators: their logs would be orphaned.
-        n = max(stored, cfg.num_coordinators)
-        if n != stored:
-            self._store_count(n)
+        n = self._open_count(stored)
+        self.claimed = n  # coordinators that have, or are taking, a named database each
         self.coordinators: list[Coordinator] = [Coordinator(self, i) for i in range(n)]
+        if n != stored:
+            self._store_count(n)  # once they opened: a count that cannot open is never saved
         self._pushed: dict[int, int] = {}  # coordinator id -> low watermark last pushed
         self._push_at = 0.0
         self.timer = TxnTimer(cfg.txn_timeout_tick_ms, self._expire_all)
@@ -143,6 +149,70 @@ class Coordinators:
         self.decision_errors = [f"decision record {k.hex()}: {exc}" for k, exc in corrupt]
         self._recovered = to_finalize
         self._reserve_ahead(self.coordinators)
+
+    def _open_count(self, stored: int) -> int:
+        """The saved count of coordinators, grown to the configured one. A data directory never
+        shrinks its coordinators (their logs would be orphaned), but a count that an older
+        broker saved before its coordinators opened, and that max_dbs cannot hold, drops those
+        that never handed out an id: none has a sequence reserved, so nothing names them."""
+        cfg = self.broker.config
+        n = max(stored, cfg.num_coordinators)
+        in_use = SHARED_DBS + self.broker.ledgers_in_use()
+        if in_use + n <= cfg.max_dbs:
+            return n
+        used = self._reserved_ids()
+        n = max(cfg.num_coordinators, max(used, default=-1) + 1)
+        if in_use + n > cfg.max_dbs:
+            need = in_use + n + cfg.max_partitions
+            raise InvalidConfiguration(
+                f"this store's {n} transaction coordinators and {in_use - SHARED_DBS} "
+                f"partitions do not fit in max_dbs={cfg.max_dbs} named databases: open it with "
+                f"`pulsartxn serve --max-dbs {need}` (Broker(max_dbs={need}))"
+            )
+        _LOG.warning(
+            "the store's saved count of %d transaction coordinators never opened (they do not "
+            "fit in max_dbs=%d); opening the %d that handed out transaction ids",
+            stored,
+            cfg.max_dbs,
+            n,
+        )
+        return n
+
+    def _reserved_ids(self) -> set[int]:
+        """Coordinators that had sequences reserved: only those ever handed out an id."""
+        prefix = log.hwm_key(0)[:-1]
+        ids = set()
+        with self.storage.read() as txn:
+            cursor = txn.cursor(db=self.storage.meta)
+            if cursor.set_range(prefix):
+                for key, _ in cursor:
+                    key = bytes(key)
+                    if not key.startswith(prefix):
+                        break
+                    if key[len(prefix) :].isdigit():
+                        ids.add(int(key[len(prefix) :]))
+        return ids
+
+    def _check_room(self, n: int) -> None:
+        """QuotaExceeded unless `n` coordinators fit: a named database each beside the
+        broker's own and max_partitions (or the partitions there are), and the memory budget."""
+        cfg = self.broker.config
+        partitions = max(self.broker.partition_count, cfg.max_partitions)
+        room = cfg.max_dbs - SHARED_DBS - partitions
+        if n > room:
+            raise QuotaExceeded(
+                f"{n} transaction coordinators do not fit: each takes one of the store's "
+                f"max_dbs={cfg.max_dbs} named databases, of which {SHARED_DBS} are the broker's "
+                f"own and {partitions} are kept for partitions (max_partitions="
+                f"{cfg.max_partitions}); at most {max(room, 0)}"
+            )
+        budget = cfg.max_coordinators_memory_bytes
+        if n * COORDINATOR_BYTES > budget:
+            raise QuotaExceeded(
+                f"{n} transaction coordinators may hold {n * COORDINATOR_BYTES >> 20} MiB "
+                f"({COORDINATOR_BYTES >> 10} KiB each), over max_coordinators_memory_bytes="
+                f"{budget}; at most {budget // COORDINATOR_BYTES}"
+            )
 
     def _reserve_ahead(self, coordinators: list[Coordinator]) -> None:
         """Reserve every ready coordinator's first block of sequences in one write: each would
@@ -585,10 +655,17 @@ class Coordinators:
                 raise ValueError(f"at most 65536 coordinators, not {n}")
             if n == current:
                 return
-            self._store_count(n)
-            added = [Coordinator(self, i) for i in range(current, n)]
-            for c in added:
-                c.recover({})
+            with self.broker._lock:  # create_topic counts the claimed databases under it
+                self._check_room(n)
+                self.claimed = n
+            try:
+                added = [Coordinator(self, i) for i in range(current, n)]
+                for c in added:
+                    c.recover({})
+                self._store_count(n)  # once they opened: a count that cannot open is not saved
+            except BaseException:
+                self.claimed = current
+                raise
             self._reserve_ahead(added)
             with self._lock:
                 self.coordinators = self.coordinators + added

@@ -1,0 +1,52 @@
+"""One client cannot hurt another through `pulsartxn serve`: what would exhaust or break the
+store is refused before anything is written, and errors stay short and say nothing of where
+the data lives."""
+
+from __future__ import annotations
+
+import struct
+
+import lmdb
+import pytest
+
+import pulsartxn
+from pulsartxn.errors import QuotaExceeded
+from pulsartxn.txn import log
+
+
+def test_a_refused_scale_leaves_a_store_that_restarts(server):
+    """Before: scale_coordinators(20000) saved the count, then ran out of named databases
+    (and grew the server to 4.6 GB); the server never started again."""
+    s = server()
+    client = pulsartxn.Client(s.url)
+    with pytest.raises(QuotaExceeded, match="max_dbs"):
+        client.admin.scale_coordinators(20000)
+    with pytest.raises(QuotaExceeded, match="max_coordinators_memory_bytes"):
+        client.admin.scale_coordinators(4000)
+    client.admin.scale_coordinators(20)
+    client.close()
+    s.stop()
+    s.start()
+    client = pulsartxn.Client(s.url)
+    assert len(client.admin.coordinators()) == 20
+    client.new_transaction(coordinator_id=19).commit()
+    client.close()
+
+
+def test_a_bricked_store_is_served(server, tmp_path):
+    """A store that an older broker left with 20000 coordinators saved (its scale ran out of
+    named databases, and every later start failed) is served with the coordinators it ran."""
+    data = tmp_path / "data"
+    pulsartxn.Broker(data, sync=False).close()
+    env = lmdb.open(str(data), max_dbs=64)
+    with env.begin(write=True) as txn:
+        meta = env.open_db(b"meta", txn=txn)
+        txn.put(log.COORDINATORS_KEY, struct.pack("<I", 20000), db=meta)
+    env.close()
+    s = server()
+    client = pulsartxn.Client(s.url)
+    assert len(client.admin.coordinators()) == 16
+    txn = client.new_transaction()
+    client.create_producer("t").send(b"x", txn=txn)
+    txn.commit()
+    client.close()
