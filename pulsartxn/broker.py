@@ -14,11 +14,12 @@ import time
 import weakref
 
 from ._native import FlushTimer
-from .config import BrokerConfig
+from .config import SHARED_DBS, BrokerConfig
 from .errors import (
     AlreadyClosed,
     InvalidTopicName,
     PulsarTxnError,
+    QuotaExceeded,
     TopicAlreadyExists,
     TopicNotFound,
 )
@@ -246,12 +247,38 @@ class Broker:
         with self._lock:
             if self._metadata(name) is not None:
                 raise TopicAlreadyExists(f"topic {name.full} already exists")
+            self._check_quota(max(partitions, 1))
             base = name.full.encode()
 
             def apply(txn):
                 txn.put(base, json.dumps({"partitions": partitions}).encode(), db=self._topics_db)
 
             self.storage.write(apply)
+            self.topic_count += 1
+            self.partition_count += max(partitions, 1)
+
+    def _check_quota(self, partitions: int) -> None:
+        """QuotaExceeded unless one more topic of `partitions` fits (lock held): max_topics,
+        max_partitions, and a named database per partition beside the coordinators'."""
+        cfg = self.config
+        if self.topic_count >= cfg.max_topics:
+            raise QuotaExceeded(
+                f"the broker holds {self.topic_count} topics, its limit (max_topics="
+                f"{cfg.max_topics})"
+            )
+        total = self.partition_count + partitions
+        if total > cfg.max_partitions:
+            raise QuotaExceeded(
+                f"{partitions} more partitions would make {total}, over max_partitions="
+                f"{cfg.max_partitions}"
+            )
+        room = cfg.max_dbs - SHARED_DBS - self.txn.claimed
+        if total > room:
+            raise QuotaExceeded(
+                f"{partitions} more partitions would make {total}: the store's max_dbs="
+                f"{cfg.max_dbs} named databases leave room for {room} beside the broker's own "
+                f"and {self.txn.claimed} transaction coordinators"
+            )
 
     def topic_partitions(self, topic: str) -> list[str]:
         self._check_open()

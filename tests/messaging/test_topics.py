@@ -124,3 +124,77 @@ def test_second_broker_in_another_process_fails_fast(tmp_path):
         holder.wait(timeout=30)
     with pulsartxn.Broker(tmp_path / "x", sync=False):  # released when that process ended
         pass
+
+
+def known_topics(path) -> tuple[list, list]:
+    """(topics, partitions with a ledger) a store holds, read back after a reopen."""
+    with pulsartxn.Broker(path, sync=False) as b:
+        with b.storage.read() as txn:
+            ledgers = [bytes(k).decode() for k, _ in txn.cursor(db=b._ledgers_db)]
+        return b._known_topics(), ledgers
+
+
+def test_a_topic_quota_refuses_creation_and_auto_creation(tmp_path):
+    data = tmp_path / "d"
+    with pulsartxn.Broker(data, sync=False, max_topics=3) as b:
+        client = b.client()
+        b.create_topic("a", 2)
+        client.create_producer("b").send(b"x")
+        client.subscribe("c", "s")
+        with pytest.raises(pulsartxn.QuotaExceeded, match="max_topics"):
+            b.create_topic("d")
+        with pytest.raises(pulsartxn.QuotaExceeded, match="max_topics"):
+            client.create_producer("e")
+        with pytest.raises(pulsartxn.QuotaExceeded, match="max_topics"):
+            client.subscribe("f", "s")
+        client.create_producer("b").send(b"existing topics still work")
+    topics, _ = known_topics(data)
+    assert len(topics) == 3
+    with pulsartxn.Broker(data, sync=False, max_topics=3) as b:  # counted from the store
+        with pytest.raises(pulsartxn.QuotaExceeded):
+            b.create_topic("d")
+
+
+def test_a_partition_quota_counts_every_topic(tmp_path):
+    """Before: a few create_topic(name, 4096) took every LMDB named database the store had;
+    the defaults now stop them well before."""
+    with pulsartxn.Broker(tmp_path / "d", sync=False) as b:
+        b.create_topic("a", 4096)
+        b.create_topic("b", 4096)
+        with pytest.raises(pulsartxn.QuotaExceeded, match="max_partitions"):
+            b.create_topic("c", 4096)
+        with pytest.raises(pulsartxn.TopicNotFound):
+            b.topic_partitions("c")
+        b.create_topic("c", 16)
+        b.client().create_producer("d").send(b"x")
+    with pulsartxn.Broker(tmp_path / "e", sync=False, max_partitions=5) as b:
+        b.create_topic("a", 4)
+        with pytest.raises(pulsartxn.QuotaExceeded, match="max_partitions"):
+            b.create_topic("b", 2)
+        b.client().create_producer("c").send(b"x")  # a non-partitioned topic counts one
+        with pytest.raises(pulsartxn.QuotaExceeded, match="max_partitions"):
+            b.client().create_producer("d")
+
+
+def test_partitions_never_run_out_of_named_databases(tmp_path):
+    """The partitions a store may hold fit beside its coordinators in max_dbs: every topic
+    created is usable, and the one that would not fit is refused before anything is written
+    (before: InvalidConfiguration from LMDB halfway through, for everyone after)."""
+    with pulsartxn.Broker(tmp_path / "d", sync=False, max_dbs=64, num_coordinators=2) as b:
+        client = b.client()
+        b.create_topic("big", 40)
+        with pytest.raises(pulsartxn.QuotaExceeded, match="max_dbs"):
+            b.create_topic("more", 10)
+        created = 0
+        with pytest.raises(pulsartxn.QuotaExceeded, match="max_dbs"):
+            for i in range(64):
+                client.create_producer(f"t{i}").send(b"x")
+                created += 1
+        assert created > 0
+        producer = client.create_producer("big")
+        for i in range(40):
+            producer.send(b"x", partition_key=str(i))
+        for i in range(created):
+            client.create_producer(f"t{i}").send(b"again")
+        with pytest.raises(pulsartxn.QuotaExceeded):
+            b.admin.scale_coordinators(4)

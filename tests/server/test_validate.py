@@ -10,7 +10,7 @@ import lmdb
 import pytest
 
 import pulsartxn
-from pulsartxn.errors import QuotaExceeded
+from pulsartxn.errors import QuotaExceeded, TopicNotFound
 from pulsartxn.txn import log
 
 
@@ -49,4 +49,25 @@ def test_a_bricked_store_is_served(server, tmp_path):
     txn = client.new_transaction()
     client.create_producer("t").send(b"x", txn=txn)
     txn.commit()
+    client.close()
+
+
+def test_a_partition_quota_through_a_server(server):
+    """Before: a few create_topic(name, 4096) could take every named database of the store."""
+    s = server()
+    client = pulsartxn.Client(s.url)
+    client.create_topic("a", 4096)
+    client.create_topic("b", 4096)
+    with pytest.raises(QuotaExceeded, match="max_partitions"):
+        client.create_topic("c", 4096)
+    client.create_producer("d").send(b"x")
+    client.close()
+    s.stop()
+    s.start()
+    client = pulsartxn.Client(s.url)
+    with pytest.raises(TopicNotFound):
+        client.topic_partitions("c")
+    with pytest.raises(QuotaExceeded, match="max_partitions"):
+        client.create_topic("c", 4096)
+    client.create_topic("c", 16)
     client.close()
