@@ -243,7 +243,8 @@ class Broker:
         if not 0 <= partitions <= MAX_PARTITIONS:
             raise ValueError(f"partitions {partitions} out of range 0..{MAX_PARTITIONS}")
         if name.partition_index >= 0:
-            raise InvalidTopicName(f"{topic!r} names a partition; create its topic instead")
+            raise InvalidTopicName(f"{name.full} names a partition; create its topic instead")
+        name.check_new(partitions)
         with self._lock:
             if self._metadata(name) is not None:
                 raise TopicAlreadyExists(f"topic {name.full} already exists")

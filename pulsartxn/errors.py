@@ -126,6 +126,18 @@ class QuotaExceeded(PulsarTxnError):
     budget) would be passed; nothing was created or saved."""
 
 
+def excerpt(value: object, limit: int = 100) -> str:
+    """repr(value) cut to `limit` characters (with "..."): how an error shows what the caller
+    sent, which may be a megabyte long and is sent back over the wire."""
+    if isinstance(value, (str, bytes, bytearray)) and len(value) > limit:
+        value = value[:limit]
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more than 4300 digits
+        text = f"<{type(value).__name__} too long to show>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class Unrecordable(PulsarTxnError):
     """Internal: a write of a synced store's group that its journal could not replay exactly
     (a put that must not overwrite, a partial putmulti, a dropped database): the group fails

@@ -26,6 +26,7 @@ from ..errors import (
     QuotaExceeded,
     StorageError,
     Timeout,
+    excerpt,
 )
 from ..storage import WriteOp
 from . import log
@@ -43,6 +44,7 @@ _IDEM = struct.Struct("<Q")
 CLEAN_KEY = b"txn/closed-cleanly"
 BOOT_KEY = b"txn/boot-id"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
+MAX_APP_ID_BYTES = 255  # an idempotency key's app id: an LMDB key, at most 511 bytes
 LWM_PUSH_S = 0.1  # how often the timer tells participants a coordinator's low watermark
 _LOG = logging.getLogger("pulsartxn.txn")
 
@@ -741,7 +743,9 @@ def _boot_id() -> bytes | None:
 
 def _check_label(group) -> None:
     if not isinstance(group, str) or not group:
-        raise ValueError(f"group must be a non-empty str, not {group!r}")
+        raise ValueError(f"group must be a non-empty str, not {excerpt(group)}")
+    if len(group.encode()) > log.MAX_NAME_BYTES:
+        raise ValueError(f"group label of {len(group.encode())} bytes is too long")
 
 
 def _idempotency(key):
@@ -756,8 +760,16 @@ def _idempotency(key):
         or not isinstance(key[1], int)
         or not 0 <= key[1] < 1 << 64
     ):
-        raise ValueError(f"idempotency_key must be (app_id: str, version: int >= 0), not {key!r}")
-    return key[0].encode(), key[1]
+        raise ValueError(
+            f"idempotency_key must be (app_id: str, version: int >= 0), not {excerpt(key)}"
+        )
+    app_id = key[0].encode()
+    if len(app_id) > MAX_APP_ID_BYTES:
+        raise ValueError(
+            f"idempotency_key app_id of {len(app_id)} bytes is too long: at most "
+            f"{MAX_APP_ID_BYTES} (it is a key of the store)"
+        )
+    return app_id, key[1]
 
 
 __all__ = ["Coordinators", "COMMITTED", "ABORTED", "TxnID"]

@@ -198,3 +198,61 @@ def test_partitions_never_run_out_of_named_databases(tmp_path):
             client.create_producer(f"t{i}").send(b"again")
         with pytest.raises(pulsartxn.QuotaExceeded):
             b.admin.scale_coordinators(4)
+
+
+def test_a_long_topic_name_is_refused_before_any_write(tmp_path):
+    """Before: a 483-character name left a topic whose ledger LMDB could not name, and
+    MDB_BAD_VALSIZE for good."""
+    data = tmp_path / "d"
+    long = "t" * 483
+    with pulsartxn.Broker(data, sync=False) as b:
+        client = b.client()
+        for call in (
+            lambda: client.create_producer(long),
+            lambda: client.subscribe(long, "s"),
+            lambda: b.create_topic(long),
+            lambda: b.create_topic(long, 4),
+        ):
+            with pytest.raises(pulsartxn.InvalidTopicName, match="bytes"):
+                call()
+        # Fits alone, not with its partitions' suffix.
+        edge = "e" * (255 - len("persistent://public/default/"))
+        b.create_topic(edge)
+        with pytest.raises(pulsartxn.InvalidTopicName, match="partition"):
+            b.create_topic(edge[:-5], 12)
+        b.create_topic(edge[:-14], 12)
+        client.create_producer(edge[:-14]).send(b"x", partition_key="k")
+    topics, ledgers = known_topics(data)
+    assert sorted(len(t) for t in topics) == [241, 255]
+    assert all(len(name) <= 255 for name in ledgers)
+
+
+@pytest.mark.parametrize("length", [201, 490])
+def test_long_subscription_and_producer_names_are_refused(tmp_path, length):
+    """Before: a 490-byte subscription or producer name made a key LMDB refuses, after the
+    topic was created (MDB_BAD_VALSIZE); a NUL in a producer name could alias another's
+    de-duplication keys."""
+    data = tmp_path / "d"
+    name = "n" * length
+    with pulsartxn.Broker(data, sync=False) as b:
+        client = b.client()
+        with pytest.raises(ValueError, match="subscription"):
+            client.subscribe("t", name)
+        with pytest.raises(ValueError, match="producer"):
+            client.create_producer("t", producer_name=name).send(b"x")
+        with pytest.raises(ValueError, match="producer"):
+            client.create_producer("t", producer_name="a\0b")
+        with pytest.raises(pulsartxn.TopicNotFound):
+            b.topic_partitions("t")  # refused before the topic was auto-created
+        consumer = client.subscribe("t", "n" * 200)
+        producer = client.create_producer("t", producer_name="p" * 200)
+        producer.send(b"x", sequence_id=1)
+        assert consumer.receive(5000).data() == b"x"
+        with pytest.raises(ValueError, match="app_id"):
+            client.commit_group("g", [], idempotency_key=("a" * 600, 1))
+        with pytest.raises(ValueError, match="group"):
+            client.abort_group("g" * 70_000)
+    with pulsartxn.Broker(data, sync=False) as b:
+        with b.storage.read() as txn:
+            cursors = [bytes(k) for k, _ in txn.cursor(db=b._cursors_db)]
+        assert [len(k.split(b"\0")[1]) for k in cursors] == [200]

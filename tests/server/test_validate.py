@@ -10,8 +10,10 @@ import lmdb
 import pytest
 
 import pulsartxn
-from pulsartxn.errors import QuotaExceeded, TopicNotFound
+from pulsartxn.errors import InvalidTopicName, QuotaExceeded, TopicNotFound
 from pulsartxn.txn import log
+
+HUGE = "x" * 1_000_000
 
 
 def test_a_refused_scale_leaves_a_store_that_restarts(server):
@@ -70,4 +72,37 @@ def test_a_partition_quota_through_a_server(server):
     with pytest.raises(QuotaExceeded, match="max_partitions"):
         client.create_topic("c", 4096)
     client.create_topic("c", 16)
+    client.close()
+
+
+def test_names_are_checked_before_any_write_through_a_server(server):
+    s = server()
+    client = pulsartxn.Client(s.url)
+    for call in (
+        lambda: client.create_producer("t" * 483),
+        lambda: client.create_topic("t" * 483, 4),
+        lambda: client.subscribe("t" * 483, "s"),
+    ):
+        with pytest.raises(InvalidTopicName):
+            call()
+    with pytest.raises(ValueError, match="subscription"):
+        client.subscribe("u", "s" * 490)
+    with pytest.raises(ValueError, match="producer"):
+        client.create_producer("u", producer_name="p" * 490)
+    for call in (
+        lambda: client.create_producer(HUGE),
+        lambda: client.subscribe("u", HUGE),
+    ):
+        with pytest.raises((ValueError, InvalidTopicName)) as raised:
+            call()
+        message = str(raised.value)
+        assert len(message) < 400 and s.data_dir not in message
+    client.close()
+    s.stop()
+    s.start()
+    client = pulsartxn.Client(s.url)
+    for topic in ("t" * 483, "u"):
+        with pytest.raises((TopicNotFound, InvalidTopicName)):
+            client.topic_partitions(topic)
+    client.create_producer("u").send(b"fine")
     client.close()
