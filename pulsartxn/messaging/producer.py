@@ -19,13 +19,17 @@ import numpy as np
 import pyarrow as pa
 
 from .._native import PartitionProducer, value_sizes
-from ..errors import AlreadyClosed, MessageTooBig
+from .._native.types import MAX_SEQUENCE_ID, sequences_used_up
+from ..errors import AlreadyClosed, MessageTooBig, excerpt
 from ..txn.log import IN_PROCESS
 from .message import MessageId
 from .partition import Partition
 from .txn_batches import TransactionBatches
 
 _names = itertools.count()
+# Explicit sequence ids stop at 2^62-1: the ids assigned after one have 2^62 of headroom below
+# MAX_SEQUENCE_ID, so no producer name runs out of them.
+MAX_EXPLICIT_SEQUENCE_ID = (1 << 62) - 1
 
 
 def _route(key: str | bytes, n: int) -> int:
@@ -123,9 +127,12 @@ class Producer(TransactionBatches):
         if sequence_id is not None and (
             isinstance(sequence_id, bool)
             or not isinstance(sequence_id, int)
-            or not 0 <= sequence_id < (1 << 63)
+            or not 0 <= sequence_id <= MAX_EXPLICIT_SEQUENCE_ID
         ):
-            raise ValueError(f"sequence_id must be an int in 0..2^63-1, not {sequence_id!r}")
+            raise ValueError(
+                "sequence_id must be an int in 0..2^62-1 (those above are the headroom of the "
+                f"ids assigned after it), not {excerpt(sequence_id)}"
+            )
         return content, properties or None
 
     def send_async(
@@ -264,6 +271,9 @@ class Producer(TransactionBatches):
                 if picked:
                     plan[i] = np.concatenate(picked)
         plan = {i: rows for i, rows in plan.items() if len(rows)}
+        for i, rows in plan.items():
+            if self._parts[i].last_sequence + len(rows) > MAX_SEQUENCE_ID:
+                raise sequences_used_up(self.name, self._parts[i].partition.topic)
         per_partition = {self._parts[i].partition.topic: len(rows) for i, rows in plan.items()}
         futures = []
         try:
@@ -351,6 +361,8 @@ class Producer(TransactionBatches):
         with part.lock:
             part._flush_locked()
             first_seq = part.last_sequence + 1
+            if first_seq + len(rows) - 1 > MAX_SEQUENCE_ID:  # sent by another thread meanwhile
+                raise sequences_used_up(self.name, part.partition.topic)
             part.last_sequence = first_seq + len(rows) - 1
             nbytes = int(sizes[rows].sum())
             op = part.partition.append_messages_op(

@@ -106,3 +106,23 @@ def test_names_are_checked_before_any_write_through_a_server(server):
             client.topic_partitions(topic)
     client.create_producer("u").send(b"fine")
     client.close()
+
+
+def test_a_sequence_id_at_the_top_does_not_break_the_name_through_a_server(server):
+    s = server()
+    client = pulsartxn.Client(s.url)
+    producer = client.create_producer("t", producer_name="p", batching_enabled=False)
+    with pytest.raises(ValueError, match="sequence_id"):
+        producer.send(b"x", sequence_id=2**63 - 1)
+    producer.close()
+    producer = client.create_producer("t", producer_name="p", batching_enabled=False)
+    producer.send(b"a")
+    client.close()
+    s.stop()
+    s.start()
+    client = pulsartxn.Client(s.url)
+    producer = client.create_producer("t", producer_name="p", batching_enabled=False)
+    producer.send(b"b")
+    values = [v for b in client.scan("t") for v in b.column("value").to_pylist()]
+    assert values == [b"a", b"b"]
+    client.close()
