@@ -180,7 +180,7 @@ class Broker:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise AlreadyClosed(f"broker on {self.config.data_dir} is closed")
+            raise AlreadyClosed("the broker is closed")  # no data dir: this may cross the wire
 
     def close(self) -> None:
         """Flush producers, persist cursors, close LMDB. Idempotent."""

@@ -9,7 +9,7 @@ import weakref
 import numpy as np
 
 from ._native import TxnID
-from .errors import AlreadyClosed
+from .errors import AlreadyClosed, excerpt
 from .messaging.consumer import Consumer, ConsumerType, InitialPosition, Isolation
 from .messaging.message import MessageId
 from .messaging.producer import Producer
@@ -137,13 +137,15 @@ class Client:
         self._check_open()
         check_keyed_name("subscription_name", subscription_name)
         if not isinstance(subscription_type, ConsumerType):
-            raise TypeError(f"subscription_type must be a ConsumerType, not {subscription_type!r}")
+            raise TypeError(
+                f"subscription_type must be a ConsumerType, not {excerpt(subscription_type)}"
+            )
         if not isinstance(initial_position, InitialPosition):
             raise TypeError(
-                f"initial_position must be an InitialPosition, not {initial_position!r}"
+                f"initial_position must be an InitialPosition, not {excerpt(initial_position)}"
             )
         if not isinstance(isolation, Isolation):
-            raise TypeError(f"isolation must be an Isolation, not {isolation!r}")
+            raise TypeError(f"isolation must be an Isolation, not {excerpt(isolation)}")
         full, partitions = self.broker._resolve(topic)
         check_keyed_name("subscription_name", subscription_name, [p.topic for p in partitions])
         earliest = initial_position is InitialPosition.Earliest
@@ -296,7 +298,9 @@ def _entry_bound(bound, part, default: int) -> int:
             return default
         return bound.entry_id()
     if isinstance(bound, bool) or not isinstance(bound, int) or bound < 0:
-        raise ValueError(f"scan bound must be a non-negative entry id or MessageId, not {bound!r}")
+        raise ValueError(
+            f"scan bound must be a non-negative entry id or MessageId, not {excerpt(bound)}"
+        )
     return bound
 
 

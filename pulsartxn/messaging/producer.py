@@ -58,7 +58,7 @@ class Producer(TransactionBatches):
             ("batching_max_allowed_size_in_bytes", batching_max_bytes),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{what} must be a positive int, not {value!r}")
+                raise ValueError(f"{what} must be a positive int, not {excerpt(value)}")
         if (
             isinstance(batching_max_publish_delay_ms, bool)
             or not isinstance(batching_max_publish_delay_ms, (int, float))
@@ -66,7 +66,7 @@ class Producer(TransactionBatches):
         ):
             raise ValueError(
                 "batching_max_publish_delay_ms must be a non-negative number, "
-                f"not {batching_max_publish_delay_ms!r}"
+                f"not {excerpt(batching_max_publish_delay_ms)}"
             )
         self.client = client
         self._topic = topic
@@ -121,7 +121,9 @@ class Producer(TransactionBatches):
             if not isinstance(properties, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
             ):
-                raise TypeError(f"properties must be a dict of str to str, not {properties!r}")
+                raise TypeError(
+                    f"properties must be a dict of str to str, not {excerpt(properties)}"
+                )
         if partition_key is not None and not isinstance(partition_key, str):
             raise TypeError(f"partition_key must be a str, not {type(partition_key).__name__}")
         if sequence_id is not None and (

@@ -251,7 +251,7 @@ class Coordinators:
 
     def coordinator(self, coordinator_id) -> Coordinator:
         if isinstance(coordinator_id, bool) or not isinstance(coordinator_id, int):
-            raise TypeError(f"coordinator_id must be an int, not {coordinator_id!r}")
+            raise TypeError(f"coordinator_id must be an int, not {excerpt(coordinator_id)}")
         coords = self.coordinators
         if not 0 <= coordinator_id < len(coords):
             raise CoordinatorNotFound(
@@ -280,7 +280,7 @@ class Coordinators:
                 sub = broker._partition(partition).subscriptions.get(sub_name)
             # An unsubscribed subscription has nothing left to finalize.
             return sub.pending_ack if sub is not None else STATELESS
-        raise ValueError(f"unknown participant kind {kind!r}")
+        raise ValueError(f"unknown participant kind {excerpt(kind)}")
 
     # -- single transactions ---------------------------------------------------------------
 
@@ -292,12 +292,12 @@ class Coordinators:
         if timeout_ms is None:
             timeout_ms = self.default_timeout_ms
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int):
-            raise TypeError(f"timeout_ms must be an int, not {timeout_ms!r}")
+            raise TypeError(f"timeout_ms must be an int, not {excerpt(timeout_ms)}")
         if not 1 <= timeout_ms <= MAX_TIMEOUT_MS:
             raise ValueError(f"timeout_ms {timeout_ms} out of range 1..{MAX_TIMEOUT_MS}")
         timeout_ms = min(timeout_ms, self.max_timeout_ms)  # capped by the broker's maximum
         if group is not None and (not isinstance(group, str) or not group):
-            raise ValueError(f"group must be a non-empty str, not {group!r}")
+            raise ValueError(f"group must be a non-empty str, not {excerpt(group)}")
         if group is not None and len(group.encode()) > log.MAX_NAME_BYTES:
             raise ValueError(f"group label of {len(group.encode())} bytes is too long")
         if coordinator_id is not None:
@@ -428,7 +428,7 @@ class Coordinators:
                     c = self.of(w)
                     with c.lock:
                         c.live(w.sequence, "commit")  # unknown or finished: its own error
-                    raise InvalidTxnStatus(f"transaction {w} is not in group {group!r}")
+                    raise InvalidTxnStatus(f"transaction {w} is not in group {excerpt(group)}")
             losers = sorted(members.difference(winners))
             return self._decide_locked(winners, losers, group, key, expected)
 
@@ -645,7 +645,7 @@ class Coordinators:
 
     def scale(self, n: int) -> None:
         if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"number of coordinators must be an int, not {n!r}")
+            raise TypeError(f"number of coordinators must be an int, not {excerpt(n)}")
         # Not under self._lock while writing: the group commit's callbacks take that lock.
         with self._scale_lock:
             current = len(self.coordinators)
