@@ -146,7 +146,6 @@ class Broker:
         self._topics_db = self.storage.open_db(b"topics")
         self._ledgers_db = self.storage.open_db(b"ledgers")
         self._cursors_db = self.storage.open_db(b"cursors")
-        self.topic_count, self.partition_count = self._count_topics()
         self._partitions: dict[str, Partition] = {}
         self._clients: weakref.WeakSet = weakref.WeakSet()
         self._flusher = _BatchFlusher(cfg.batching_max_publish_delay_ms)
@@ -154,6 +153,7 @@ class Broker:
         from .txn.service import Coordinators
 
         try:
+            self.topic_count, self.partition_count = self._count_topics()
             self.txn = Coordinators(self, txn_participants)
         except BaseException:
             self._flusher.stop()

@@ -173,7 +173,7 @@ class Coordinators:
             )
         _LOG.warning(
             "the store's saved count of %d transaction coordinators never opened (they do not "
-            "fit in max_dbs=%d); opening the %d that handed out transaction ids",
+            "fit in max_dbs=%d); opening the %d that may have handed out transaction ids",
             stored,
             cfg.max_dbs,
             n,
