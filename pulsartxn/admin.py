@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .errors import PulsarTxnError, excerpt
+
 
 class Admin:
     def __init__(self, broker) -> None:
@@ -97,7 +99,7 @@ class Admin:
         """Live transactions open for at least min_open_ms, oldest first."""
         self._broker._check_open()
         if isinstance(min_open_ms, bool) or not isinstance(min_open_ms, (int, float)):
-            raise TypeError(f"min_open_ms must be a number, not {min_open_ms!r}")
+            raise TypeError(f"min_open_ms must be a number, not {excerpt(min_open_ms)}")
         if min_open_ms < 0:
             raise ValueError(f"min_open_ms must not be negative, got {min_open_ms}")
         return self._broker.txn.slow(min_open_ms)
@@ -120,8 +122,6 @@ class Admin:
 
     def pending_ack_stats(self, topic: str, subscription: str) -> dict:
         """Transactions holding acks, held entries, acks, log records and writes."""
-        from .errors import PulsarTxnError
-
         self._broker._check_open()
         full, partitions = self._broker._resolve(topic, create=False)
         out = {"topic": full, "subscription": subscription}
@@ -132,7 +132,7 @@ class Admin:
                 per[p.topic] = sub.pending_ack.stats()
                 per[p.topic]["error"] = str(sub.error) if sub.error is not None else None
         if not per:
-            raise PulsarTxnError(f"subscription {subscription!r} does not exist on {full}")
+            raise PulsarTxnError(f"subscription {excerpt(subscription)} does not exist on {full}")
         if len(partitions) == 1:
             out.update(next(iter(per.values())))
         else:

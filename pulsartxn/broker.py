@@ -14,11 +14,12 @@ import time
 import weakref
 
 from ._native import FlushTimer
-from .config import BrokerConfig
+from .config import SHARED_DBS, BrokerConfig
 from .errors import (
     AlreadyClosed,
     InvalidTopicName,
     PulsarTxnError,
+    QuotaExceeded,
     TopicAlreadyExists,
     TopicNotFound,
 )
@@ -152,6 +153,7 @@ class Broker:
         from .txn.service import Coordinators
 
         try:
+            self.topic_count, self.partition_count = self._count_topics()
             self.txn = Coordinators(self, txn_participants)
         except BaseException:
             self._flusher.stop()
@@ -178,7 +180,7 @@ class Broker:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise AlreadyClosed(f"broker on {self.config.data_dir} is closed")
+            raise AlreadyClosed("the broker is closed")  # no data dir: this may cross the wire
 
     def close(self) -> None:
         """Flush producers, persist cursors, close LMDB. Idempotent."""
@@ -241,16 +243,43 @@ class Broker:
         if not 0 <= partitions <= MAX_PARTITIONS:
             raise ValueError(f"partitions {partitions} out of range 0..{MAX_PARTITIONS}")
         if name.partition_index >= 0:
-            raise InvalidTopicName(f"{topic!r} names a partition; create its topic instead")
+            raise InvalidTopicName(f"{name.full} names a partition; create its topic instead")
+        name.check_new(partitions)
         with self._lock:
             if self._metadata(name) is not None:
                 raise TopicAlreadyExists(f"topic {name.full} already exists")
+            self._check_quota(max(partitions, 1))
             base = name.full.encode()
 
             def apply(txn):
                 txn.put(base, json.dumps({"partitions": partitions}).encode(), db=self._topics_db)
 
             self.storage.write(apply)
+            self.topic_count += 1
+            self.partition_count += max(partitions, 1)
+
+    def _check_quota(self, partitions: int) -> None:
+        """QuotaExceeded unless one more topic of `partitions` fits (lock held): max_topics,
+        max_partitions, and a named database per partition beside the coordinators'."""
+        cfg = self.config
+        if self.topic_count >= cfg.max_topics:
+            raise QuotaExceeded(
+                f"the broker holds {self.topic_count} topics, its limit (max_topics="
+                f"{cfg.max_topics})"
+            )
+        total = self.partition_count + partitions
+        if total > cfg.max_partitions:
+            raise QuotaExceeded(
+                f"{partitions} more partitions would make {total}, over max_partitions="
+                f"{cfg.max_partitions}"
+            )
+        room = cfg.max_dbs - SHARED_DBS - self.txn.claimed
+        if total > room:
+            raise QuotaExceeded(
+                f"{partitions} more partitions would make {total}: the store's max_dbs="
+                f"{cfg.max_dbs} named databases leave room for {room} beside the broker's own "
+                f"and {self.txn.claimed} transaction coordinators"
+            )
 
     def topic_partitions(self, topic: str) -> list[str]:
         self._check_open()
@@ -361,6 +390,20 @@ class Broker:
         return int.from_bytes(
             hashlib.blake2b(producer_name.encode(), digest_size=8).digest(), "little"
         )
+
+    def _count_topics(self) -> tuple[int, int]:
+        """(topics, partitions) the store holds; a non-partitioned topic counts one."""
+        topics = partitions = 0
+        with self.storage.read() as txn:
+            for _, raw in txn.cursor(db=self._topics_db):
+                topics += 1
+                partitions += max(json.loads(bytes(raw))["partitions"], 1)
+        return topics, partitions
+
+    def ledgers_in_use(self) -> int:
+        """Partitions that have a ledger: a named database each."""
+        with self.storage.read() as txn:
+            return txn.stat(self._ledgers_db)["entries"]
 
     def _known_topics(self) -> list[str]:
         with self.storage.read() as txn:

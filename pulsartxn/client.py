@@ -9,10 +9,11 @@ import weakref
 import numpy as np
 
 from ._native import TxnID
-from .errors import AlreadyClosed
+from .errors import AlreadyClosed, excerpt
 from .messaging.consumer import Consumer, ConsumerType, InitialPosition, Isolation
 from .messaging.message import MessageId
 from .messaging.producer import Producer
+from .messaging.topic_name import check_keyed_name
 from .txn.log import IN_PROCESS
 from .txn.transaction import Transaction
 
@@ -77,10 +78,12 @@ class Client:
         **_ignored,
     ) -> Producer:
         self._check_open()
-        if producer_name is not None and (not isinstance(producer_name, str) or not producer_name):
-            raise ValueError(f"producer_name must be a non-empty str, not {producer_name!r}")
+        if producer_name is not None:
+            check_keyed_name("producer_name", producer_name)
         cfg = self.broker.config
         full, partitions = self.broker._resolve(topic)
+        if producer_name is not None:
+            check_keyed_name("producer_name", producer_name, [p.topic for p in partitions])
         from .errors import ProducerBusy
 
         with self.broker._lock:
@@ -132,23 +135,19 @@ class Client:
         **_ignored,
     ) -> Consumer:
         self._check_open()
-        if (
-            not isinstance(subscription_name, str)
-            or not subscription_name
-            or "\0" in subscription_name
-        ):
-            raise ValueError(
-                f"subscription_name must be a non-empty str, not {subscription_name!r}"
-            )
+        check_keyed_name("subscription_name", subscription_name)
         if not isinstance(subscription_type, ConsumerType):
-            raise TypeError(f"subscription_type must be a ConsumerType, not {subscription_type!r}")
+            raise TypeError(
+                f"subscription_type must be a ConsumerType, not {excerpt(subscription_type)}"
+            )
         if not isinstance(initial_position, InitialPosition):
             raise TypeError(
-                f"initial_position must be an InitialPosition, not {initial_position!r}"
+                f"initial_position must be an InitialPosition, not {excerpt(initial_position)}"
             )
         if not isinstance(isolation, Isolation):
-            raise TypeError(f"isolation must be an Isolation, not {isolation!r}")
+            raise TypeError(f"isolation must be an Isolation, not {excerpt(isolation)}")
         full, partitions = self.broker._resolve(topic)
+        check_keyed_name("subscription_name", subscription_name, [p.topic for p in partitions])
         earliest = initial_position is InitialPosition.Earliest
         with self.broker._lock:
             subs = [self.broker._subscription(p, subscription_name, earliest) for p in partitions]
@@ -317,7 +316,9 @@ def _entry_bound(bound, part, default: int) -> int:
             return default
         return bound.entry_id()
     if isinstance(bound, bool) or not isinstance(bound, int) or bound < 0:
-        raise ValueError(f"scan bound must be a non-negative entry id or MessageId, not {bound!r}")
+        raise ValueError(
+            f"scan bound must be a non-negative entry id or MessageId, not {excerpt(bound)}"
+        )
     return bound
 
 

@@ -5,6 +5,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from .txn.meta import COORDINATOR_BYTES
+
+# Named databases of the broker's own (meta, topics, ledgers, cursors, dedup, ...: 10 today);
+# the rest of max_dbs holds one per coordinator and one per partition.
+SHARED_DBS = 16
+
 
 @dataclass
 class BrokerConfig:
@@ -19,6 +25,13 @@ class BrokerConfig:
     journal_bytes: int = 16 << 20
     map_size: int = 1 << 40  # LMDB map: virtual address space, the file grows as used
     max_dbs: int = 16_384  # LMDB named databases (ledgers are one per partition)
+    # Quotas: topics, and partitions in all (a non-partitioned topic counts one), checked when
+    # a topic is created; what max_dbs leaves beside the coordinators bounds the partitions too.
+    max_topics: int = 10_000
+    max_partitions: int = 10_000
+    # What coordinators may hold (COORDINATOR_BYTES each, 264 KiB: about 990 by default);
+    # scale_coordinators also leaves max_partitions of max_dbs to the partitions.
+    max_coordinators_memory_bytes: int = 256 << 20
     max_message_size: int = 5 * 1024 * 1024  # Pulsar's default maxMessageSize
     # Group commit (Pulsar's batched transaction log: 512 records / 4 MiB / 1 ms).
     group_max_records: int = 512
@@ -61,6 +74,9 @@ class BrokerConfig:
             "batching_max_bytes",
             "receiver_queue_size",
             "max_dbs",
+            "max_topics",
+            "max_partitions",
+            "max_coordinators_memory_bytes",
             "max_txn_timeout_ms",
             "max_active_txns_per_coordinator",
             "txn_snapshot_every_txns",
@@ -74,6 +90,13 @@ class BrokerConfig:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         if self.num_coordinators > 65536:
             raise ValueError(f"num_coordinators {self.num_coordinators} exceeds 65536")
+        if self.num_coordinators * COORDINATOR_BYTES > self.max_coordinators_memory_bytes:
+            raise ValueError(
+                f"num_coordinators {self.num_coordinators} may hold "
+                f"{self.num_coordinators * COORDINATOR_BYTES >> 20} MiB "
+                f"({COORDINATOR_BYTES >> 10} KiB each), over max_coordinators_memory_bytes "
+                f"{self.max_coordinators_memory_bytes}"
+            )
         if not isinstance(self.txn_timeout_tick_ms, (int, float)) or not (
             0 < self.txn_timeout_tick_ms <= 60_000
         ):

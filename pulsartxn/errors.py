@@ -128,8 +128,21 @@ class NotAuthorized(PulsarTxnError):
 
 
 class QuotaExceeded(PulsarTxnError):
-    """A limit that keeps one client from using up what others need (topics, partitions, a
-    session's consumers, producers, transactions or waiting receives); nothing changed."""
+    """A limit that keeps one client from using up what others need: the broker's (topics,
+    partitions, max_dbs, the coordinators' memory budget) or a network session's (consumers,
+    producers, open transactions, waiting receives); nothing was created or saved."""
+
+
+def excerpt(value: object, limit: int = 100) -> str:
+    """repr(value) cut to `limit` characters (with "..."): how an error shows what the caller
+    sent, which may be a megabyte long and is sent back over the wire."""
+    if isinstance(value, (str, bytes, bytearray)) and len(value) > limit:
+        value = value[:limit]
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more than 4300 digits
+        text = f"<{type(value).__name__} too long to show>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class Unrecordable(PulsarTxnError):

@@ -6,17 +6,21 @@ import operator
 
 import numpy as np
 
+from ..errors import excerpt
+
 U64_MAX = (1 << 64) - 1
 
 
 def as_int(value, what: str) -> int:
     """An int-like argument as int (bool refused), or TypeError naming the value."""
     if isinstance(value, bool):
-        raise TypeError(f"{what} must be an int, not bool ({value!r})")
+        raise TypeError(f"{what} must be an int, not bool")
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"{what} must be an int, not {type(value).__name__} ({value!r})") from None
+        raise TypeError(
+            f"{what} must be an int, not {type(value).__name__} ({excerpt(value)})"
+        ) from None
 
 
 def as_uint64_array(values, what: str) -> np.ndarray:

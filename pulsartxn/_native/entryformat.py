@@ -21,6 +21,8 @@ from collections import namedtuple
 
 import numpy as np
 
+from ..errors import excerpt
+
 HEADER_SIZE = 56
 MAGIC = b"PTXE"
 VERSION = 1
@@ -62,7 +64,9 @@ def encode_properties(props, index: int) -> bytes:
     parts = [struct.pack("<I", len(props))]
     for k, v in props.items():
         if not isinstance(k, str) or not isinstance(v, str):
-            raise TypeError(f"properties[{index}] must map str to str, got {k!r}: {v!r}")
+            raise TypeError(
+                f"properties[{index}] must map str to str, got {excerpt(k)}: {excerpt(v)}"
+            )
         kb, vb = k.encode(), v.encode()
         parts += [struct.pack("<I", len(kb)), kb, struct.pack("<I", len(vb)), vb]
     return b"".join(parts)

@@ -24,11 +24,13 @@ from collections import deque
 from concurrent.futures import Future
 
 from .entrycodec import encode_entry
+from .types import sequences_used_up
 
 __all__ = ["PartitionProducer", "Batch", "TxnBatch"]
 
 # Ranges of dropped sequence ids a producer remembers per partition (the latest ones).
 MAX_DROPPED = 1024
+cdef int64_t MAX_SEQUENCE_ID = 0x7FFFFFFFFFFFFFFF  # types.MAX_SEQUENCE_ID: last + 1 fits below
 
 
 def _done(value=None, error=None):
@@ -221,6 +223,7 @@ cdef class PartitionProducer:
             if (
                 n + 1 >= self.max_messages
                 or batch.nbytes + size > self.max_bytes
+                or self.last_sequence >= MAX_SEQUENCE_ID
                 or self.last_sequence + 1 != batch.first_sequence + n
             ):
                 return None
@@ -260,6 +263,8 @@ cdef class PartitionProducer:
         self.lock.take()
         try:
             if not explicit:
+                if self.last_sequence >= MAX_SEQUENCE_ID:
+                    raise sequences_used_up(self.producer.name, self.partition.topic)
                 sequence_id = self.last_sequence + 1
             elif sequence_id <= self.last_sequence:
                 dup = self._duplicate(sequence_id)

@@ -14,6 +14,7 @@ import sys
 import numpy as np
 
 from .checks import as_int
+from ..errors import excerpt
 
 MAX_COORDINATOR = 0xFFFF
 MAX_SEQUENCE = (1 << 112) - 1
@@ -76,10 +77,12 @@ cdef class TxnID:
     def parse(cls, text):
         """Parse "<coordinator_id>:<sequence>" (decimal), the form str() gives."""
         if not isinstance(text, str):
-            raise TypeError(f"TxnID.parse takes a str, not {type(text).__name__} ({text!r})")
+            raise TypeError(f"TxnID.parse takes a str, not {type(text).__name__} ({excerpt(text)})")
         parts = text.split(":")
         if len(parts) != 2 or not all(p.isascii() and p.isdigit() for p in parts):
-            raise ValueError(f"not a TxnID: {text!r} (expected '<coordinator_id>:<sequence>')")
+            raise ValueError(
+                f"not a TxnID: {excerpt(text)} (expected '<coordinator_id>:<sequence>')"
+            )
         return cls(int(parts[0]), int(parts[1]))
 
     def pack(self) -> bytes:

@@ -19,13 +19,17 @@ import numpy as np
 import pyarrow as pa
 
 from .._native import PartitionProducer, value_sizes
-from ..errors import AlreadyClosed, MessageTooBig
+from .._native.types import MAX_SEQUENCE_ID, sequences_used_up
+from ..errors import AlreadyClosed, MessageTooBig, excerpt
 from ..txn.log import IN_PROCESS
 from .message import MessageId
 from .partition import Partition
 from .txn_batches import TransactionBatches
 
 _names = itertools.count()
+# Explicit sequence ids stop at 2^62-1: the ids assigned after one have 2^62 of headroom below
+# MAX_SEQUENCE_ID, so no producer name runs out of them.
+MAX_EXPLICIT_SEQUENCE_ID = (1 << 62) - 1
 
 
 def _route(key: str | bytes, n: int) -> int:
@@ -54,7 +58,7 @@ class Producer(TransactionBatches):
             ("batching_max_allowed_size_in_bytes", batching_max_bytes),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{what} must be a positive int, not {value!r}")
+                raise ValueError(f"{what} must be a positive int, not {excerpt(value)}")
         if (
             isinstance(batching_max_publish_delay_ms, bool)
             or not isinstance(batching_max_publish_delay_ms, (int, float))
@@ -62,7 +66,7 @@ class Producer(TransactionBatches):
         ):
             raise ValueError(
                 "batching_max_publish_delay_ms must be a non-negative number, "
-                f"not {batching_max_publish_delay_ms!r}"
+                f"not {excerpt(batching_max_publish_delay_ms)}"
             )
         self.client = client
         self._topic = topic
@@ -117,15 +121,20 @@ class Producer(TransactionBatches):
             if not isinstance(properties, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
             ):
-                raise TypeError(f"properties must be a dict of str to str, not {properties!r}")
+                raise TypeError(
+                    f"properties must be a dict of str to str, not {excerpt(properties)}"
+                )
         if partition_key is not None and not isinstance(partition_key, str):
             raise TypeError(f"partition_key must be a str, not {type(partition_key).__name__}")
         if sequence_id is not None and (
             isinstance(sequence_id, bool)
             or not isinstance(sequence_id, int)
-            or not 0 <= sequence_id < (1 << 63)
+            or not 0 <= sequence_id <= MAX_EXPLICIT_SEQUENCE_ID
         ):
-            raise ValueError(f"sequence_id must be an int in 0..2^63-1, not {sequence_id!r}")
+            raise ValueError(
+                "sequence_id must be an int in 0..2^62-1 (those above are the headroom of the "
+                f"ids assigned after it), not {excerpt(sequence_id)}"
+            )
         return content, properties or None
 
     def send_async(
@@ -264,6 +273,9 @@ class Producer(TransactionBatches):
                 if picked:
                     plan[i] = np.concatenate(picked)
         plan = {i: rows for i, rows in plan.items() if len(rows)}
+        for i, rows in plan.items():
+            if self._parts[i].last_sequence + len(rows) > MAX_SEQUENCE_ID:
+                raise sequences_used_up(self.name, self._parts[i].partition.topic)
         per_partition = {self._parts[i].partition.topic: len(rows) for i, rows in plan.items()}
         futures = []
         try:
@@ -351,6 +363,8 @@ class Producer(TransactionBatches):
         with part.lock:
             part._flush_locked()
             first_seq = part.last_sequence + 1
+            if first_seq + len(rows) - 1 > MAX_SEQUENCE_ID:  # sent by another thread meanwhile
+                raise sequences_used_up(self.name, part.partition.topic)
             part.last_sequence = first_seq + len(rows) - 1
             nbytes = int(sizes[rows].sum())
             op = part.partition.append_messages_op(

@@ -11,6 +11,7 @@ import time
 from concurrent.futures import Future
 
 from .._native import TxnBatch, encode_entry
+from .._native.types import MAX_SEQUENCE_ID, sequences_used_up
 from ..errors import InvalidTxnStatus
 from ..txn.log import IN_PROCESS
 from ..txn.state import FINAL
@@ -36,6 +37,8 @@ class TransactionBatches:
         resent = False
         with part.lock:
             if sequence_id is None:
+                if part.last_sequence >= MAX_SEQUENCE_ID:
+                    raise sequences_used_up(self.name, part.partition.topic)
                 sequence_id = part.last_sequence + 1
             elif sequence_id <= part.last_sequence:
                 fut = self._txn_duplicate(part, txn, sequence_id)

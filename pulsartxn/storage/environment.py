@@ -176,9 +176,9 @@ class Storage:
                         db = self.env.open_db(name, txn=txn, create=True)
                     self._names[id(db)] = name
                 except lmdb.DbsFullError:
-                    raise InvalidConfiguration(
-                        f"{self.data_dir} has room for {self._max_dbs} named databases (one "
-                        "per partition and a few shared): open it with a larger max_dbs"
+                    raise InvalidConfiguration(  # no data dir: this may cross the wire
+                        f"the store has room for {self._max_dbs} named databases (one per "
+                        "partition and coordinator, a few shared): open it with a larger max_dbs"
                     ) from None
                 except lmdb.MapFullError as exc:
                     raise storage_error(exc, self.data_dir) from None

@@ -9,23 +9,29 @@ that end several transactions with one log record (``commit_all``, ``commit_grou
 from __future__ import annotations
 
 import itertools
+import logging
 import struct
 import threading
 import time
 
 from .._native import MAX_SEQUENCE, TxnID
+from ..config import SHARED_DBS
 from ..errors import (
     CoordinatorNotFound,
     CoordinatorUnavailable,
     CorruptEntry,
+    InvalidConfiguration,
     InvalidTxnStatus,
     PulsarTxnError,
+    QuotaExceeded,
     StorageError,
     Timeout,
+    excerpt,
 )
 from ..storage import WriteOp
 from . import log
 from .coordinator import ABORTED, COMMITTED, OPEN, Coordinator, TxnMeta, status_error
+from .meta import COORDINATOR_BYTES
 from .state import EndReason, TxnState
 from .timer import TxnTimer
 
@@ -38,7 +44,9 @@ _IDEM = struct.Struct("<Q")
 CLEAN_KEY = b"txn/closed-cleanly"
 BOOT_KEY = b"txn/boot-id"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
+MAX_APP_ID_BYTES = 255  # an idempotency key's app id: an LMDB key, at most 511 bytes
 LWM_PUSH_S = 0.1  # how often the timer tells participants a coordinator's low watermark
+_LOG = logging.getLogger("pulsartxn.txn")
 
 
 class _Stateless:
@@ -75,11 +83,11 @@ class Coordinators:
         with self.storage.read() as txn:
             raw = txn.get(log.COORDINATORS_KEY, db=self.storage.meta)
         stored = struct.unpack("<I", bytes(raw))[0] if raw is not None else 0
-        # A data directory never shrinks its coordinators: their logs would be orphaned.
-        n = max(stored, cfg.num_coordinators)
-        if n != stored:
-            self._store_count(n)
+        n = self._open_count(stored)
+        self.claimed = n  # coordinators that have, or are taking, a named database each
         self.coordinators: list[Coordinator] = [Coordinator(self, i) for i in range(n)]
+        if n != stored:
+            self._store_count(n)  # once they opened: a count that cannot open is never saved
         self._pushed: dict[int, int] = {}  # coordinator id -> low watermark last pushed
         self._push_at = 0.0
         self.timer = TxnTimer(cfg.txn_timeout_tick_ms, self._expire_all)
@@ -144,6 +152,70 @@ class Coordinators:
         self._recovered = to_finalize
         self._reserve_ahead(self.coordinators)
 
+    def _open_count(self, stored: int) -> int:
+        """The saved count of coordinators, grown to the configured one. A data directory never
+        shrinks its coordinators (their logs would be orphaned), but a count that an older
+        broker saved before its coordinators opened, and that max_dbs cannot hold, drops those
+        that never handed out an id: none has a sequence reserved, so nothing names them."""
+        cfg = self.broker.config
+        n = max(stored, cfg.num_coordinators)
+        in_use = SHARED_DBS + self.broker.ledgers_in_use()
+        if in_use + n <= cfg.max_dbs:
+            return n
+        used = self._reserved_ids()
+        n = max(cfg.num_coordinators, max(used, default=-1) + 1)
+        if in_use + n > cfg.max_dbs:
+            need = in_use + n + cfg.max_partitions
+            raise InvalidConfiguration(
+                f"this store's {n} transaction coordinators and {in_use - SHARED_DBS} "
+                f"partitions do not fit in max_dbs={cfg.max_dbs} named databases: open it with "
+                f"`pulsartxn serve --max-dbs {need}` (Broker(max_dbs={need}))"
+            )
+        _LOG.warning(
+            "the store's saved count of %d transaction coordinators never opened (they do not "
+            "fit in max_dbs=%d); opening the %d that may have handed out transaction ids",
+            stored,
+            cfg.max_dbs,
+            n,
+        )
+        return n
+
+    def _reserved_ids(self) -> set[int]:
+        """Coordinators that had sequences reserved: only those ever handed out an id."""
+        prefix = log.hwm_key(0)[:-1]
+        ids = set()
+        with self.storage.read() as txn:
+            cursor = txn.cursor(db=self.storage.meta)
+            if cursor.set_range(prefix):
+                for key, _ in cursor:
+                    key = bytes(key)
+                    if not key.startswith(prefix):
+                        break
+                    if key[len(prefix) :].isdigit():
+                        ids.add(int(key[len(prefix) :]))
+        return ids
+
+    def _check_room(self, n: int) -> None:
+        """QuotaExceeded unless `n` coordinators fit: a named database each beside the
+        broker's own and max_partitions (or the partitions there are), and the memory budget."""
+        cfg = self.broker.config
+        partitions = max(self.broker.partition_count, cfg.max_partitions)
+        room = cfg.max_dbs - SHARED_DBS - partitions
+        if n > room:
+            raise QuotaExceeded(
+                f"{n} transaction coordinators do not fit: each takes one of the store's "
+                f"max_dbs={cfg.max_dbs} named databases, of which {SHARED_DBS} are the broker's "
+                f"own and {partitions} are kept for partitions (max_partitions="
+                f"{cfg.max_partitions}); at most {max(room, 0)}"
+            )
+        budget = cfg.max_coordinators_memory_bytes
+        if n * COORDINATOR_BYTES > budget:
+            raise QuotaExceeded(
+                f"{n} transaction coordinators may hold {n * COORDINATOR_BYTES >> 20} MiB "
+                f"({COORDINATOR_BYTES >> 10} KiB each), over max_coordinators_memory_bytes="
+                f"{budget}; at most {budget // COORDINATOR_BYTES}"
+            )
+
     def _reserve_ahead(self, coordinators: list[Coordinator]) -> None:
         """Reserve every ready coordinator's first block of sequences in one write: each would
         otherwise make the first new_transaction() it serves wait for a synced write of its
@@ -179,7 +251,7 @@ class Coordinators:
 
     def coordinator(self, coordinator_id) -> Coordinator:
         if isinstance(coordinator_id, bool) or not isinstance(coordinator_id, int):
-            raise TypeError(f"coordinator_id must be an int, not {coordinator_id!r}")
+            raise TypeError(f"coordinator_id must be an int, not {excerpt(coordinator_id)}")
         coords = self.coordinators
         if not 0 <= coordinator_id < len(coords):
             raise CoordinatorNotFound(
@@ -208,7 +280,7 @@ class Coordinators:
                 sub = broker._partition(partition).subscriptions.get(sub_name)
             # An unsubscribed subscription has nothing left to finalize.
             return sub.pending_ack if sub is not None else STATELESS
-        raise ValueError(f"unknown participant kind {kind!r}")
+        raise ValueError(f"unknown participant kind {excerpt(kind)}")
 
     # -- single transactions ---------------------------------------------------------------
 
@@ -220,12 +292,12 @@ class Coordinators:
         if timeout_ms is None:
             timeout_ms = self.default_timeout_ms
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int):
-            raise TypeError(f"timeout_ms must be an int, not {timeout_ms!r}")
+            raise TypeError(f"timeout_ms must be an int, not {excerpt(timeout_ms)}")
         if not 1 <= timeout_ms <= MAX_TIMEOUT_MS:
             raise ValueError(f"timeout_ms {timeout_ms} out of range 1..{MAX_TIMEOUT_MS}")
         timeout_ms = min(timeout_ms, self.max_timeout_ms)  # capped by the broker's maximum
         if group is not None and (not isinstance(group, str) or not group):
-            raise ValueError(f"group must be a non-empty str, not {group!r}")
+            raise ValueError(f"group must be a non-empty str, not {excerpt(group)}")
         if group is not None and len(group.encode()) > log.MAX_NAME_BYTES:
             raise ValueError(f"group label of {len(group.encode())} bytes is too long")
         if coordinator_id is not None:
@@ -356,7 +428,7 @@ class Coordinators:
                     c = self.of(w)
                     with c.lock:
                         c.live(w.sequence, "commit")  # unknown or finished: its own error
-                    raise InvalidTxnStatus(f"transaction {w} is not in group {group!r}")
+                    raise InvalidTxnStatus(f"transaction {w} is not in group {excerpt(group)}")
             losers = sorted(members.difference(winners))
             return self._decide_locked(winners, losers, group, key, expected)
 
@@ -578,7 +650,7 @@ class Coordinators:
 
     def scale(self, n: int) -> None:
         if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"number of coordinators must be an int, not {n!r}")
+            raise TypeError(f"number of coordinators must be an int, not {excerpt(n)}")
         # Not under self._lock while writing: the group commit's callbacks take that lock.
         with self._scale_lock:
             current = len(self.coordinators)
@@ -590,10 +662,17 @@ class Coordinators:
                 raise ValueError(f"at most 65536 coordinators, not {n}")
             if n == current:
                 return
-            self._store_count(n)
-            added = [Coordinator(self, i) for i in range(current, n)]
-            for c in added:
-                c.recover({})
+            with self.broker._lock:  # create_topic counts the claimed databases under it
+                self._check_room(n)
+                self.claimed = n
+            try:
+                added = [Coordinator(self, i) for i in range(current, n)]
+                for c in added:
+                    c.recover({})
+                self._store_count(n)  # once they opened: a count that cannot open is not saved
+            except BaseException:
+                self.claimed = current
+                raise
             self._reserve_ahead(added)
             with self._lock:
                 self.coordinators = self.coordinators + added
@@ -669,7 +748,9 @@ def _boot_id() -> bytes | None:
 
 def _check_label(group) -> None:
     if not isinstance(group, str) or not group:
-        raise ValueError(f"group must be a non-empty str, not {group!r}")
+        raise ValueError(f"group must be a non-empty str, not {excerpt(group)}")
+    if len(group.encode()) > log.MAX_NAME_BYTES:
+        raise ValueError(f"group label of {len(group.encode())} bytes is too long")
 
 
 def _idempotency(key):
@@ -684,8 +765,16 @@ def _idempotency(key):
         or not isinstance(key[1], int)
         or not 0 <= key[1] < 1 << 64
     ):
-        raise ValueError(f"idempotency_key must be (app_id: str, version: int >= 0), not {key!r}")
-    return key[0].encode(), key[1]
+        raise ValueError(
+            f"idempotency_key must be (app_id: str, version: int >= 0), not {excerpt(key)}"
+        )
+    app_id = key[0].encode()
+    if len(app_id) > MAX_APP_ID_BYTES:
+        raise ValueError(
+            f"idempotency_key app_id of {len(app_id)} bytes is too long: at most "
+            f"{MAX_APP_ID_BYTES} (it is a key of the store)"
+        )
+    return app_id, key[1]
 
 
 __all__ = ["Coordinators", "COMMITTED", "ABORTED", "TxnID"]

@@ -124,3 +124,135 @@ def test_second_broker_in_another_process_fails_fast(tmp_path):
         holder.wait(timeout=30)
     with pulsartxn.Broker(tmp_path / "x", sync=False):  # released when that process ended
         pass
+
+
+def known_topics(path) -> tuple[list, list]:
+    """(topics, partitions with a ledger) a store holds, read back after a reopen."""
+    with pulsartxn.Broker(path, sync=False) as b:
+        with b.storage.read() as txn:
+            ledgers = [bytes(k).decode() for k, _ in txn.cursor(db=b._ledgers_db)]
+        return b._known_topics(), ledgers
+
+
+def test_a_topic_quota_refuses_creation_and_auto_creation(tmp_path):
+    data = tmp_path / "d"
+    with pulsartxn.Broker(data, sync=False, max_topics=3) as b:
+        client = b.client()
+        b.create_topic("a", 2)
+        client.create_producer("b").send(b"x")
+        client.subscribe("c", "s")
+        with pytest.raises(pulsartxn.QuotaExceeded, match="max_topics"):
+            b.create_topic("d")
+        with pytest.raises(pulsartxn.QuotaExceeded, match="max_topics"):
+            client.create_producer("e")
+        with pytest.raises(pulsartxn.QuotaExceeded, match="max_topics"):
+            client.subscribe("f", "s")
+        client.create_producer("b").send(b"existing topics still work")
+    topics, _ = known_topics(data)
+    assert len(topics) == 3
+    with pulsartxn.Broker(data, sync=False, max_topics=3) as b:  # counted from the store
+        with pytest.raises(pulsartxn.QuotaExceeded):
+            b.create_topic("d")
+
+
+def test_a_partition_quota_counts_every_topic(tmp_path):
+    """Before: a few create_topic(name, 4096) took every LMDB named database the store had;
+    the defaults now stop them well before."""
+    with pulsartxn.Broker(tmp_path / "d", sync=False) as b:
+        b.create_topic("a", 4096)
+        b.create_topic("b", 4096)
+        with pytest.raises(pulsartxn.QuotaExceeded, match="max_partitions"):
+            b.create_topic("c", 4096)
+        with pytest.raises(pulsartxn.TopicNotFound):
+            b.topic_partitions("c")
+        b.create_topic("c", 16)
+        b.client().create_producer("d").send(b"x")
+    with pulsartxn.Broker(tmp_path / "e", sync=False, max_partitions=5) as b:
+        b.create_topic("a", 4)
+        with pytest.raises(pulsartxn.QuotaExceeded, match="max_partitions"):
+            b.create_topic("b", 2)
+        b.client().create_producer("c").send(b"x")  # a non-partitioned topic counts one
+        with pytest.raises(pulsartxn.QuotaExceeded, match="max_partitions"):
+            b.client().create_producer("d")
+
+
+def test_partitions_never_run_out_of_named_databases(tmp_path):
+    """The partitions a store may hold fit beside its coordinators in max_dbs: every topic
+    created is usable, and the one that would not fit is refused before anything is written
+    (before: InvalidConfiguration from LMDB halfway through, for everyone after)."""
+    with pulsartxn.Broker(tmp_path / "d", sync=False, max_dbs=64, num_coordinators=2) as b:
+        client = b.client()
+        b.create_topic("big", 40)
+        with pytest.raises(pulsartxn.QuotaExceeded, match="max_dbs"):
+            b.create_topic("more", 10)
+        created = 0
+        with pytest.raises(pulsartxn.QuotaExceeded, match="max_dbs"):
+            for i in range(64):
+                client.create_producer(f"t{i}").send(b"x")
+                created += 1
+        assert created > 0
+        producer = client.create_producer("big")
+        for i in range(40):
+            producer.send(b"x", partition_key=str(i))
+        for i in range(created):
+            client.create_producer(f"t{i}").send(b"again")
+        with pytest.raises(pulsartxn.QuotaExceeded):
+            b.admin.scale_coordinators(4)
+
+
+def test_a_long_topic_name_is_refused_before_any_write(tmp_path):
+    """Before: a 483-character name left a topic whose ledger LMDB could not name, and
+    MDB_BAD_VALSIZE for good."""
+    data = tmp_path / "d"
+    long = "t" * 483
+    with pulsartxn.Broker(data, sync=False) as b:
+        client = b.client()
+        for call in (
+            lambda: client.create_producer(long),
+            lambda: client.subscribe(long, "s"),
+            lambda: b.create_topic(long),
+            lambda: b.create_topic(long, 4),
+        ):
+            with pytest.raises(pulsartxn.InvalidTopicName, match="bytes"):
+                call()
+        # Fits alone, not with its partitions' suffix.
+        edge = "e" * (255 - len("persistent://public/default/"))
+        b.create_topic(edge)
+        with pytest.raises(pulsartxn.InvalidTopicName, match="partition"):
+            b.create_topic(edge[:-5], 12)
+        b.create_topic(edge[:-14], 12)
+        client.create_producer(edge[:-14]).send(b"x", partition_key="k")
+    topics, ledgers = known_topics(data)
+    assert sorted(len(t) for t in topics) == [241, 255]
+    assert all(len(name) <= 255 for name in ledgers)
+
+
+@pytest.mark.parametrize("length", [201, 490])
+def test_long_subscription_and_producer_names_are_refused(tmp_path, length):
+    """Before: a 490-byte subscription or producer name made a key LMDB refuses, after the
+    topic was created (MDB_BAD_VALSIZE); a NUL in a producer name could alias another's
+    de-duplication keys."""
+    data = tmp_path / "d"
+    name = "n" * length
+    with pulsartxn.Broker(data, sync=False) as b:
+        client = b.client()
+        with pytest.raises(ValueError, match="subscription"):
+            client.subscribe("t", name)
+        with pytest.raises(ValueError, match="producer"):
+            client.create_producer("t", producer_name=name).send(b"x")
+        with pytest.raises(ValueError, match="producer"):
+            client.create_producer("t", producer_name="a\0b")
+        with pytest.raises(pulsartxn.TopicNotFound):
+            b.topic_partitions("t")  # refused before the topic was auto-created
+        consumer = client.subscribe("t", "n" * 200)
+        producer = client.create_producer("t", producer_name="p" * 200)
+        producer.send(b"x", sequence_id=1)
+        assert consumer.receive(5000).data() == b"x"
+        with pytest.raises(ValueError, match="app_id"):
+            client.commit_group("g", [], idempotency_key=("a" * 600, 1))
+        with pytest.raises(ValueError, match="group"):
+            client.abort_group("g" * 70_000)
+    with pulsartxn.Broker(data, sync=False) as b:
+        with b.storage.read() as txn:
+            cursors = [bytes(k) for k, _ in txn.cursor(db=b._cursors_db)]
+        assert [len(k.split(b"\0")[1]) for k in cursors] == [200]

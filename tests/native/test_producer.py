@@ -444,3 +444,67 @@ def test_waiting_on_a_transactional_future_writes_its_batch_now(impl, tmp_path):
         assert len(list(as_completed(futures, timeout=10))) == 3
         txn.abort()
         assert stored_values(p)[-1] == b"later"  # nothing of the aborted one shows
+
+
+def test_a_sequence_id_at_the_top_is_refused_and_the_name_keeps_working(impl, tmp_path):
+    """Before: sequence_id=2**63-1 was stored, the next send's sequence id overflowed, and
+    every later send of the producer name failed, also after a restart. Explicit ids stop at
+    2**62-1: the ids assigned after one have 2**62 of headroom."""
+    from pulsartxn.messaging.producer import MAX_EXPLICIT_SEQUENCE_ID as top
+
+    data = tmp_path / "b"
+    with producers_of(impl), pulsartxn.Broker(data, sync=False) as broker:
+        client = broker.client()
+        p = client.create_producer("t", producer_name="p", batching_enabled=False)
+        txn = client.new_transaction()
+        for bad in (2**63 - 1, top + 1, 2**64, -1):
+            for send in (p.send, p.send_async, lambda *a, **k: p.send(*a, txn=txn, **k)):
+                with pytest.raises(ValueError, match="sequence_id"):
+                    send(b"x", sequence_id=bad)
+        txn.commit()
+        assert p.last_sequence_id() == -1
+        p.send(b"a")
+        at_top = p.send(b"top", sequence_id=top)
+        p.send(b"after")  # assigned: top + 1, in the headroom
+        txn = client.new_transaction()
+        p.send(b"in-txn", txn=txn)
+        txn.commit()
+        assert p.last_sequence_id() == top + 2
+        p.close()
+    with producers_of(impl), pulsartxn.Broker(data, sync=False) as broker:
+        p = broker.client().create_producer("t", producer_name="p")
+        assert p.last_sequence_id() == top + 2
+        p.send(b"restarted")
+        assert p.send(b"dup", sequence_id=top) == at_top
+        assert stored_values(p) == [b"a", b"top", b"after", b"in-txn", b"restarted"]
+
+
+def test_a_name_with_every_sequence_id_used_fails_cleanly(impl, tmp_path):
+    """A store where an older broker let a producer name reach 2**63-1: its next send is a
+    clear error that changes nothing (before: a negative sequence id in the native producer
+    and a lost message, a struct error in its twin), and other names are unaffected."""
+    import struct
+
+    with producer_on(impl, tmp_path) as p:
+        client = p.client
+        partition = p._parts[0].partition
+        key = partition._dedup_prefix + b"old"
+        partition.storage.write(
+            lambda t: t.put(key, struct.pack("<q", 2**63 - 1), db=partition._dedup_db)
+        )
+        old = client.create_producer("t", producer_name="old", batching_max_messages=10)
+        txn = client.new_transaction()
+        for send in (
+            old.send,
+            old.send_async,
+            lambda v: old.send(v, txn=txn),
+            lambda v: old.send_async(v, txn=txn),
+            lambda v: old.send_batch([v, v]),
+        ):
+            with pytest.raises(ValueError, match="every sequence id"):
+                send(b"x")
+            assert old.last_sequence_id() == 2**63 - 1
+        old.flush()
+        txn.commit()
+        p.send(b"other names work")
+        assert stored_values(p) == [b"other names work"]

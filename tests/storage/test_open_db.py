@@ -37,13 +37,14 @@ def test_open_db_beside_group_commits():
 
 
 def test_too_many_databases_is_a_clear_error(tmp_path):
+    """The topic that would not fit in max_dbs is refused before it is created."""
     import pytest
 
     import pulsartxn
 
     with pulsartxn.Broker(tmp_path / "d", sync=False, max_dbs=40) as broker:
         producer_topics = []
-        with pytest.raises(pulsartxn.InvalidConfiguration, match="max_dbs"):
+        with pytest.raises(pulsartxn.QuotaExceeded, match="max_dbs"):
             for i in range(100):
                 broker.client().create_producer(f"t{i}")
                 producer_topics.append(i)

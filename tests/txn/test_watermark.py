@@ -111,19 +111,21 @@ def test_ended_transactions_are_remembered_within_a_bound(tmp_path):
         assert len(scanned(client, "out")) == 201
 
 
+@pytest.mark.parametrize("page", [8, 3])
 @given(
     st.lists(
         st.tuples(st.sampled_from(["begin", "finish", "get"]), st.integers(0, 40)),
         max_size=150,
     )
 )
-def test_outcomes_ring_against_a_dict(steps):
-    """The coordinator's outcome ring (8 slots here) answers like a dict of the outcomes of
-    the last 8 sequences of the window, over wrap-arounds and jumps."""
+def test_outcomes_ring_against_a_dict(page, steps):
+    """The coordinator's outcomes (8 sequences here, in pages of `page`) answer like a dict of
+    the outcomes of the last 8 sequences of the window, over page drops and jumps, and hold
+    no more pages than the window needs."""
     from pulsartxn.txn.meta import ABORTED, COMMITTED, Outcomes
     from pulsartxn.txn.state import EndReason
 
-    ring, model, high, live = Outcomes(8), {}, -1, set()
+    ring, model, high, live = Outcomes(8, page), {}, -1, set()
     next_seq = 0
     for op, x in steps:
         if op == "begin":
@@ -146,6 +148,7 @@ def test_outcomes_ring_against_a_dict(steps):
             seq = x
             expected = model.get(seq) if high - 8 < seq <= high else None
             assert ring.get(seq) == expected
+        assert ring.nbytes <= (8 // page + 2) * page
     for seq in range(next_seq + 2):
         expected = model.get(seq) if high - 8 < seq <= high else None
         assert ring.get(seq) == expected

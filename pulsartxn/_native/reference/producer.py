@@ -14,6 +14,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 
+from ..types import MAX_SEQUENCE_ID, sequences_used_up
 from .entrycodec import encode_entry
 from .outcome import MessageFuture, Outcome
 
@@ -176,6 +177,7 @@ class PartitionProducer:
             if (
                 n + 1 >= producer.batching_max_messages
                 or batch.nbytes + len(content) > producer.batching_max_bytes
+                or self.last_sequence >= MAX_SEQUENCE_ID
                 or self.last_sequence + 1 != batch.first_sequence + n
             ):
                 return None
@@ -210,6 +212,8 @@ class PartitionProducer:
         resent = False
         with self.lock:
             if sequence_id is None:
+                if self.last_sequence >= MAX_SEQUENCE_ID:
+                    raise sequences_used_up(producer.name, self.partition.topic)
                 sequence_id = self.last_sequence + 1
             elif sequence_id <= self.last_sequence:
                 dup = self._duplicate(sequence_id)

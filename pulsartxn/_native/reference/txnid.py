@@ -6,6 +6,7 @@ from functools import total_ordering
 
 import numpy as np
 
+from ...errors import excerpt
 from ..checks import as_int
 
 MAX_COORDINATOR = 0xFFFF
@@ -73,10 +74,12 @@ class TxnID:
     @classmethod
     def parse(cls, text) -> TxnID:
         if not isinstance(text, str):
-            raise TypeError(f"TxnID.parse takes a str, not {type(text).__name__} ({text!r})")
+            raise TypeError(f"TxnID.parse takes a str, not {type(text).__name__} ({excerpt(text)})")
         parts = text.split(":")
         if len(parts) != 2 or not all(p.isascii() and p.isdigit() for p in parts):
-            raise ValueError(f"not a TxnID: {text!r} (expected '<coordinator_id>:<sequence>')")
+            raise ValueError(
+                f"not a TxnID: {excerpt(text)} (expected '<coordinator_id>:<sequence>')"
+            )
         return cls(int(parts[0]), int(parts[1]))
 
     def pack(self) -> bytes:

@@ -1,0 +1,128 @@
+"""One client cannot hurt another through `pulsartxn serve`: what would exhaust or break the
+store is refused before anything is written, and errors stay short and say nothing of where
+the data lives."""
+
+from __future__ import annotations
+
+import struct
+
+import lmdb
+import pytest
+
+import pulsartxn
+from pulsartxn.errors import InvalidTopicName, QuotaExceeded, TopicNotFound
+from pulsartxn.txn import log
+
+HUGE = "x" * 1_000_000
+
+
+def test_a_refused_scale_leaves_a_store_that_restarts(server):
+    """Before: scale_coordinators(20000) saved the count, then ran out of named databases
+    (and grew the server to 4.6 GB); the server never started again."""
+    s = server()
+    client = pulsartxn.Client(s.url)
+    with pytest.raises(QuotaExceeded, match="max_dbs"):
+        client.admin.scale_coordinators(20000)
+    with pytest.raises(QuotaExceeded, match="max_coordinators_memory_bytes"):
+        client.admin.scale_coordinators(4000)
+    client.admin.scale_coordinators(20)
+    client.close()
+    s.stop()
+    s.start()
+    client = pulsartxn.Client(s.url)
+    assert len(client.admin.coordinators()) == 20
+    client.new_transaction(coordinator_id=19).commit()
+    client.close()
+
+
+def test_a_bricked_store_is_served(server, tmp_path):
+    """A store that an older broker left with 20000 coordinators saved (its scale ran out of
+    named databases, and every later start failed) is served with the coordinators it ran."""
+    data = tmp_path / "data"
+    pulsartxn.Broker(data, sync=False).close()
+    env = lmdb.open(str(data), max_dbs=64)
+    with env.begin(write=True) as txn:
+        meta = env.open_db(b"meta", txn=txn)
+        txn.put(log.COORDINATORS_KEY, struct.pack("<I", 20000), db=meta)
+    env.close()
+    s = server()
+    client = pulsartxn.Client(s.url)
+    assert len(client.admin.coordinators()) == 16
+    txn = client.new_transaction()
+    client.create_producer("t").send(b"x", txn=txn)
+    txn.commit()
+    client.close()
+
+
+def test_a_partition_quota_through_a_server(server):
+    """Before: a few create_topic(name, 4096) could take every named database of the store."""
+    s = server()
+    client = pulsartxn.Client(s.url)
+    client.create_topic("a", 4096)
+    client.create_topic("b", 4096)
+    with pytest.raises(QuotaExceeded, match="max_partitions"):
+        client.create_topic("c", 4096)
+    client.create_producer("d").send(b"x")
+    client.close()
+    s.stop()
+    s.start()
+    client = pulsartxn.Client(s.url)
+    with pytest.raises(TopicNotFound):
+        client.topic_partitions("c")
+    with pytest.raises(QuotaExceeded, match="max_partitions"):
+        client.create_topic("c", 4096)
+    client.create_topic("c", 16)
+    client.close()
+
+
+def test_names_are_checked_before_any_write_through_a_server(server):
+    s = server()
+    client = pulsartxn.Client(s.url)
+    for call in (
+        lambda: client.create_producer("t" * 483),
+        lambda: client.create_topic("t" * 483, 4),
+        lambda: client.subscribe("t" * 483, "s"),
+    ):
+        with pytest.raises(InvalidTopicName):
+            call()
+    with pytest.raises(ValueError, match="subscription"):
+        client.subscribe("u", "s" * 490)
+    with pytest.raises(ValueError, match="producer"):
+        client.create_producer("u", producer_name="p" * 490)
+    for call in (
+        lambda: client.create_producer(HUGE),
+        lambda: client.subscribe("u", HUGE),
+    ):
+        with pytest.raises((ValueError, InvalidTopicName)) as raised:
+            call()
+        message = str(raised.value)
+        assert len(message) < 400 and s.data_dir not in message
+    client.close()
+    s.stop()
+    s.start()
+    client = pulsartxn.Client(s.url)
+    for topic in ("t" * 483, "u"):
+        with pytest.raises((TopicNotFound, InvalidTopicName)):
+            client.topic_partitions(topic)
+    client.create_producer("u").send(b"fine")
+    client.close()
+
+
+def test_a_sequence_id_at_the_top_does_not_break_the_name_through_a_server(server):
+    s = server()
+    client = pulsartxn.Client(s.url)
+    producer = client.create_producer("t", producer_name="p", batching_enabled=False)
+    with pytest.raises(ValueError, match="sequence_id"):
+        producer.send(b"x", sequence_id=2**63 - 1)
+    producer.close()
+    producer = client.create_producer("t", producer_name="p", batching_enabled=False)
+    producer.send(b"a")
+    client.close()
+    s.stop()
+    s.start()
+    client = pulsartxn.Client(s.url)
+    producer = client.create_producer("t", producer_name="p", batching_enabled=False)
+    producer.send(b"b")
+    values = [v for b in client.scan("t") for v in b.column("value").to_pylist()]
+    assert values == [b"a", b"b"]
+    client.close()
