@@ -81,6 +81,7 @@ def _serve(args: argparse.Namespace) -> int:
             waiting_receives=args.session_max_waiting_receives,
         ),
         sync=not args.no_sync,
+        **({"max_dbs": args.max_dbs} if args.max_dbs is not None else {}),
     )
     return 0
 
@@ -116,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.add_argument("--no-sync", action="store_true", help="do not fsync commits")
     srv.add_argument("--max-request-bytes", type=int, default=64 * 1024 * 1024)
+    srv.add_argument(
+        "--max-dbs",
+        type=int,
+        help="LMDB named databases, one per partition and coordinator (default 16384): raise "
+        "it to open a store whose coordinators do not fit",
+    )
     for what, default in (
         ("consumers", 1024),
         ("producers", 1024),

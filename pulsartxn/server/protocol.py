@@ -63,12 +63,6 @@ def unframe(body, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> tuple[dict, mem
     return args, view[4 + n :]
 
 
-def bounded(text, limit: int = 100) -> str:
-    """`text` as an error message may echo it: at most `limit` characters."""
-    text = str(text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def to_flight_error(exc: BaseException) -> flight.FlightServerError:
     name = type(exc).__name__
     if name not in _ERRORS:
@@ -120,7 +114,7 @@ def decode_message(body) -> Message:
         and _is_int(t)
         and _is_int(r)
     ):
-        raise ValueError(f"malformed message: bad field types in {bounded(head)}")
+        raise ValueError(f"malformed message: bad field types in {errors.excerpt(head)}")
     return Message(bytes(data), props, key, mid, topic, t, r)
 
 

@@ -248,7 +248,7 @@ class BrokerServer(flight.FlightServerBase):
         with self._lock:
             s = self._sessions.get(sid) if isinstance(sid, str) else None
         if s is None:
-            raise SessionLost(f"unknown session {protocol.bounded(sid)!r}")
+            raise SessionLost(f"unknown session {errors.excerpt(sid)}")
         s.last_seen = time.monotonic()
         return s
 
@@ -258,12 +258,12 @@ class BrokerServer(flight.FlightServerBase):
         if value is None and not required:
             return None
         if not isinstance(value, str):
-            raise TypeError(f"txn must be a TxnID string, not {protocol.bounded(value)!r}")
+            raise TypeError(f"txn must be a TxnID string, not {errors.excerpt(value)}")
         txn = s.txns.get(value)
         if txn is None:
             if not self._admin() and not self._holds(b"txn:" + value.encode(), capability):
                 raise errors.NotAuthorized(
-                    f"transaction {protocol.bounded(value)} belongs to another session: "
+                    f"transaction {errors.excerpt(value)} belongs to another session: "
                     "present its capability"
                 )
             txn = s.client.transaction(value)
@@ -297,7 +297,7 @@ class BrokerServer(flight.FlightServerBase):
             self._reserved[label] = time.monotonic()
             return self._capability(what)
         raise errors.NotAuthorized(
-            f"group {protocol.bounded(label)!r} belongs to another session: present its capability"
+            f"group {errors.excerpt(label)} belongs to another session: present its capability"
         )
 
     @staticmethod
@@ -331,7 +331,7 @@ class BrokerServer(flight.FlightServerBase):
             self._role(context)
             handler = self._actions.get(action.type)
             if handler is None:
-                raise ValueError(f"unknown action {protocol.bounded(action.type)!r}")
+                raise ValueError(f"unknown action {errors.excerpt(action.type)}")
             if handler in self._admin_actions:
                 self._admin_only(context, f"{action.type}")
             args, payload = unframe(action.body.to_pybytes(), self.max_request_bytes)
@@ -341,7 +341,7 @@ class BrokerServer(flight.FlightServerBase):
                 name = exc.args[0] if exc.args else None
                 if isinstance(name, str) and name not in args:  # args["topic"] of a bad call
                     raise ValueError(
-                        f"{action.type}: missing argument {protocol.bounded(name)!r}"
+                        f"{action.type}: missing argument {errors.excerpt(name)}"
                     ) from None
                 raise
         except flight.FlightError:
@@ -375,8 +375,7 @@ class BrokerServer(flight.FlightServerBase):
     def _on_hello(self, args, payload):
         if args.get("version") != protocol.VERSION:
             raise errors.InvalidConfiguration(
-                f"protocol version {protocol.bounded(args.get('version'))!r}"
-                f" is not {protocol.VERSION}"
+                f"protocol version {errors.excerpt(args.get('version'))} is not {protocol.VERSION}"
             )
         sid = args.get("session")
         if not isinstance(sid, str) or not 8 <= len(sid) <= 64:
@@ -421,7 +420,7 @@ class BrokerServer(flight.FlightServerBase):
     def _producer(self, s: _Session, args):
         p = s.producers.get(args.get("handle"))
         if p is None:
-            raise SessionLost(f"unknown producer {protocol.bounded(args.get('handle'))!r}")
+            raise SessionLost(f"unknown producer {errors.excerpt(args.get('handle'))}")
         return p
 
     def _on_send_many(self, args, payload):
@@ -531,7 +530,7 @@ class BrokerServer(flight.FlightServerBase):
     def _consumer(self, s: _Session, args):
         c = s.consumers.get(args.get("handle"))
         if c is None:
-            raise SessionLost(f"unknown consumer {protocol.bounded(args.get('handle'))!r}")
+            raise SessionLost(f"unknown consumer {errors.excerpt(args.get('handle'))}")
         return c
 
     def _on_receive(self, args, payload):
@@ -622,7 +621,7 @@ class BrokerServer(flight.FlightServerBase):
         s = self._session(args)
         label = args["group"]
         if not isinstance(label, str) or not label:
-            raise ValueError(f"group must be a non-empty str, not {protocol.bounded(label)!r}")
+            raise ValueError(f"group must be a non-empty str, not {errors.excerpt(label)}")
         return {"capability": self._group(s, label, args.get("capability"), claim=True)}
 
     def _on_txn_state(self, args, payload):
@@ -680,7 +679,7 @@ class BrokerServer(flight.FlightServerBase):
         self._session(args)
         method = args.get("method")
         if method not in self._ADMIN:
-            raise ValueError(f"unknown admin call {protocol.bounded(method)!r}")
+            raise ValueError(f"unknown admin call {errors.excerpt(method)}")
         return {"result": jsonable(getattr(self.broker.admin, method)(*args.get("args", [])))}
 
     def do_get(self, context, ticket):
@@ -701,7 +700,7 @@ class BrokerServer(flight.FlightServerBase):
                     protocol.dispatch_schema(), protocol.message_batches(msgs, STREAM_BATCH_BYTES)
                 )
             if args.get("op") != "scan":
-                raise ValueError(f"unknown stream {protocol.bounded(args.get('op'))!r}")
+                raise ValueError(f"unknown stream {errors.excerpt(args.get('op'))}")
             start, end = args.get("start"), args.get("end")
             if isinstance(start, str):
                 start = MessageId.deserialize(bytes.fromhex(start))

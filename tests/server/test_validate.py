@@ -54,6 +54,29 @@ def test_a_bricked_store_is_served(server, tmp_path):
     client.close()
 
 
+def test_a_store_whose_coordinators_do_not_fit_is_served_with_max_dbs(server, tmp_path):
+    """Coordinators that handed out TxnIDs are never dropped: a store holding more than the
+    named databases allow refuses to start in one line naming --max-dbs, which serves it."""
+    data = tmp_path / "data"
+    pulsartxn.Broker(data, sync=False).close()
+    env = lmdb.open(str(data), max_dbs=64)
+    with env.begin(write=True) as txn:
+        meta = env.open_db(b"meta", txn=txn)
+        txn.put(log.COORDINATORS_KEY, struct.pack("<I", 60), db=meta)
+        for c in range(60):
+            txn.put(log.hwm_key(c), (4096).to_bytes(16, "big"), db=meta)
+    env.close()
+    with pytest.raises(RuntimeError) as refused:
+        server("--max-dbs", "64")
+    lines = str(refused.value).split("server exited: ", 1)[1].strip().splitlines()
+    assert len(lines) == 1 and "--max-dbs" in lines[0] and str(data) not in lines[0]
+    s = server("--max-dbs", "128")
+    client = pulsartxn.Client(s.url)
+    assert len(client.admin.coordinators()) == 60
+    client.new_transaction(coordinator_id=59).commit()
+    client.close()
+
+
 def test_a_partition_quota_through_a_server(server):
     """Before: a few create_topic(name, 4096) could take every named database of the store."""
     s = server()
