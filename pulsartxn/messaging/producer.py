@@ -32,6 +32,19 @@ _names = itertools.count()
 MAX_EXPLICIT_SEQUENCE_ID = (1 << 62) - 1
 
 
+def check_sequence_id(sequence_id) -> None:
+    """An explicit sequence id (None: the producer assigns one) is an int in 0..2^62-1."""
+    if sequence_id is not None and (
+        isinstance(sequence_id, bool)
+        or not isinstance(sequence_id, int)
+        or not 0 <= sequence_id <= MAX_EXPLICIT_SEQUENCE_ID
+    ):
+        raise ValueError(
+            "sequence_id must be an int in 0..2^62-1 (those above are the headroom of the "
+            f"ids assigned after it), not {excerpt(sequence_id)}"
+        )
+
+
 def _route(key: str | bytes, n: int) -> int:
     """Stable partition of a key: the same on every process and run (not Python's hash)."""
     raw = key.encode() if isinstance(key, str) else bytes(key)
@@ -126,15 +139,7 @@ class Producer(TransactionBatches):
                 )
         if partition_key is not None and not isinstance(partition_key, str):
             raise TypeError(f"partition_key must be a str, not {type(partition_key).__name__}")
-        if sequence_id is not None and (
-            isinstance(sequence_id, bool)
-            or not isinstance(sequence_id, int)
-            or not 0 <= sequence_id <= MAX_EXPLICIT_SEQUENCE_ID
-        ):
-            raise ValueError(
-                "sequence_id must be an int in 0..2^62-1 (those above are the headroom of the "
-                f"ids assigned after it), not {excerpt(sequence_id)}"
-            )
+        check_sequence_id(sequence_id)
         return content, properties or None
 
     def send_async(

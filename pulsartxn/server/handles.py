@@ -19,6 +19,7 @@ import pyarrow.flight as flight
 from .. import errors
 from .._native import TxnID
 from ..messaging.message import Message, MessageId
+from ..messaging.producer import check_sequence_id
 from ..txn.state import TxnState
 from ..txn.transaction import TransactionContext
 from . import protocol
@@ -205,6 +206,7 @@ class RemoteProducer(_Handle):
         return self.name
 
     def _next_seq(self, sequence_id):
+        check_sequence_id(sequence_id)  # a refused id must not move the ids assigned after it
         with self._seq_lock:
             if sequence_id is None:
                 sequence_id = self._last_sequence + 1
