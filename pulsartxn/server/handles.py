@@ -88,6 +88,9 @@ class _Handle:
         self.close()
 
 
+SEND_BATCH_BYTES = 8 << 20  # a send_batch goes out in record batches of about this many bytes
+
+
 class BatchStream:
     """See ``RemoteProducer.batch_stream``."""
 
@@ -374,7 +377,8 @@ class RemoteProducer(_Handle):
             writer, reader = self._client._flight.do_put(
                 flight.FlightDescriptor.for_command(command), table.schema, self._client._options
             )
-            writer.write_table(table)
+            for batch in protocol.table_batches(table, SEND_BATCH_BYTES):
+                writer.write_batch(batch)
             writer.done_writing()
             meta = reader.read()
             writer.close()

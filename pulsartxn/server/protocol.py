@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import struct
 
+import numpy as np
+import pyarrow.compute as pc
 import pyarrow.flight as flight
 
 from .. import errors
@@ -185,6 +187,25 @@ def message_batches(msgs, max_bytes: int):
         size += n
     if start < len(msgs) or not msgs:
         yield messages_to_batch(msgs[start:])
+
+
+def table_batches(table, max_bytes: int):
+    """`table` (a `value` column, maybe `key`) as record batches of about `max_bytes` of
+    values and keys each (one row larger than that is a batch of its own)."""
+    sizes = pc.binary_length(table.column("value")).to_numpy(zero_copy_only=False)
+    if "key" in table.schema.names:
+        sizes = sizes + pc.binary_length(table.column("key")).fill_null(0).to_numpy(
+            zero_copy_only=False
+        )
+    ends = np.cumsum(sizes, dtype=np.int64)
+    start = 0
+    while start < table.num_rows:
+        base = ends[start - 1] if start else 0
+        stop = max(int(np.searchsorted(ends, base + max_bytes, side="right")), start + 1)
+        yield from table.slice(start, stop - start).combine_chunks().to_batches()
+        start = stop
+    if table.num_rows == 0:
+        yield from table.to_batches()
 
 
 def batch_to_messages(batch) -> list[Message]:

@@ -334,7 +334,8 @@ class BrokerServer(flight.FlightServerBase):
                 raise ValueError(f"unknown action {errors.excerpt(action.type)}")
             if handler in self._admin_actions:
                 self._admin_only(context, f"{action.type}")
-            args, payload = unframe(action.body.to_pybytes(), self.max_request_bytes)
+            # The body is checked where gRPC left it (a copy would double what a client sends).
+            args, payload = unframe(action.body, self.max_request_bytes)
             try:
                 out = handler(args, payload)
             except KeyError as exc:
@@ -485,6 +486,11 @@ class BrokerServer(flight.FlightServerBase):
             try:
                 for chunk in reader:
                     batch = chunk.data
+                    if batch.nbytes > self.max_request_bytes:
+                        raise ValueError(
+                            f"a send_batch batch of {batch.nbytes} bytes exceeds the limit of "
+                            f"{self.max_request_bytes}: send smaller batches"
+                        )
                     size += batch.nbytes
                     if size > self.max_request_bytes * 16:
                         raise ValueError("send_batch stream exceeds the server's limit")

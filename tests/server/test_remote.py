@@ -18,7 +18,7 @@ from pulsartxn.errors import (
     TransactionNotFound,
 )
 from pulsartxn.server.protocol import frame
-from tests.helpers import drain
+from tests.helpers import drain, scanned
 
 
 def test_produce_consume_and_transactions_remotely(server):
@@ -85,6 +85,26 @@ def test_garbage_and_oversized_requests_change_nothing(server):
         client.create_producer("persistent://bad/name")
     producer.send(b"small")
     assert client.admin.topic_stats("t")["messages"] == 1
+    client.close()
+
+
+def test_a_send_batch_streams_in_slices_under_the_request_limit(server):
+    """A send_batch larger than the request limit goes out in slices of about 8 MiB, each
+    checked on arrival; a batch that is itself past the limit is refused, nothing stored."""
+    s = server("--max-request-bytes", str(16 << 20))
+    client = pulsartxn.Client(s.url)
+    producer = client.create_producer("t")
+    values = [bytes([i % 251]) * (i % 97 + (1 << 20) * (i % 5 == 0)) for i in range(200)]
+    txn = client.new_transaction()
+    assert producer.send_batch(values, txn=txn) == 200  # 40 MiB: past 16 MiB, in slices
+    txn.commit()
+    assert scanned(client, "t") == values
+    big = pa.RecordBatch.from_arrays([pa.array([b"x" * (17 << 20)], pa.binary())], ["value"])
+    stream = producer.batch_stream()
+    with pytest.raises(ValueError, match="exceeds the limit"):
+        stream.write(big.column(0))
+        stream.close()
+    assert client.admin.topic_stats("t")["messages"] == 200
     client.close()
 
 
