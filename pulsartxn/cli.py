@@ -74,6 +74,7 @@ def _serve(args: argparse.Namespace) -> int:
         tls=tls,
         insecure=args.insecure,
         max_wait_ms=args.max_wait_ms,
+        max_sessions=args.max_sessions,
         limits=SessionLimits(
             consumers=args.session_max_consumers,
             producers=args.session_max_producers,
@@ -135,6 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
             default=default,
             help=f"the most {what.replace('-', ' ')} one client session may hold at once",
         )
+    srv.add_argument(
+        "--max-sessions",
+        type=int,
+        default=4096,
+        help="the most clients connected at once",
+    )
     srv.add_argument(
         "--max-wait-ms",
         type=int,

@@ -84,7 +84,11 @@ class RemoteClient:
         self._objects: weakref.WeakSet = weakref.WeakSet()
         self._capabilities: dict[str, str] = {}  # TxnID string -> its capability
         self._group_capabilities: dict[str, str] = {}  # group label -> its capability
-        self._hello()
+        try:
+            self._hello()
+        except BaseException:
+            self._flight.close()  # refused (a token, the server's session limit): nothing kept
+            raise
         self.admin = RemoteAdmin(self)
         self._stop = threading.Event()
         self._keepalive = threading.Thread(

@@ -42,6 +42,7 @@ STREAM_BATCH_BYTES = 4 << 20  # payload bytes per record batch of a dispatch str
 # The longest a call waits on the server by default (a receive for ever would hold a server
 # thread for ever): a client that waits longer asks again.
 MAX_WAIT_MS = 10_000
+MAX_SESSIONS = 4096  # clients connected at once (each may hold SessionLimits)
 
 log = logging.getLogger(__name__)
 
@@ -161,11 +162,14 @@ class BrokerServer(flight.FlightServerBase):
         tls: tuple[bytes, bytes] | None = None,
         max_wait_ms: int = MAX_WAIT_MS,
         limits: SessionLimits | None = None,
+        max_sessions: int = MAX_SESSIONS,
     ) -> None:
         """`token`: what clients must present; `admin_token`: what admin calls need (both
         None: everything open). `tls`: (certificate, key) in PEM: grpc+tls. `max_wait_ms`:
-        the longest a call waits here (a client waiting longer asks again)."""
+        the longest a call waits here (a client waiting longer asks again). `max_sessions`:
+        clients connected at once."""
         self.max_wait_ms = max_wait_ms
+        self.max_sessions = max_sessions
         self.limits = limits or SessionLimits()
         middleware = {"auth": _AuthFactory(token, admin_token)}
         scheme = "grpc+tls" if tls else "grpc"
@@ -383,6 +387,11 @@ class BrokerServer(flight.FlightServerBase):
             raise ValueError("hello needs a session id of 8..64 characters")
         with self._lock:
             if sid not in self._sessions:
+                if len(self._sessions) >= self.max_sessions:
+                    raise errors.QuotaExceeded(
+                        f"the server holds its limit of {self.max_sessions} sessions "
+                        "(pulsartxn serve --max-sessions)"
+                    )
                 self._sessions[sid] = _Session(sid, self.broker.client(session=sid))
         return {"version": protocol.VERSION, "broker": self.broker.broker_id}
 
@@ -733,6 +742,7 @@ def serve(
     insecure: bool = False,
     max_wait_ms: int = MAX_WAIT_MS,
     limits: SessionLimits | None = None,
+    max_sessions: int = MAX_SESSIONS,
     **broker_options,
 ) -> None:
     """Run a broker and serve it until SIGINT/SIGTERM; then close it cleanly (in-flight
@@ -768,6 +778,7 @@ def serve(
             tls=tls,
             max_wait_ms=max_wait_ms,
             limits=limits,
+            max_sessions=max_sessions,
         )
     except BaseException:
         broker.close()

@@ -283,6 +283,18 @@ def test_a_session_holds_at_most_its_limits(server):
     b.close()
 
 
+def test_a_server_holds_at_most_max_sessions(server):
+    s = server("--max-sessions", "2")
+    a, b = pulsartxn.Client(s.url), pulsartxn.Client(s.url)
+    with pytest.raises(pulsartxn.QuotaExceeded, match="2 sessions"):
+        pulsartxn.Client(s.url)
+    b.close()
+    c = pulsartxn.Client(s.url)  # room again once one has left
+    c.create_producer("t").send(b"m")
+    a.close()
+    c.close()
+
+
 def test_a_batch_receive_streams_in_batches_of_bounded_size(server):
     """Dispatch over the network is a stream of record batches of about 4 MiB of payload
     each, not one of everything the call returns."""
