@@ -97,6 +97,24 @@ def test_the_command_line_reports_errors_in_one_line(server, tmp_path):
         assert "Traceback" not in run.stderr
 
 
+def test_the_log_never_shows_a_session_id(server):
+    """A session id is what a call presents to act as that client: the log must not leak it
+    (it did, on every expiry)."""
+    import time
+
+    s = server("--session-timeout-s", "1")
+    a, b = pulsartxn.Client(s.url), pulsartxn.Client(s.url)
+    a.create_producer("t").send(b"m")
+    sids = [a._session, b._session]
+    a._stop.set()  # a goes silent: its session expires
+    time.sleep(2.0)
+    b.close()
+    s.stop()
+    log = s.proc.stderr.read()
+    assert "a session expired" in log
+    assert not [sid for sid in sids if sid in log]
+
+
 def test_flight_calls_the_service_does_not_offer_answer_a_clean_error(server):
     s = server()
     raw = flight.FlightClient(f"grpc://127.0.0.1:{s.port}")
