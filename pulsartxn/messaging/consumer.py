@@ -49,6 +49,8 @@ class Consumer:
         consumer_name: str | None,
         negative_ack_redelivery_delay_ms: int,
         read_committed: bool = True,
+        receiver_queue_size: int = 1000,
+        max_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self._client = client
         self._topic = topic
@@ -58,6 +60,8 @@ class Consumer:
         self._type = sub_type
         self._name = consumer_name or f"consumer-{next(_names)}"
         self._nack_delay = negative_ack_redelivery_delay_ms / 1000.0
+        self._queue_size = receiver_queue_size  # messages one batch_receive takes at most
+        self._max_bytes = max_bytes  # and bytes of message data (one larger goes alone)
         self._cond = threading.Condition()
         self._signal = 0
         self._next = 0
@@ -108,39 +112,36 @@ class Consumer:
                 return msg
         return None
 
-    def _poll_many(self, n: int) -> list[Message]:
-        """Up to n messages available now, partition after partition from the next in turn."""
-        out: list[Message] = []
+    def _poll_many(self, out: list, n: int, budget: int) -> tuple[int, bool]:
+        """Messages available now into `out` until it holds n, partition after partition from
+        the next in turn, within `budget` bytes (as Subscription.take_many): (budget left,
+        whether the budget stopped it)."""
         subs = self._subs
         k = len(subs)
         start = self._next
         for i in range(k):
-            got = subs[(start + i) % k].take_many(self, n - len(out))
-            if got:
-                out.extend(got)
+            before = len(out)
+            nbytes, full = subs[(start + i) % k].take_many(self, out, n, budget)
+            if len(out) > before:
+                budget -= nbytes
                 self._next = (start + i + 1) % k
-                if len(out) >= n:
-                    break
-        return out
+            if full or len(out) >= n:
+                return budget, full
+        return budget, False
 
-    def receive(self, timeout_millis: int | None = None) -> Message:
-        """The next message; raises Timeout when none arrives within timeout_millis."""
-        self._check_open()
-        if timeout_millis is not None and (
-            not isinstance(timeout_millis, int) or timeout_millis < 0
-        ):
-            raise ValueError(f"timeout_millis must be a non-negative int, not {timeout_millis!r}")
-        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
+    def _gather(self, out: list, n: int, budget: int, deadline: float | None) -> None:
+        """Take messages into `out` until it holds n or the next would pass `budget` bytes,
+        waiting for them until `deadline` (None: for ever)."""
         while True:
             with self._cond:
                 seen = self._signal
-            msg = self._poll()
-            if msg is not None:
-                return msg
+            budget, full = self._poll_many(out, n, budget)
+            if full or len(out) >= n:
+                return
             self._check_open()
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                raise Timeout(f"no message on {self._topic} within {timeout_millis} ms")
+                return
             wait = None if deadline is None else deadline - now
             due = min(
                 (d for d in (s.next_due() for s in self._subs) if d is not None), default=None
@@ -151,27 +152,35 @@ class Consumer:
                 if self._signal == seen and not self._closed:
                     self._cond.wait(wait)
 
+    def receive(self, timeout_millis: int | None = None) -> Message:
+        """The next message; raises Timeout when none arrives within timeout_millis."""
+        self._check_open()
+        if timeout_millis is not None and (
+            not isinstance(timeout_millis, int) or timeout_millis < 0
+        ):
+            raise ValueError(f"timeout_millis must be a non-negative int, not {timeout_millis!r}")
+        msg = self._poll()
+        if msg is not None:
+            return msg
+        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
+        out: list[Message] = []
+        self._gather(out, 1, 0, deadline)
+        if out:
+            return out[0]
+        raise Timeout(f"no message on {self._topic} within {timeout_millis} ms")
+
     def batch_receive(
         self, max_num_messages: int = 1000, timeout_millis: int = 100
     ) -> list[Message]:
-        """Up to max_num_messages, waiting at most timeout_millis for them to arrive."""
+        """Up to max_num_messages, waiting at most timeout_millis for them to arrive. One call
+        takes at most the receiver queue size and the broker's dispatch_max_bytes of message
+        data (a larger message comes alone): callers loop for more."""
         self._check_open()
         if max_num_messages < 1:
             raise ValueError(f"max_num_messages must be at least 1, not {max_num_messages}")
         deadline = time.monotonic() + timeout_millis / 1000.0
         out: list[Message] = []
-        while len(out) < max_num_messages:
-            got = self._poll_many(max_num_messages - len(out))
-            if got:
-                out.extend(got)
-                continue
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                out.append(self.receive(max(1, int(remaining * 1000))))
-            except Timeout:
-                break
+        self._gather(out, min(max_num_messages, self._queue_size), self._max_bytes, deadline)
         return out
 
     def has_message_available(self) -> bool:

@@ -39,9 +39,12 @@ if TYPE_CHECKING:
 EXCLUSIVE, SHARED, FAILOVER = 0, 1, 2
 TYPE_NAMES = {EXCLUSIVE: "Exclusive", SHARED: "Shared", FAILOVER: "Failover"}
 # Read ahead: up to 64 entries, fewer when they hold more than 1000 messages (Pulsar's
-# receiverQueueSize): a ledger of large batch entries is not decoded all at once.
+# receiverQueueSize) or 8 MiB (one entry at least): a ledger of large batch entries or of
+# large messages is not decoded all at once.
 READ_AHEAD_ENTRIES = 64
 READ_AHEAD_MESSAGES = 1000
+READ_AHEAD_BYTES = 8 << 20
+_FULL = -2  # take_buffered's answer when the byte budget stopped it
 _LAST = 1 << 62  # above any batch index: (entry, _LAST) follows every message of the entry
 
 
@@ -159,33 +162,53 @@ class Subscription:
     # -- dispatch --------------------------------------------------------------------------
 
     def take(self, consumer) -> Message | None:
-        got = self.take_many(consumer, 1)
-        return got[0] if got else None
-
-    def take_many(self, consumer, n: int) -> list[Message]:
-        """Up to n messages for `consumer`: redeliveries first, then read-ahead entries (one
-        lock acquisition for all of them)."""
         out: list[Message] = []
+        self.take_many(consumer, out, 1, 0)
+        return out[0] if out else None
+
+    def take_many(self, consumer, out: list, n: int, max_bytes: int) -> tuple[int, bool]:
+        """Messages for `consumer` into `out` until it holds n: redeliveries first, then
+        read-ahead entries (one lock acquisition for all of them). A message whose data would
+        bring the bytes taken past max_bytes stays, unless `out` is empty (it goes alone).
+        Returns (bytes taken, whether max_bytes stopped it)."""
         with self.lock:
             if not self.may_receive(consumer):
-                return out
-            self._due_nacks()
-            cursor = self.cursor
-            held = self.pending_ack.holds
-            while self._redeliver and len(out) < n:
-                key, payload = heapq.heappop(self._redeliver)
-                if key in self._pending or cursor.is_acked(*key) or held(*key):
-                    continue
-                count = self._redelivery_counts.get(key, 0) + 1
-                self._redelivery_counts[key] = count
-                out.append(self._deliver(consumer, key, payload, count))
-            if len(out) < n:
-                self._take_buffered(consumer, n, out)
-        return out
+                return 0, False
+            if self._nacked:
+                self._due_nacks()
+            nbytes, full = 0, False
+            if self._redeliver:
+                nbytes, full = self._take_redelivered(consumer, out, n, max_bytes)
+            if not full and len(out) < n:
+                taken, full = self._take_buffered(consumer, out, n, max_bytes - nbytes)
+                nbytes += taken
+        return nbytes, full
 
-    def _take_buffered(self, consumer, n: int, out: list) -> None:
-        """Deliver read-ahead messages into `out` until it holds n (lock held): the path every
-        message takes once, walked by the native dispatch loop (``take_buffered``)."""
+    def _take_redelivered(self, consumer, out: list, n: int, max_bytes: int):
+        """Redeliveries into `out`, in position order (lock held); (bytes taken, whether
+        max_bytes stopped it), as take_many."""
+        heap = self._redeliver
+        cursor = self.cursor
+        held = self.pending_ack.holds
+        nbytes = 0
+        while heap and len(out) < n:
+            key, payload = heap[0]
+            if key in self._pending or cursor.is_acked(*key) or held(*key):
+                heapq.heappop(heap)
+                continue
+            size = len(payload[0])
+            if out and nbytes + size > max_bytes:
+                return nbytes, True
+            heapq.heappop(heap)
+            count = self._redelivery_counts.get(key, 0) + 1
+            self._redelivery_counts[key] = count
+            out.append(self._deliver(consumer, key, payload, count))
+            nbytes += size
+        return nbytes, False
+
+    def _take_buffered(self, consumer, out: list, n: int, max_bytes: int) -> tuple[int, bool]:
+        """Deliver read-ahead messages into `out` until it holds n (lock held), as take_many:
+        the path every message takes once, walked by the native loop (``take_buffered``)."""
         cursor = self.cursor
         pending_ack = self.pending_ack
         holds = pending_ack.holds if pending_ack.cumulative or len(pending_ack.index) else None
@@ -193,13 +216,15 @@ class Subscription:
         is_aborted = p.buffer.is_aborted
         buffer = self._buffer
         delivered = nbytes = 0
+        full = False
         while len(out) < n:
             if not buffer and not self._fill():
                 break
             # The cursor may move between fills (an internal ack of a filtered entry).
-            d, b, aborted = take_buffered(
+            d, b, stop = take_buffered(
                 buffer,
                 n,
+                max_bytes - nbytes,
                 out,
                 consumer,
                 self._pending,
@@ -218,13 +243,17 @@ class Subscription:
             )
             delivered += d
             nbytes += b
-            if aborted >= 0:
+            if stop == _FULL:
+                full = True
+                break
+            if stop >= 0:
                 # Read uncommitted, aborted since it was read: never delivered.
-                self._ack_internally(aborted)
+                self._ack_internally(stop)
         self.msg_out += delivered
         self.bytes_out += nbytes
         p.msg_out += delivered
         p.bytes_out += nbytes
+        return nbytes, full
 
     def _deliver(self, consumer, key, payload, count) -> Message:
         """One redelivered message (the read-ahead path is _take_buffered)."""
@@ -245,7 +274,8 @@ class Subscription:
         while self.read_position < end:
             start = max(self.read_position, self.partition.first_entry_id)
             n = self.partition.entries_holding(start, end, READ_AHEAD_MESSAGES)
-            decoded = self.partition.read(start, end, max(1, min(n, READ_AHEAD_ENTRIES)))
+            limit = max(1, min(n, READ_AHEAD_ENTRIES))
+            decoded = self.partition.read(start, end, limit, READ_AHEAD_BYTES)
             if decoded.num_entries == 0:
                 self.read_position = end
                 return False

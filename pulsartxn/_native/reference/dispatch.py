@@ -17,6 +17,7 @@ class Pending:
 def take_buffered(
     buffer,
     n,
+    max_bytes,
     out,
     consumer,
     pending,
@@ -37,7 +38,8 @@ def take_buffered(
     delivered = nbytes = 0
     popleft = buffer.popleft
     while len(out) < n and buffer:
-        key, payload = popleft()
+        item = popleft()
+        key, payload = item
         entry_id, batch_index = key
         if (
             entry_id <= mark
@@ -54,6 +56,9 @@ def take_buffered(
         data, properties, pkey, publish_time, batch_size, txn = payload
         if txn is not None and is_aborted(txn):
             return delivered, nbytes, entry_id
+        if nbytes + len(data) > max_bytes and out:
+            buffer.appendleft(item)
+            return delivered, nbytes, -2
         count = counts.get(key, 0) if counts else 0
         pending[key] = pending_type(payload, consumer, count)
         mid = (ledger_id, entry_id, index, batch_index, batch_size)
