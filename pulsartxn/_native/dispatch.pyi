@@ -5,12 +5,11 @@ from typing import Any
 import numpy as np
 
 class Pending:
-    """A delivered message not yet acknowledged: payload, consumer, redelivery count."""
+    """A delivered message not yet acknowledged: its consumer and redelivery count."""
 
-    payload: tuple
     consumer: Any
     count: int
-    def __init__(self, payload: tuple, consumer: Any, count: int) -> None: ...
+    def __init__(self, consumer: Any, count: int) -> None: ...
 
 def take_buffered(
     buffer: deque,

@@ -21,15 +21,13 @@ from .message cimport Message
 
 
 cdef class Pending:
-    """A message delivered and not yet acknowledged: its read-ahead payload, the consumer it
-    went to, and the redelivery count of that delivery."""
+    """A message delivered and not yet acknowledged: the consumer it went to and the
+    redelivery count of that delivery. No payload: a redelivery reads its entry again."""
 
-    cdef public object payload
     cdef public object consumer
     cdef public object count
 
-    def __init__(self, payload, consumer, count):
-        self.payload = payload
+    def __init__(self, consumer, count):
         self.consumer = consumer
         self.count = count
 
@@ -62,8 +60,8 @@ def take_buffered(
     Skipped: an item already delivered and not acknowledged (in `pending`), at or below
     `mark`, in `acked`, acknowledged in its entry's batch (`partly`: entry -> AckSet), or held
     by a transaction's pending ack (``holds(entry, batch_index)``, when `holds` is given).
-    Each delivery is recorded in `pending` as ``pending_type(payload, consumer, count)``, the
-    count taken from `counts`. Each Message gets ``message_id_type(ledger_id, entry, index,
+    Each delivery is recorded in `pending` as ``pending_type(consumer, count)``, the count
+    taken from `counts`. Each Message gets ``message_id_type(ledger_id, entry, index,
     batch_index, batch_size)``, or with `message_id_type` None those five as a tuple (the
     Message makes its MessageId when first asked: most never are). Returns ``(delivered,
     nbytes, stop)``: `stop` is the entry id of a message whose transaction has aborted since
@@ -119,12 +117,11 @@ def take_buffered(
             count = 0
         if plain_pending:
             held = Pending.__new__(Pending)
-            held.payload = payload
             held.consumer = consumer
             held.count = count
             PyDict_SetItem(pending, key, held)
         else:
-            PyDict_SetItem(pending, key, pending_type(payload, consumer, count))
+            PyDict_SetItem(pending, key, pending_type(consumer, count))
         if message_id_type is None:
             mid = (ledger_id, entry, index, bi, payload[4])
         else:

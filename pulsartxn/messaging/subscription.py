@@ -7,6 +7,10 @@ again (``redelivery_count`` + 1) on a negative ack (after the delay), on
 ``redeliver_unacknowledged_messages`` and when its consumer closes. Exclusive allows one
 consumer; Failover delivers to the first connected and the next takes over on close; Shared
 spreads messages over all of them.
+
+What one consumer makes the broker hold is bounded: a take materializes at most its count and
+byte budget, the read-ahead at most READ_AHEAD_* of a ledger, and a message delivered and not
+acknowledged is held by its position only (a redelivery reads its entry again).
 """
 
 from __future__ import annotations
@@ -57,13 +61,17 @@ class Subscription:
         self.consumers: list[Consumer] = []
         self.type: int | None = None
         self.read_position = cursor.mark_delete + 1
-        self._buffer: deque = deque()  # ((entry, batch_index), payload) read ahead
-        self._redeliver: list = []  # heap of ((entry, batch_index), payload)
-        self._nacked: list = []  # heap of (due, (entry, batch_index), payload)
-        # (entry, batch_index) -> Pending, whose payload is a read-ahead item's:
-        # (data, properties or None, key, publish_time, batch_size, txn)
+        # Read ahead: ((entry, batch_index), payload), payload as buffer_messages makes it:
+        # (data, properties or None, key, publish_time, batch_size, txn).
+        self._buffer: deque = deque()
+        # Past the read-ahead only positions are held: a message delivered and not yet
+        # acknowledged (entry, batch_index) -> Pending, and the heaps of those to redeliver.
         self._pending: dict[tuple[int, int], Pending] = {}
+        self._redeliver: list = []  # heap of (entry, batch_index)
+        self._nacked: list = []  # heap of (due, (entry, batch_index))
         self._redelivery_counts: dict[tuple[int, int], int] = {}
+        # The entry a redelivery read last: (entry id, batch_index -> payload not yet taken).
+        self._reread_entry: tuple[int, dict] | None = None
         self._persist_queued = False
         self._persist_requested = 0.0
         self._last_persist = None
@@ -125,11 +133,14 @@ class Subscription:
                 self.type = None
         self.notify()
 
-    def _release(self, consumer) -> None:
-        """Every message pending on `consumer` goes back to be delivered again."""
-        for key in [k for k, p in self._pending.items() if p.consumer is consumer]:
-            pending = self._pending.pop(key)
-            heapq.heappush(self._redeliver, (key, pending.payload))
+    def _release(self, consumer) -> int:
+        """Every message pending on `consumer` goes back to be delivered again (lock held);
+        returns how many."""
+        keys = [k for k, p in self._pending.items() if p.consumer is consumer]
+        for key in keys:
+            del self._pending[key]
+            heapq.heappush(self._redeliver, key)
+        return len(keys)
 
     def check_unsubscribe(self, consumer) -> None:
         """Refuse to unsubscribe `consumer` while others are attached or open transactions
@@ -185,26 +196,57 @@ class Subscription:
         return nbytes, full
 
     def _take_redelivered(self, consumer, out: list, n: int, max_bytes: int):
-        """Redeliveries into `out`, in position order (lock held); (bytes taken, whether
-        max_bytes stopped it), as take_many."""
+        """Redeliveries into `out`, in position order, each read again from its entry (lock
+        held); (bytes taken, whether max_bytes stopped it), as take_many."""
         heap = self._redeliver
+        pending, counts = self._pending, self._redelivery_counts
         cursor = self.cursor
         held = self.pending_ack.holds
         nbytes = 0
         while heap and len(out) < n:
-            key, payload = heap[0]
-            if key in self._pending or cursor.is_acked(*key) or held(*key):
+            key = heap[0]  # taken off once delivered: a read that fails leaves it there
+            if key in pending or held(*key):
+                heapq.heappop(heap)
+                continue
+            if cursor.is_acked(*key):
+                heapq.heappop(heap)
+                counts.pop(key, None)
+                continue
+            payload = self._reread(key)
+            if payload is None:
                 heapq.heappop(heap)
                 continue
             size = len(payload[0])
             if out and nbytes + size > max_bytes:
                 return nbytes, True
             heapq.heappop(heap)
-            count = self._redelivery_counts.get(key, 0) + 1
-            self._redelivery_counts[key] = count
+            del self._reread_entry[1][key[1]]  # delivered: the payload is the Message's now
+            count = counts.get(key, 0) + 1
+            counts[key] = count
             out.append(self._deliver(consumer, key, payload, count))
             nbytes += size
+        if not heap:
+            self._reread_entry = None
         return nbytes, False
+
+    def _reread(self, key: tuple[int, int]):
+        """The read-ahead payload of the message at `key`, from its entry in the ledger (lock
+        held); None when it is no longer to be delivered (acknowledged, or aborted since)."""
+        entry_id, batch_index = key
+        cached = self._reread_entry
+        # Not in the entry read last: taken from it since (and given back), or another entry.
+        if cached is None or cached[0] != entry_id or batch_index not in cached[1]:
+            items: list = []
+            decoded = self.partition.read(entry_id, entry_id + 1, 1)
+            if decoded.num_entries and int(decoded.entry_id[0]) == entry_id:
+                self._buffer_entries(decoded, items.append)
+            cached = self._reread_entry = (entry_id, {k[1]: payload for k, payload in items})
+        payload = cached[1].get(batch_index)
+        if payload is not None and payload[5] is not None:
+            if self.partition.buffer.is_aborted(payload[5]):
+                self._ack_internally(entry_id)  # read uncommitted, aborted since
+                return None
+        return payload
 
     def _take_buffered(self, consumer, out: list, n: int, max_bytes: int) -> tuple[int, bool]:
         """Deliver read-ahead messages into `out` until it holds n (lock held), as take_many:
@@ -257,7 +299,7 @@ class Subscription:
 
     def _deliver(self, consumer, key, payload, count) -> Message:
         """One redelivered message (the read-ahead path is _take_buffered)."""
-        self._pending[key] = Pending(payload, consumer, count)
+        self._pending[key] = Pending(consumer, count)
         data, properties, pkey, publish_time, batch_size, _ = payload
         entry_id, batch_index = key
         p = self.partition
@@ -280,12 +322,14 @@ class Subscription:
                 self.read_position = end
                 return False
             self.read_position = int(decoded.entry_id[-1]) + 1
-            added = self._buffer_entries(decoded)
+            added = self._buffer_entries(decoded, self._buffer.append)
             if added:
                 return True
         return bool(self._buffer)
 
-    def _buffer_entries(self, decoded) -> int:
+    def _buffer_entries(self, decoded, buffer_append) -> int:
+        """The deliverable messages of decoded entries, as read-ahead items, to buffer_append;
+        markers and aborted entries are acknowledged internally instead. How many were added."""
         cursor = self.cursor
         added = 0
         entry_ids = decoded.entry_id.tolist()
@@ -308,7 +352,6 @@ class Subscription:
             aborted = self.partition.buffer.aborted_mask(txn_msb, txn_lsb).tolist()
             txn_of = in_txn.tolist()
         props_of = (lambda m: _properties(decoded, m)) if any_props else None
-        buffer_append = self._buffer.append
         mark, acked, partly = cursor.mark_delete, cursor.acked, cursor.batch_acks
         for e, entry_id in enumerate(entry_ids):
             txn = None
@@ -345,6 +388,8 @@ class Subscription:
     def _ack_internally(self, entry_id: int) -> None:
         if self.cursor.ack(entry_id):
             self._persist()
+        if self._redelivery_counts:
+            self._forget_acked(None, ((None, entry_id, None),))
 
     def _forget_acked(self, cumulative: tuple[int, int, int] | None = None, entries=()) -> None:
         """Drop the bookkeeping (pending deliveries, redelivery counts) of the messages an
@@ -408,8 +453,8 @@ class Subscription:
     def _due_nacks(self) -> None:
         now = time.monotonic()
         while self._nacked and self._nacked[0][0] <= now:
-            _, key, payload = heapq.heappop(self._nacked)
-            heapq.heappush(self._redeliver, (key, payload))
+            _, key = heapq.heappop(self._nacked)
+            heapq.heappush(self._redeliver, key)
 
     def next_due(self) -> float | None:
         with self.lock:
@@ -422,7 +467,7 @@ class Subscription:
                 not self.cursor.is_acked(*k)
                 and k not in self._pending
                 and not self.pending_ack.holds(*k)
-                for k, _ in self._redeliver
+                for k in self._redeliver
             ):
                 return True
             while True:
@@ -466,9 +511,8 @@ class Subscription:
         entry_id, batch_index, _ = self.partition.position_of(mid)
         with self.lock:
             key = (entry_id, batch_index)
-            pending = self._pending.pop(key, None)
-            if pending is not None:
-                heapq.heappush(self._nacked, (time.monotonic() + delay_s, key, pending.payload))
+            if self._pending.pop(key, None) is not None:
+                heapq.heappush(self._nacked, (time.monotonic() + delay_s, key))
         self.notify()
 
     def redeliver_unacknowledged(self, consumer) -> None:

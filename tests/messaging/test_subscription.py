@@ -1,7 +1,10 @@
 """What one consumer can make a subscription hold or do for it: a take is capped in messages
-and bytes."""
+and bytes, and a message delivered and not acknowledged is held by its position only."""
 
 from __future__ import annotations
+
+import gc
+import tracemalloc
 
 import pytest
 
@@ -97,3 +100,113 @@ def test_read_ahead_is_bounded_in_bytes(broker):
         # 64 entries of 1 MiB would be read ahead at once without the byte bound.
         assert sum(len(payload[0]) for _, payload in sub._buffer) <= READ_AHEAD_BYTES
     assert got == sent
+
+
+# -- positions, not payloads -------------------------------------------------------------------
+
+
+def test_a_closed_consumer_leaves_positions_not_payloads(client, broker):
+    """40 messages of 1 MiB received and not acknowledged, then the consumer closes: what the
+    subscription keeps for their redelivery is positions (the heap held the payloads: 40 MiB),
+    and the next consumer gets every message, read again from the ledger."""
+    n, size = 40, 1 << 20
+    producer = client.create_producer("big", batching_enabled=False)
+    for i in range(n):
+        producer.send(bytes([i]) * size)
+    with client.subscribe("big", "warm-up") as warm_up:  # what a first receive imports
+        assert len(warm_up.batch_receive(1, 1000)) == 1
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        holder = client.subscribe("big", "s", subscription_type=ConsumerType.Shared)
+        receive_all(holder, n)  # one message a call: each is larger than the budget
+        holder.close()
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert held < 4 << 20, f"{held / 2**20:.1f} MiB held after the consumer closed"
+    sub = subscription(broker, "big")
+    assert sorted(sub._redeliver) == [(e, -1) for e in range(n)]
+    assert not sub._pending and not sub._buffer
+    again = client.subscribe("big", "s", subscription_type=ConsumerType.Shared)
+    msgs = [m for b in receive_all(again, n) for m in b]
+    assert [m.data() for m in msgs] == [bytes([i]) * size for i in range(n)]
+    assert {m.redelivery_count() for m in msgs} == {1}
+
+
+def test_a_redelivery_is_the_message_as_sent(client, broker):
+    """A batch entry partly acknowledged, its other messages redelivered after a close and
+    after a negative ack: the same data, properties, key, id and publish time, count + 1."""
+    producer = client.create_producer("t", batching_max_publish_delay_ms=50)
+    futures = [
+        producer.send_async(b"v%d" % i, properties={"i": str(i)}, partition_key=f"k{i}")
+        for i in range(10)
+    ]
+    producer.flush()
+    ids = [f.result() for f in futures]
+    assert len({i.entry_id() for i in ids}) == 1  # one batch entry
+    first = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    msgs = first.batch_receive(10, 2000)
+    assert len(msgs) == 10
+    for i in (0, 3, 7):
+        first.acknowledge(msgs[i])
+    first.close()
+
+    def seen(m):
+        return (m.data(), m.properties(), m.partition_key(), m.message_id(), m.publish_timestamp())
+
+    expected = [seen(m) for i, m in enumerate(msgs) if i not in (0, 3, 7)]
+    second = client.subscribe(
+        "t", "s", subscription_type=ConsumerType.Shared, negative_ack_redelivery_delay_ms=10
+    )
+    again = second.batch_receive(10, 2000)
+    assert [seen(m) for m in again] == expected
+    assert [m.redelivery_count() for m in again] == [1] * 7
+    second.negative_acknowledge(again[2])
+    nacked = second.receive(5000)
+    assert (seen(nacked), nacked.redelivery_count()) == (expected[2], 2)
+    for m in again:
+        second.acknowledge(m)
+    sub = subscription(broker, "t")
+    assert not sub._redelivery_counts and not sub._pending and not sub._redeliver
+    assert second.batch_receive(10, 100) == []
+
+
+def test_a_message_redelivered_again_is_read_again(client):
+    """Taken from the entry a redelivery read, then given back by a consumer that closes: the
+    next redelivery reads the entry again (the one it read had given that message away)."""
+    client.create_producer("t").send(b"x")
+    first = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    assert first.receive(5000).redelivery_count() == 0
+    first.redeliver_unacknowledged_messages()
+    assert first.receive(5000).redelivery_count() == 1
+    first.close()
+    second = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    msg = second.receive(5000)
+    assert (msg.data(), msg.redelivery_count()) == (b"x", 2)
+
+
+def test_an_aborted_redelivery_leaves_no_count(broker):
+    """Read uncommitted: a message delivered twice whose transaction then aborts is
+    acknowledged internally when its redelivery reads it again, its count dropped with it."""
+    client = broker.client()
+    txn = client.new_transaction()
+    client.create_producer("t").send(b"x", txn=txn)
+    consumer = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        isolation=pulsartxn.Isolation.READ_UNCOMMITTED,
+    )
+    assert consumer.receive(5000).data() == b"x"
+    consumer.redeliver_unacknowledged_messages()
+    assert consumer.receive(5000).redelivery_count() == 1
+    consumer.redeliver_unacknowledged_messages()
+    sub = subscription(broker, "t")
+    assert sub._redelivery_counts
+    txn.abort()
+    with pytest.raises(pulsartxn.Timeout):
+        consumer.receive(200)
+    assert not sub._redelivery_counts and not sub._redeliver and not sub._pending

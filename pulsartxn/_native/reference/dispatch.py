@@ -6,10 +6,9 @@ from __future__ import annotations
 class Pending:
     """The twin of ``Pending`` in dispatch.pyx."""
 
-    __slots__ = ("payload", "consumer", "count")
+    __slots__ = ("consumer", "count")
 
-    def __init__(self, payload, consumer, count):
-        self.payload = payload
+    def __init__(self, consumer, count):
         self.consumer = consumer
         self.count = count
 
@@ -60,7 +59,7 @@ def take_buffered(
             buffer.appendleft(item)
             return delivered, nbytes, -2
         count = counts.get(key, 0) if counts else 0
-        pending[key] = pending_type(payload, consumer, count)
+        pending[key] = pending_type(consumer, count)
         mid = (ledger_id, entry_id, index, batch_index, batch_size)
         if message_id_type is not None:
             mid = message_id_type(*mid)
