@@ -63,7 +63,9 @@ class Consumer:
         self._queue_size = receiver_queue_size  # messages one batch_receive takes at most
         self._max_bytes = max_bytes  # and bytes of message data (one larger goes alone)
         self._cond = threading.Condition()
-        self._signal = 0
+        self._signal = 0  # wake-ups so far: a wait is skipped if one came since it parked
+        self._parked = 0  # receives parked on the subscriptions, waiting for a wake-up
+        self._roused = False  # a wake-up came since the last park: those parked will look
         self._next = 0
         self._closed = False
         # A network session's transactional acks are stored before they are answered: its
@@ -94,6 +96,48 @@ class Consumer:
         with self._cond:
             self._signal += 1
             self._cond.notify_all()
+
+    def _wake_parked(self) -> bool:
+        """Wake the receives parked here; False when none is, or one was woken already."""
+        with self._cond:
+            if not self._parked or self._roused:
+                return False
+            self._roused = True
+            self._signal += 1
+            self._cond.notify_all()
+            return True
+
+    def _park(self) -> int:
+        """Announce a wait to every subscription before a last poll; the signal to wait on."""
+        with self._cond:
+            self._parked += 1
+            self._roused = False
+            seen = self._signal
+        for sub in self._subs:
+            sub.park(self)
+        return seen
+
+    def _unpark(self, seen: int) -> None:
+        """Leave without waiting (what was taken since `seen` is handed on, as _pass_on)."""
+        with self._cond:
+            self._parked -= 1
+        self._pass_on(seen)
+
+    def _pass_on(self, seen: int | None) -> None:
+        """A wake-up taken since `seen` was meant for a message this receive may have left (it
+        took another partition's, or was full): it goes on to a consumer parked where more is."""
+        if seen is not None and self._signal != seen:
+            for sub in self._subs:
+                sub.pass_on()
+
+    def _sleep(self, seen: int, wait: float | None) -> None:
+        """Wait for a wake-up since `seen` (or `wait` seconds), then stop being parked."""
+        with self._cond:
+            try:
+                if self._signal == seen and not self._closed:
+                    self._cond.wait(wait)
+            finally:
+                self._parked -= 1
 
     def _check_open(self) -> None:
         if self._closed:
@@ -132,25 +176,35 @@ class Consumer:
     def _gather(self, out: list, n: int, budget: int, deadline: float | None) -> None:
         """Take messages into `out` until it holds n or the next would pass `budget` bytes,
         waiting for them until `deadline` (None: for ever)."""
+        seen = None
         while True:
-            with self._cond:
-                seen = self._signal
             budget, full = self._poll_many(out, n, budget)
             if full or len(out) >= n:
+                self._pass_on(seen)
                 return
             self._check_open()
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
+            if deadline is not None and time.monotonic() >= deadline:
                 return
-            wait = None if deadline is None else deadline - now
-            due = min(
-                (d for d in (s.next_due() for s in self._subs) if d is not None), default=None
-            )
+            # Parked before the last look (and the look at the negative acks' due times):
+            # whatever comes after it wakes this receive.
+            seen = self._park()
+            try:
+                budget, full = self._poll_many(out, n, budget)
+                due = min(
+                    (d for d in (s.next_due() for s in self._subs) if d is not None),
+                    default=None,
+                )
+            except BaseException:
+                self._unpark(seen)
+                raise
+            if full or len(out) >= n:
+                self._unpark(seen)
+                return
+            now = time.monotonic()
+            wait = None if deadline is None else max(0.0, deadline - now)
             if due is not None:
                 wait = max(0.0, due - now) if wait is None else min(wait, max(0.0, due - now))
-            with self._cond:
-                if self._signal == seen and not self._closed:
-                    self._cond.wait(wait)
+            self._sleep(seen, wait)
 
     def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; raises Timeout when none arrives within timeout_millis."""

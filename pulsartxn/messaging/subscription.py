@@ -10,7 +10,8 @@ spreads messages over all of them.
 
 What one consumer makes the broker hold is bounded: a take materializes at most its count and
 byte budget, the read-ahead at most READ_AHEAD_* of a ledger, and a message delivered and not
-acknowledged is held by its position only (a redelivery reads its entry again).
+acknowledged is held by its position only (a redelivery reads its entry again). A consumer
+parked in a receive is woken by what it can take, not by every change of the subscription.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -58,8 +59,13 @@ class Subscription:
         self.name = name
         self.cursor = cursor
         self.lock = threading.RLock()
-        self.consumers: list[Consumer] = []
+        self.consumers: dict[Consumer, None] = {}  # in the order they attached
+        self.active: Consumer | None = None  # the first: who receives unless Shared
         self.type: int | None = None
+        # Consumers parked in a receive (Consumer._park), oldest first: a wake-up for k
+        # messages rouses k of them. Its own lock: publishers never wait for a dispatch.
+        self._waiting: OrderedDict = OrderedDict()
+        self._waiting_lock = threading.Lock()
         self.read_position = cursor.mark_delete + 1
         # Read ahead: ((entry, batch_index), payload), payload as buffer_messages makes it:
         # (data, properties or None, key, publish_time, batch_size, txn).
@@ -118,20 +124,32 @@ class Subscription:
                         "already has a consumer"
                     )
             self.type = sub_type
-            self.consumers.append(consumer)
+            self.consumers[consumer] = None
+            if self.active is None:
+                self.active = consumer
             if read_committed != self.read_committed:
                 self.read_committed = read_committed
                 self._buffer.clear()
                 self.read_position = self.cursor.mark_delete + 1
 
     def detach(self, consumer: Consumer) -> None:
+        """`consumer` leaves: what it held goes to the others, and only as many of them are
+        woken as that can feed (Failover: the one taking over)."""
         with self.lock:
-            if consumer in self.consumers:
-                self.consumers.remove(consumer)
-            self._release(consumer)
+            self.consumers.pop(consumer, None)
+            released = self._release(consumer)
+            took_over = self.active is consumer
+            self.active = next(iter(self.consumers), None)
             if not self.consumers:
                 self.type = None
-        self.notify()
+            shared = self.type == SHARED
+        with self._waiting_lock:
+            self._waiting.pop(consumer, None)
+        if shared:
+            if released:
+                self.notify(released)
+        elif took_over:
+            self.notify()
 
     def _release(self, consumer) -> int:
         """Every message pending on `consumer` goes back to be delivered again (lock held);
@@ -160,15 +178,53 @@ class Subscription:
             )
 
     def may_receive(self, consumer) -> bool:
-        if not self.consumers:
-            return False
         if self.type == SHARED:
             return consumer in self.consumers
-        return self.consumers[0] is consumer
+        return consumer is self.active and consumer is not None
 
-    def notify(self) -> None:
-        for consumer in list(self.consumers):
-            consumer._wake()
+    def park(self, consumer) -> None:
+        """`consumer` is about to wait for a message (it polls once more after this)."""
+        with self._waiting_lock:
+            self._waiting[consumer] = None
+
+    def notify(self, k: int | None = None) -> None:
+        """Rouse consumers parked in a receive: k of them (Shared), every one (k None), or
+        the one that receives here (Exclusive, Failover). Roused ones no longer wait here."""
+        if self.type != SHARED:
+            active = self.active
+            if active is not None:
+                active._wake_parked()
+            return
+        if not self._waiting:
+            return
+        with self._waiting_lock:
+            waiting = self._waiting
+            if k is None:
+                self._waiting = OrderedDict()
+                for consumer in waiting:
+                    consumer._wake_parked()
+                return
+            while waiting and k > 0:
+                consumer, _ = waiting.popitem(last=False)
+                if consumer._wake_parked():
+                    k -= 1
+
+    def pass_on(self) -> None:
+        """Rouse a parked consumer if there may be more to take (a wake-up is handed on)."""
+        if self._waiting and self.type == SHARED:
+            with self.lock:
+                more = self._more_to_take()
+            if more:
+                self.notify(1)
+
+    def _more_to_take(self) -> bool:
+        """Whether a take may find more now (lock held): True when unsure, never False when
+        there is."""
+        return bool(
+            self._redeliver
+            or self._buffer
+            or self.read_position < self.partition.dispatch_end(self.read_committed)
+        )
 
     # -- dispatch --------------------------------------------------------------------------
 
@@ -511,14 +567,21 @@ class Subscription:
         entry_id, batch_index, _ = self.partition.position_of(mid)
         with self.lock:
             key = (entry_id, batch_index)
-            if self._pending.pop(key, None) is not None:
-                heapq.heappush(self._nacked, (time.monotonic() + delay_s, key))
-        self.notify()
+            if self._pending.pop(key, None) is None:
+                return
+            due = time.monotonic() + delay_s
+            # A parked consumer waits no later than the earliest due time it saw: only an
+            # earlier one needs it to look again.
+            earliest = not self._nacked or due < self._nacked[0][0]
+            heapq.heappush(self._nacked, (due, key))
+        if earliest:
+            self.notify()
 
     def redeliver_unacknowledged(self, consumer) -> None:
         with self.lock:
-            self._release(consumer)
-        self.notify()
+            released = self._release(consumer)
+        if released:
+            self.notify(released if self.type == SHARED else None)
 
     def _persist(self) -> None:
         """Persist the cursor soon: acks within one flush interval share one write, as

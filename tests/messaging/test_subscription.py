@@ -1,9 +1,14 @@
 """What one consumer can make a subscription hold or do for it: a take is capped in messages
-and bytes, and a message delivered and not acknowledged is held by its position only."""
+and bytes, a message delivered and not acknowledged is held by its position only, and a
+closing consumer wakes only the consumers its messages can feed."""
 
 from __future__ import annotations
 
 import gc
+import queue
+import random
+import threading
+import time
 import tracemalloc
 
 import pytest
@@ -33,6 +38,13 @@ def broker(tmp_path):
 
 def subscription(broker, topic: str, name: str = "s"):
     return broker._resolve(topic)[1][0].subscriptions[name]
+
+
+def wait_until(condition, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.005)
 
 
 def receive_all(consumer, n: int, timeout_ms: int = 2000) -> list[list]:
@@ -210,3 +222,157 @@ def test_an_aborted_redelivery_leaves_no_count(broker):
     with pytest.raises(pulsartxn.Timeout):
         consumer.receive(200)
     assert not sub._redelivery_counts and not sub._redeliver and not sub._pending
+
+
+# -- wake-ups ----------------------------------------------------------------------------------
+
+
+def park(consumers, results: queue.Queue) -> list[threading.Thread]:
+    """Each consumer in receive(timeout_millis=None) on a thread of its own."""
+
+    def body(c):
+        try:
+            results.put((c, c.receive()))
+        except pulsartxn.AlreadyClosed:
+            results.put("closed")
+        except pulsartxn.PulsarTxnError as exc:
+            results.put(exc)
+
+    threads = [threading.Thread(target=body, args=(c,), daemon=True) for c in consumers]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_closing_parked_consumers_wakes_each_once(broker):
+    """500 consumers parked on one Shared subscription, then closed: each close wakes its own
+    receive and nobody else (waking every other consumer each time made n(n+1)/2 wake-ups,
+    each of them a poll of the subscription: 1000 consumers took 32 s of CPU)."""
+    client = broker.client()
+    n = 500
+    consumers = [
+        client.subscribe("idle", "s", subscription_type=ConsumerType.Shared) for _ in range(n)
+    ]
+    results: queue.Queue = queue.Queue()
+    threads = park(consumers, results)
+    wait_until(lambda: sum(c._parked for c in consumers) == n)
+    for c in consumers:
+        c.close()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive()
+    assert [results.get_nowait() for _ in range(n)] == ["closed"] * n
+    assert sum(c._signal for c in consumers) == n
+
+
+def test_a_closing_consumer_hands_its_messages_to_parked_ones(client, broker):
+    """Three messages held by a consumer that closes reach three of five parked consumers
+    at once; the wake-ups are about the messages, not the consumers."""
+    producer = client.create_producer("t", batching_enabled=False)
+    for value in (b"a", b"b", b"c"):
+        producer.send(value)
+    holder = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    held = [holder.receive(5000) for _ in range(3)]
+    assert [m.redelivery_count() for m in held] == [0, 0, 0]
+    waiters = [client.subscribe("t", "s", subscription_type=ConsumerType.Shared) for _ in range(5)]
+    parked = list(subscription(broker, "t").consumers)[1:]  # the broker's side of them
+    results: queue.Queue = queue.Queue()
+    threads = park(waiters, results)
+    wait_until(lambda: sum(c._parked for c in parked) == 5)
+    before = sum(c._signal for c in parked)
+    holder.close()
+    got = [results.get(timeout=30) for _ in range(3)]
+    assert sorted(m.data() for _, m in got) == [b"a", b"b", b"c"]
+    assert [m.redelivery_count() for _, m in got] == [1, 1, 1]
+    # One per message, and at most one handed on by each taker that left some behind.
+    assert 3 <= sum(c._signal for c in parked) - before <= 6
+    for c, m in got:
+        c.acknowledge(m)
+    for c in waiters:
+        c.close()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive()
+    assert [results.get_nowait() for _ in range(2)] == ["closed", "closed"]
+
+
+def test_a_parked_failover_consumer_takes_over_on_close(client, broker):
+    active = client.subscribe("t", "s", subscription_type=ConsumerType.Failover)
+    standby = client.subscribe("t", "s", subscription_type=ConsumerType.Failover)
+    results: queue.Queue = queue.Queue()
+    (thread,) = park([standby], results)
+    parked = list(subscription(broker, "t").consumers)[1]
+    wait_until(lambda: parked._parked == 1)
+    client.create_producer("t").send(b"x")
+    assert active.receive(5000).data() == b"x"  # not acknowledged: goes to the next
+    assert results.empty()
+    active.close()
+    consumer, msg = results.get(timeout=30)
+    assert (consumer, msg.data(), msg.redelivery_count()) == (standby, b"x", 1)
+    thread.join(30)
+    standby.close()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_parked_consumers_of_a_partitioned_topic_take_everything(broker, seed):
+    """Consumers parked with no timeout on the four partitions of a Shared subscription, some
+    closing with a message in hand, some negatively acknowledging, others joining, while
+    bursts are published: every message is acknowledged, none waits with a consumer parked
+    (a lost wake-up would leave it there: the receives have no timeout)."""
+    rng = random.Random(seed)
+    broker.create_topic("p", partitions=4)
+    client = broker.client()
+    kind = ConsumerType.Shared
+    lock = threading.Lock()
+    acked: set[bytes] = set()
+    threads = []
+    consumers = []
+
+    def consume(c, quit_after, nacks):
+        taken = 0
+        try:
+            while True:
+                m = c.receive()
+                taken += 1
+                if taken == quit_after:
+                    c.close()  # with this one in hand: it goes to another consumer
+                    return
+                if taken % 5 == 0 and nacks:
+                    c.negative_acknowledge(m)  # back after its delay, to any of them
+                    continue
+                c.acknowledge(m)
+                with lock:
+                    acked.add(m.data())
+        except pulsartxn.AlreadyClosed:
+            pass
+
+    def join(quit_after):
+        delay = rng.choice([0, 5, 30])
+        c = client.subscribe(
+            "p", "s", subscription_type=kind, negative_ack_redelivery_delay_ms=delay
+        )
+        consumers.append(c)
+        args = (c, quit_after, rng.random() < 0.5)
+        t = threading.Thread(target=consume, args=args, daemon=True)
+        threads.append(t)
+        t.start()
+
+    join(0)  # one stays to the end
+    for _ in range(5):
+        join(rng.choice([3, 7, 0]))
+    producer = client.create_producer("p", batching_enabled=False)
+    sent = [b"m%d" % i for i in range(400)]
+    for i in range(0, len(sent), 20):
+        for value in sent[i : i + 20]:
+            producer.send_async(value, partition_key=value.decode())
+        producer.flush()
+        if rng.random() < 0.5:
+            join(rng.choice([3, 7, 0]))
+        time.sleep(rng.random() * 0.01)
+    wait_until(lambda: len(acked) == len(sent) or not any(t.is_alive() for t in threads))
+    assert acked == set(sent)
+    for c in consumers:
+        c.close()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive()

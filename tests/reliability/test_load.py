@@ -1,9 +1,9 @@
 """Load: 10k concurrently open transactions, 1M aborted TxnIDs in one partition, 64 producer
-and consumer threads, 600 messages of 1 MiB taken by one consumer. Memory is reported (RSS
-from /proc/self/status) and bounded, a watchdog dumps every thread's stack and fails the test
-if a deadline passes, throughput is printed (``pytest -s`` shows it).
-``PULSARTXN_LOAD_SCALE=10`` runs it ten times larger (the aborted TxnIDs at most 4x: 4M; the
-large messages as they are)."""
+and consumer threads, 600 messages of 1 MiB taken by one consumer, 2000 consumers parked on
+one subscription. Memory is reported (RSS from /proc/self/status) and bounded, a watchdog
+dumps every thread's stack and fails the test if a deadline passes, throughput is printed
+(``pytest -s`` shows it). ``PULSARTXN_LOAD_SCALE=10`` runs it ten times larger (the aborted
+TxnIDs at most 4x: 4M; the large messages and parked consumers as they are)."""
 
 from __future__ import annotations
 
@@ -434,3 +434,42 @@ def test_one_consumer_of_large_messages_holds_a_bounded_amount(tmp_path):
         )
         assert one_call - base < 200, one_call - base
         assert closed - base < 64, closed - base
+
+
+def test_two_thousand_parked_consumers_close_in_bounded_cpu(tmp_path):
+    """2000 consumers parked in ``receive()`` on one Shared subscription, then closed one by
+    one: each close wakes its own receive only (it woke every other consumer, each of which
+    polled the subscription: 1000 consumers took 32 s of CPU through the network service,
+    2000 more than two minutes)."""
+    n = 2000
+    with (
+        Watchdog(120, "2000 parked consumers") as wd,
+        pulsartxn.Broker(tmp_path / "data", sync=False) as broker,
+    ):
+        client = broker.client()
+        kind = pulsartxn.ConsumerType.Shared
+        consumers = [client.subscribe("idle", "s", subscription_type=kind) for _ in range(n)]
+        closed = []
+
+        def park(i):
+            try:
+                consumers[i].receive()
+            except pulsartxn.AlreadyClosed:
+                closed.append(i)
+
+        threads = [threading.Thread(target=park, args=(i,), daemon=True) for i in range(n)]
+        for t in threads:
+            t.start()
+        while sum(c._parked for c in consumers) < n:
+            wd.check()
+            time.sleep(0.01)
+        cpu, wall = time.process_time(), time.monotonic()
+        for c in consumers:
+            c.close()
+        wd.join(threads)
+        cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+        wakeups = sum(c._signal for c in consumers)
+        report(f"{n} parked consumers closed", cpu_s=cpu, wall_s=wall, wakeups=wakeups)
+        assert sorted(closed) == list(range(n))
+        assert wakeups == n
+        assert cpu < 10, cpu  # about 0.5 s; generous for a shared machine
