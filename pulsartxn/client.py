@@ -132,8 +132,11 @@ class Client:
         isolation: Isolation = Isolation.READ_COMMITTED,
         consumer_name: str | None = None,
         negative_ack_redelivery_delay_ms: int = 60_000,
+        receiver_queue_size: int | None = None,
         **_ignored,
     ) -> Consumer:
+        """receiver_queue_size: the most messages one batch_receive takes (default: the
+        broker's, 1000), capped to the broker's max_receiver_queue_size."""
         self._check_open()
         check_keyed_name("subscription_name", subscription_name)
         if not isinstance(subscription_type, ConsumerType):
@@ -146,6 +149,17 @@ class Client:
             )
         if not isinstance(isolation, Isolation):
             raise TypeError(f"isolation must be an Isolation, not {excerpt(isolation)}")
+        cfg = self.broker.config
+        if receiver_queue_size is None:
+            receiver_queue_size = cfg.receiver_queue_size
+        elif (
+            isinstance(receiver_queue_size, bool)
+            or not isinstance(receiver_queue_size, int)
+            or receiver_queue_size < 1
+        ):
+            raise ValueError(
+                f"receiver_queue_size must be a positive int, not {excerpt(receiver_queue_size)}"
+            )
         full, partitions = self.broker._resolve(topic)
         check_keyed_name("subscription_name", subscription_name, [p.topic for p in partitions])
         earliest = initial_position is InitialPosition.Earliest
@@ -160,6 +174,8 @@ class Client:
                 consumer_name,
                 negative_ack_redelivery_delay_ms,
                 isolation is Isolation.READ_COMMITTED,
+                min(receiver_queue_size, cfg.max_receiver_queue_size),
+                cfg.dispatch_max_bytes,
             )
         self._consumers.add(consumer)
         return consumer

@@ -41,8 +41,12 @@ class BrokerConfig:
     batching_max_messages: int = 1000
     batching_max_bytes: int = 128 * 1024
     batching_max_publish_delay_ms: float = 1.0
-    # Dispatch.
+    # Dispatch. One receive call materializes at most a consumer's receiver queue size in
+    # messages (its own, capped to the maximum) and dispatch_max_bytes of message data (one
+    # larger message goes out alone): what one consumer asks for cannot fill the broker.
     receiver_queue_size: int = 1000
+    max_receiver_queue_size: int = 50_000
+    dispatch_max_bytes: int = 64 * 1024 * 1024
     # Transactions. A timeout above the maximum is capped to it; a limit on live transactions
     # per coordinator keeps memory bounded (Pulsar #15133); deadlines are checked every tick
     # (Pulsar: 100 ms).
@@ -73,6 +77,8 @@ class BrokerConfig:
             "batching_max_messages",
             "batching_max_bytes",
             "receiver_queue_size",
+            "max_receiver_queue_size",
+            "dispatch_max_bytes",
             "max_dbs",
             "max_topics",
             "max_partitions",

@@ -103,7 +103,12 @@ def _in_flight(tmp: str, many: int, timed_acks: int) -> Row:
         with _broker(tmp, name) as broker:
             client = broker.client()
             client.create_producer("t").send_batch([b"x" * 10] * (in_flight + timed_acks))
-            consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+            consumer = client.subscribe(
+                "t",
+                "s",
+                subscription_type=ConsumerType.Shared,
+                receiver_queue_size=in_flight + timed_acks,
+            )
             consumer.batch_receive(in_flight + timed_acks, 1000)
             consumer.redeliver_unacknowledged_messages()  # each one now has a count too
             msgs = consumer.batch_receive(in_flight + timed_acks, 1000)
@@ -127,7 +132,9 @@ def _open_transactions(tmp: str, many: int) -> Row:
         with _broker(tmp, name) as broker:
             client = broker.client()
             client.create_producer("t").send_batch([b"x" * 10] * open_txns)
-            consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+            consumer = client.subscribe(
+                "t", "s", subscription_type=ConsumerType.Shared, receiver_queue_size=open_txns
+            )
             txns = []
             for m in consumer.batch_receive(open_txns, 1000):
                 txn = client.new_transaction()

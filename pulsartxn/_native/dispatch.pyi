@@ -5,16 +5,16 @@ from typing import Any
 import numpy as np
 
 class Pending:
-    """A delivered message not yet acknowledged: payload, consumer, redelivery count."""
+    """A delivered message not yet acknowledged: its consumer and redelivery count."""
 
-    payload: tuple
     consumer: Any
     count: int
-    def __init__(self, payload: tuple, consumer: Any, count: int) -> None: ...
+    def __init__(self, consumer: Any, count: int) -> None: ...
 
 def take_buffered(
     buffer: deque,
     n: int,
+    max_bytes: int,
     out: list,
     consumer: Any,
     pending: dict,
@@ -31,7 +31,8 @@ def take_buffered(
     message_type: Callable[..., Any],
     message_id_type: Callable[..., Any] | None,
 ) -> tuple[int, int, int]:
-    """Read-ahead items into Messages for one consumer: (delivered, bytes, aborted entry or -1)."""
+    """Read-ahead items into Messages for one consumer, at most `n` in `out` and `max_bytes` of
+    data: (delivered, bytes, aborted entry, -2 when the bytes stopped it, or -1)."""
 
 def buffer_messages(
     append: Callable[[tuple], Any],

@@ -21,15 +21,13 @@ from .message cimport Message
 
 
 cdef class Pending:
-    """A message delivered and not yet acknowledged: its read-ahead payload, the consumer it
-    went to, and the redelivery count of that delivery."""
+    """A message delivered and not yet acknowledged: the consumer it went to and the
+    redelivery count of that delivery. No payload: a redelivery reads its entry again."""
 
-    cdef public object payload
     cdef public object consumer
     cdef public object count
 
-    def __init__(self, payload, consumer, count):
-        self.payload = payload
+    def __init__(self, consumer, count):
         self.consumer = consumer
         self.count = count
 
@@ -37,6 +35,7 @@ cdef class Pending:
 def take_buffered(
     object buffer,
     Py_ssize_t n,
+    Py_ssize_t max_bytes,
     list out,
     object consumer,
     dict pending,
@@ -54,19 +53,22 @@ def take_buffered(
     object message_id_type,
 ):
     """Move read-ahead items ``((entry, batch_index), payload)`` from the left of `buffer`
-    into `out` as Messages for `consumer` until `out` holds `n` or `buffer` is empty.
+    into `out` as Messages for `consumer` until `out` holds `n`, `buffer` is empty, or the
+    next message's data would bring the bytes taken by this call past `max_bytes` while `out`
+    is not empty (that item stays at the left of `buffer`: a larger message goes out alone).
 
     Skipped: an item already delivered and not acknowledged (in `pending`), at or below
     `mark`, in `acked`, acknowledged in its entry's batch (`partly`: entry -> AckSet), or held
     by a transaction's pending ack (``holds(entry, batch_index)``, when `holds` is given).
-    Each delivery is recorded in `pending` as ``pending_type(payload, consumer, count)``, the
-    count taken from `counts`. Each Message gets ``message_id_type(ledger_id, entry, index,
+    Each delivery is recorded in `pending` as ``pending_type(consumer, count)``, the count
+    taken from `counts`. Each Message gets ``message_id_type(ledger_id, entry, index,
     batch_index, batch_size)``, or with `message_id_type` None those five as a tuple (the
-    Message makes its MessageId when first asked: most never are). Returns ``(delivered, nbytes, aborted)``: `aborted` is the entry
-    id of a message whose transaction has aborted since it was read (read uncommitted; taken
-    off the buffer, not delivered), after which the loop stops so that the caller acknowledges
-    it internally and calls again with the cursor's new state; -1 otherwise."""
-    cdef Py_ssize_t delivered = 0, nbytes = 0
+    Message makes its MessageId when first asked: most never are). Returns ``(delivered,
+    nbytes, stop)``: `stop` is the entry id of a message whose transaction has aborted since
+    it was read (read uncommitted; taken off the buffer, not delivered), after which the loop
+    stops so that the caller acknowledges it internally and calls again with the cursor's new
+    state; -2 when `max_bytes` stopped it; -1 otherwise."""
+    cdef Py_ssize_t delivered = 0, nbytes = 0, size
     cdef long long entry_id, batch_index
     cdef tuple item, key, payload
     cdef object entry, bi, data, txn, acks, count, mid
@@ -103,6 +105,11 @@ def take_buffered(
         txn = payload[5]
         if txn is not None and is_aborted(txn):
             return delivered, nbytes, entry_id
+        data = payload[0]
+        size = len(data)
+        if nbytes + size > max_bytes and len(out):
+            buffer.appendleft(item)
+            return delivered, nbytes, -2
         if counts:
             found = PyDict_GetItem(counts, key)
             count = <object>found if found is not NULL else 0
@@ -110,13 +117,11 @@ def take_buffered(
             count = 0
         if plain_pending:
             held = Pending.__new__(Pending)
-            held.payload = payload
             held.consumer = consumer
             held.count = count
             PyDict_SetItem(pending, key, held)
         else:
-            PyDict_SetItem(pending, key, pending_type(payload, consumer, count))
-        data = payload[0]
+            PyDict_SetItem(pending, key, pending_type(consumer, count))
         if message_id_type is None:
             mid = (ledger_id, entry, index, bi, payload[4])
         else:
@@ -135,7 +140,7 @@ def take_buffered(
         else:
             out.append(message_type(data, payload[1], payload[2], mid, topic, payload[3], count))
         delivered += 1
-        nbytes += len(data)
+        nbytes += size
     return delivered, nbytes, -1
 
 

@@ -49,6 +49,8 @@ class Consumer:
         consumer_name: str | None,
         negative_ack_redelivery_delay_ms: int,
         read_committed: bool = True,
+        receiver_queue_size: int = 1000,
+        max_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self._client = client
         self._topic = topic
@@ -58,8 +60,12 @@ class Consumer:
         self._type = sub_type
         self._name = consumer_name or f"consumer-{next(_names)}"
         self._nack_delay = negative_ack_redelivery_delay_ms / 1000.0
+        self._queue_size = receiver_queue_size  # messages one batch_receive takes at most
+        self._max_bytes = max_bytes  # and bytes of message data (one larger goes alone)
         self._cond = threading.Condition()
-        self._signal = 0
+        self._signal = 0  # wake-ups so far: a wait is skipped if one came since it parked
+        self._parked = 0  # receives parked on the subscriptions, waiting for a wake-up
+        self._roused = False  # a wake-up came since the last park: those parked will look
         self._next = 0
         self._closed = False
         # A network session's transactional acks are stored before they are answered: its
@@ -91,6 +97,48 @@ class Consumer:
             self._signal += 1
             self._cond.notify_all()
 
+    def _wake_parked(self) -> bool:
+        """Wake the receives parked here; False when none is, or one was woken already."""
+        with self._cond:
+            if not self._parked or self._roused:
+                return False
+            self._roused = True
+            self._signal += 1
+            self._cond.notify_all()
+            return True
+
+    def _park(self) -> int:
+        """Announce a wait to every subscription before a last poll; the signal to wait on."""
+        with self._cond:
+            self._parked += 1
+            self._roused = False
+            seen = self._signal
+        for sub in self._subs:
+            sub.park(self)
+        return seen
+
+    def _unpark(self, seen: int) -> None:
+        """Leave without waiting (what was taken since `seen` is handed on, as _pass_on)."""
+        with self._cond:
+            self._parked -= 1
+        self._pass_on(seen)
+
+    def _pass_on(self, seen: int | None) -> None:
+        """A wake-up taken since `seen` was meant for a message this receive may have left (it
+        took another partition's, or was full): it goes on to a consumer parked where more is."""
+        if seen is not None and self._signal != seen:
+            for sub in self._subs:
+                sub.pass_on()
+
+    def _sleep(self, seen: int, wait: float | None) -> None:
+        """Wait for a wake-up since `seen` (or `wait` seconds), then stop being parked."""
+        with self._cond:
+            try:
+                if self._signal == seen and not self._closed:
+                    self._cond.wait(wait)
+            finally:
+                self._parked -= 1
+
     def _check_open(self) -> None:
         if self._closed:
             raise AlreadyClosed(f"consumer {self._name} of {self._subscription_name} is closed")
@@ -108,20 +156,55 @@ class Consumer:
                 return msg
         return None
 
-    def _poll_many(self, n: int) -> list[Message]:
-        """Up to n messages available now, partition after partition from the next in turn."""
-        out: list[Message] = []
+    def _poll_many(self, out: list, n: int, budget: int) -> tuple[int, bool]:
+        """Messages available now into `out` until it holds n, partition after partition from
+        the next in turn, within `budget` bytes (as Subscription.take_many): (budget left,
+        whether the budget stopped it)."""
         subs = self._subs
         k = len(subs)
         start = self._next
         for i in range(k):
-            got = subs[(start + i) % k].take_many(self, n - len(out))
-            if got:
-                out.extend(got)
+            before = len(out)
+            nbytes, full = subs[(start + i) % k].take_many(self, out, n, budget)
+            if len(out) > before:
+                budget -= nbytes
                 self._next = (start + i + 1) % k
-                if len(out) >= n:
-                    break
-        return out
+            if full or len(out) >= n:
+                return budget, full
+        return budget, False
+
+    def _gather(self, out: list, n: int, budget: int, deadline: float | None) -> None:
+        """Take messages into `out` until it holds n or the next would pass `budget` bytes,
+        waiting for them until `deadline` (None: for ever)."""
+        seen = None
+        while True:
+            budget, full = self._poll_many(out, n, budget)
+            if full or len(out) >= n:
+                self._pass_on(seen)
+                return
+            self._check_open()
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            # Parked before the last look (and the look at the negative acks' due times):
+            # whatever comes after it wakes this receive.
+            seen = self._park()
+            try:
+                budget, full = self._poll_many(out, n, budget)
+                due = min(
+                    (d for d in (s.next_due() for s in self._subs) if d is not None),
+                    default=None,
+                )
+            except BaseException:
+                self._unpark(seen)
+                raise
+            if full or len(out) >= n:
+                self._unpark(seen)
+                return
+            now = time.monotonic()
+            wait = None if deadline is None else max(0.0, deadline - now)
+            if due is not None:
+                wait = max(0.0, due - now) if wait is None else min(wait, max(0.0, due - now))
+            self._sleep(seen, wait)
 
     def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; raises Timeout when none arrives within timeout_millis."""
@@ -130,48 +213,28 @@ class Consumer:
             not isinstance(timeout_millis, int) or timeout_millis < 0
         ):
             raise ValueError(f"timeout_millis must be a non-negative int, not {timeout_millis!r}")
+        msg = self._poll()
+        if msg is not None:
+            return msg
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
-        while True:
-            with self._cond:
-                seen = self._signal
-            msg = self._poll()
-            if msg is not None:
-                return msg
-            self._check_open()
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                raise Timeout(f"no message on {self._topic} within {timeout_millis} ms")
-            wait = None if deadline is None else deadline - now
-            due = min(
-                (d for d in (s.next_due() for s in self._subs) if d is not None), default=None
-            )
-            if due is not None:
-                wait = max(0.0, due - now) if wait is None else min(wait, max(0.0, due - now))
-            with self._cond:
-                if self._signal == seen and not self._closed:
-                    self._cond.wait(wait)
+        out: list[Message] = []
+        self._gather(out, 1, 0, deadline)
+        if out:
+            return out[0]
+        raise Timeout(f"no message on {self._topic} within {timeout_millis} ms")
 
     def batch_receive(
         self, max_num_messages: int = 1000, timeout_millis: int = 100
     ) -> list[Message]:
-        """Up to max_num_messages, waiting at most timeout_millis for them to arrive."""
+        """Up to max_num_messages, waiting at most timeout_millis for them to arrive. One call
+        takes at most the receiver queue size and the broker's dispatch_max_bytes of message
+        data (a larger message comes alone): callers loop for more."""
         self._check_open()
         if max_num_messages < 1:
             raise ValueError(f"max_num_messages must be at least 1, not {max_num_messages}")
         deadline = time.monotonic() + timeout_millis / 1000.0
         out: list[Message] = []
-        while len(out) < max_num_messages:
-            got = self._poll_many(max_num_messages - len(out))
-            if got:
-                out.extend(got)
-                continue
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                out.append(self.receive(max(1, int(remaining * 1000))))
-            except Timeout:
-                break
+        self._gather(out, min(max_num_messages, self._queue_size), self._max_bytes, deadline)
         return out
 
     def has_message_available(self) -> bool:

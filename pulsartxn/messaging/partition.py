@@ -316,11 +316,16 @@ class Partition:
 
     # -- reads -----------------------------------------------------------------------------
 
-    def read(self, start: int, end: int, limit: int | None = None):
-        """Decoded entries start..end-1 (end exclusive), as the native codec gives them."""
+    def read(self, start: int, end: int, limit: int | None = None, max_bytes: int | None = None):
+        """Decoded entries start..end-1 (end exclusive), as the native codec gives them; with
+        max_bytes, only the first entries that hold at most that many bytes (one at least)."""
         with self.storage.read() as txn:
             try:
-                return self.log.read(txn, start, end, limit)
+                if max_bytes is None:
+                    return self.log.read(txn, start, end, limit)
+                ids, bufs = self.log.scan(txn, start, end, limit)
+                limit = _within(bufs, max_bytes)
+                return decode_entries(ids[:limit], bufs[:limit])
             except CorruptEntry as exc:
                 error = exc
             # The entries before the damaged one are good: return them; the error comes when
@@ -427,3 +432,15 @@ class Partition:
                 return entry_id, batch_index, size  # trimmed: its count is gone
         self.check_position(entry_id, mid._ledger_id)
         raise InvalidMessageId(f"no batch index {batch_index} in entry {entry_id} on {self.topic}")
+
+
+def _within(bufs, max_bytes: int) -> int:
+    """How many of the first buffers hold at most max_bytes together, one at least."""
+    if sum(map(len, bufs)) <= max_bytes:
+        return len(bufs)
+    total = 0
+    for i, buf in enumerate(bufs):
+        total += len(buf)
+        if total > max_bytes:
+            return max(i, 1)
+    return len(bufs)

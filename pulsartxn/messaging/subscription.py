@@ -7,6 +7,11 @@ again (``redelivery_count`` + 1) on a negative ack (after the delay), on
 ``redeliver_unacknowledged_messages`` and when its consumer closes. Exclusive allows one
 consumer; Failover delivers to the first connected and the next takes over on close; Shared
 spreads messages over all of them.
+
+What one consumer makes the broker hold is bounded: a take materializes at most its count and
+byte budget, the read-ahead at most READ_AHEAD_* of a ledger, and a message delivered and not
+acknowledged is held by its position only (a redelivery reads its entry again). A consumer
+parked in a receive is woken by what it can take, not by every change of the subscription.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,9 +44,12 @@ if TYPE_CHECKING:
 EXCLUSIVE, SHARED, FAILOVER = 0, 1, 2
 TYPE_NAMES = {EXCLUSIVE: "Exclusive", SHARED: "Shared", FAILOVER: "Failover"}
 # Read ahead: up to 64 entries, fewer when they hold more than 1000 messages (Pulsar's
-# receiverQueueSize): a ledger of large batch entries is not decoded all at once.
+# receiverQueueSize) or 8 MiB (one entry at least): a ledger of large batch entries or of
+# large messages is not decoded all at once.
 READ_AHEAD_ENTRIES = 64
 READ_AHEAD_MESSAGES = 1000
+READ_AHEAD_BYTES = 8 << 20
+_FULL = -2  # take_buffered's answer when the byte budget stopped it
 _LAST = 1 << 62  # above any batch index: (entry, _LAST) follows every message of the entry
 
 
@@ -51,16 +59,25 @@ class Subscription:
         self.name = name
         self.cursor = cursor
         self.lock = threading.RLock()
-        self.consumers: list[Consumer] = []
+        self.consumers: dict[Consumer, None] = {}  # in the order they attached
+        self.active: Consumer | None = None  # the first: who receives unless Shared
         self.type: int | None = None
+        # Consumers parked in a receive (Consumer._park), oldest first: a wake-up for k
+        # messages rouses k of them. Its own lock: publishers never wait for a dispatch.
+        self._waiting: OrderedDict = OrderedDict()
+        self._waiting_lock = threading.Lock()
         self.read_position = cursor.mark_delete + 1
-        self._buffer: deque = deque()  # ((entry, batch_index), payload) read ahead
-        self._redeliver: list = []  # heap of ((entry, batch_index), payload)
-        self._nacked: list = []  # heap of (due, (entry, batch_index), payload)
-        # (entry, batch_index) -> Pending, whose payload is a read-ahead item's:
-        # (data, properties or None, key, publish_time, batch_size, txn)
+        # Read ahead: ((entry, batch_index), payload), payload as buffer_messages makes it:
+        # (data, properties or None, key, publish_time, batch_size, txn).
+        self._buffer: deque = deque()
+        # Past the read-ahead only positions are held: a message delivered and not yet
+        # acknowledged (entry, batch_index) -> Pending, and the heaps of those to redeliver.
         self._pending: dict[tuple[int, int], Pending] = {}
+        self._redeliver: list = []  # heap of (entry, batch_index)
+        self._nacked: list = []  # heap of (due, (entry, batch_index))
         self._redelivery_counts: dict[tuple[int, int], int] = {}
+        # The entry a redelivery read last: (entry id, batch_index -> payload not yet taken).
+        self._reread_entry: tuple[int, dict] | None = None
         self._persist_queued = False
         self._persist_requested = 0.0
         self._last_persist = None
@@ -107,26 +124,41 @@ class Subscription:
                         "already has a consumer"
                     )
             self.type = sub_type
-            self.consumers.append(consumer)
+            self.consumers[consumer] = None
+            if self.active is None:
+                self.active = consumer
             if read_committed != self.read_committed:
                 self.read_committed = read_committed
                 self._buffer.clear()
                 self.read_position = self.cursor.mark_delete + 1
 
     def detach(self, consumer: Consumer) -> None:
+        """`consumer` leaves: what it held goes to the others, and only as many of them are
+        woken as that can feed (Failover: the one taking over)."""
         with self.lock:
-            if consumer in self.consumers:
-                self.consumers.remove(consumer)
-            self._release(consumer)
+            self.consumers.pop(consumer, None)
+            released = self._release(consumer)
+            took_over = self.active is consumer
+            self.active = next(iter(self.consumers), None)
             if not self.consumers:
                 self.type = None
-        self.notify()
+            shared = self.type == SHARED
+        with self._waiting_lock:
+            self._waiting.pop(consumer, None)
+        if shared:
+            if released:
+                self.notify(released)
+        elif took_over:
+            self.notify()
 
-    def _release(self, consumer) -> None:
-        """Every message pending on `consumer` goes back to be delivered again."""
-        for key in [k for k, p in self._pending.items() if p.consumer is consumer]:
-            pending = self._pending.pop(key)
-            heapq.heappush(self._redeliver, (key, pending.payload))
+    def _release(self, consumer) -> int:
+        """Every message pending on `consumer` goes back to be delivered again (lock held);
+        returns how many."""
+        keys = [k for k, p in self._pending.items() if p.consumer is consumer]
+        for key in keys:
+            del self._pending[key]
+            heapq.heappush(self._redeliver, key)
+        return len(keys)
 
     def check_unsubscribe(self, consumer) -> None:
         """Refuse to unsubscribe `consumer` while others are attached or open transactions
@@ -146,46 +178,135 @@ class Subscription:
             )
 
     def may_receive(self, consumer) -> bool:
-        if not self.consumers:
-            return False
         if self.type == SHARED:
             return consumer in self.consumers
-        return self.consumers[0] is consumer
+        return consumer is self.active and consumer is not None
 
-    def notify(self) -> None:
-        for consumer in list(self.consumers):
-            consumer._wake()
+    def park(self, consumer) -> None:
+        """`consumer` is about to wait for a message (it polls once more after this)."""
+        with self._waiting_lock:
+            self._waiting[consumer] = None
+
+    def notify(self, k: int | None = None) -> None:
+        """Rouse consumers parked in a receive: k of them (Shared), every one (k None), or
+        the one that receives here (Exclusive, Failover). Roused ones no longer wait here."""
+        if self.type != SHARED:
+            active = self.active
+            if active is not None:
+                active._wake_parked()
+            return
+        if not self._waiting:
+            return
+        with self._waiting_lock:
+            waiting = self._waiting
+            if k is None:
+                self._waiting = OrderedDict()
+                for consumer in waiting:
+                    consumer._wake_parked()
+                return
+            while waiting and k > 0:
+                consumer, _ = waiting.popitem(last=False)
+                if consumer._wake_parked():
+                    k -= 1
+
+    def pass_on(self) -> None:
+        """Rouse a parked consumer if there may be more to take (a wake-up is handed on)."""
+        if self._waiting and self.type == SHARED:
+            with self.lock:
+                more = self._more_to_take()
+            if more:
+                self.notify(1)
+
+    def _more_to_take(self) -> bool:
+        """Whether a take may find more now (lock held): True when unsure, never False when
+        there is."""
+        return bool(
+            self._redeliver
+            or self._buffer
+            or self.read_position < self.partition.dispatch_end(self.read_committed)
+        )
 
     # -- dispatch --------------------------------------------------------------------------
 
     def take(self, consumer) -> Message | None:
-        got = self.take_many(consumer, 1)
-        return got[0] if got else None
-
-    def take_many(self, consumer, n: int) -> list[Message]:
-        """Up to n messages for `consumer`: redeliveries first, then read-ahead entries (one
-        lock acquisition for all of them)."""
         out: list[Message] = []
+        self.take_many(consumer, out, 1, 0)
+        return out[0] if out else None
+
+    def take_many(self, consumer, out: list, n: int, max_bytes: int) -> tuple[int, bool]:
+        """Messages for `consumer` into `out` until it holds n: redeliveries first, then
+        read-ahead entries (one lock acquisition for all of them). A message whose data would
+        bring the bytes taken past max_bytes stays, unless `out` is empty (it goes alone).
+        Returns (bytes taken, whether max_bytes stopped it)."""
         with self.lock:
             if not self.may_receive(consumer):
-                return out
-            self._due_nacks()
-            cursor = self.cursor
-            held = self.pending_ack.holds
-            while self._redeliver and len(out) < n:
-                key, payload = heapq.heappop(self._redeliver)
-                if key in self._pending or cursor.is_acked(*key) or held(*key):
-                    continue
-                count = self._redelivery_counts.get(key, 0) + 1
-                self._redelivery_counts[key] = count
-                out.append(self._deliver(consumer, key, payload, count))
-            if len(out) < n:
-                self._take_buffered(consumer, n, out)
-        return out
+                return 0, False
+            if self._nacked:
+                self._due_nacks()
+            nbytes, full = 0, False
+            if self._redeliver:
+                nbytes, full = self._take_redelivered(consumer, out, n, max_bytes)
+            if not full and len(out) < n:
+                taken, full = self._take_buffered(consumer, out, n, max_bytes - nbytes)
+                nbytes += taken
+        return nbytes, full
 
-    def _take_buffered(self, consumer, n: int, out: list) -> None:
-        """Deliver read-ahead messages into `out` until it holds n (lock held): the path every
-        message takes once, walked by the native dispatch loop (``take_buffered``)."""
+    def _take_redelivered(self, consumer, out: list, n: int, max_bytes: int):
+        """Redeliveries into `out`, in position order, each read again from its entry (lock
+        held); (bytes taken, whether max_bytes stopped it), as take_many."""
+        heap = self._redeliver
+        pending, counts = self._pending, self._redelivery_counts
+        cursor = self.cursor
+        held = self.pending_ack.holds
+        nbytes = 0
+        while heap and len(out) < n:
+            key = heap[0]  # taken off once delivered: a read that fails leaves it there
+            if key in pending or held(*key):
+                heapq.heappop(heap)
+                continue
+            if cursor.is_acked(*key):
+                heapq.heappop(heap)
+                counts.pop(key, None)
+                continue
+            payload = self._reread(key)
+            if payload is None:
+                heapq.heappop(heap)
+                continue
+            size = len(payload[0])
+            if out and nbytes + size > max_bytes:
+                return nbytes, True
+            heapq.heappop(heap)
+            del self._reread_entry[1][key[1]]  # delivered: the payload is the Message's now
+            count = counts.get(key, 0) + 1
+            counts[key] = count
+            out.append(self._deliver(consumer, key, payload, count))
+            nbytes += size
+        if not heap:
+            self._reread_entry = None
+        return nbytes, False
+
+    def _reread(self, key: tuple[int, int]):
+        """The read-ahead payload of the message at `key`, from its entry in the ledger (lock
+        held); None when it is no longer to be delivered (acknowledged, or aborted since)."""
+        entry_id, batch_index = key
+        cached = self._reread_entry
+        # Not in the entry read last: taken from it since (and given back), or another entry.
+        if cached is None or cached[0] != entry_id or batch_index not in cached[1]:
+            items: list = []
+            decoded = self.partition.read(entry_id, entry_id + 1, 1)
+            if decoded.num_entries and int(decoded.entry_id[0]) == entry_id:
+                self._buffer_entries(decoded, items.append)
+            cached = self._reread_entry = (entry_id, {k[1]: payload for k, payload in items})
+        payload = cached[1].get(batch_index)
+        if payload is not None and payload[5] is not None:
+            if self.partition.buffer.is_aborted(payload[5]):
+                self._ack_internally(entry_id)  # read uncommitted, aborted since
+                return None
+        return payload
+
+    def _take_buffered(self, consumer, out: list, n: int, max_bytes: int) -> tuple[int, bool]:
+        """Deliver read-ahead messages into `out` until it holds n (lock held), as take_many:
+        the path every message takes once, walked by the native loop (``take_buffered``)."""
         cursor = self.cursor
         pending_ack = self.pending_ack
         holds = pending_ack.holds if pending_ack.cumulative or len(pending_ack.index) else None
@@ -193,13 +314,15 @@ class Subscription:
         is_aborted = p.buffer.is_aborted
         buffer = self._buffer
         delivered = nbytes = 0
+        full = False
         while len(out) < n:
             if not buffer and not self._fill():
                 break
             # The cursor may move between fills (an internal ack of a filtered entry).
-            d, b, aborted = take_buffered(
+            d, b, stop = take_buffered(
                 buffer,
                 n,
+                max_bytes - nbytes,
                 out,
                 consumer,
                 self._pending,
@@ -218,17 +341,21 @@ class Subscription:
             )
             delivered += d
             nbytes += b
-            if aborted >= 0:
+            if stop == _FULL:
+                full = True
+                break
+            if stop >= 0:
                 # Read uncommitted, aborted since it was read: never delivered.
-                self._ack_internally(aborted)
+                self._ack_internally(stop)
         self.msg_out += delivered
         self.bytes_out += nbytes
         p.msg_out += delivered
         p.bytes_out += nbytes
+        return nbytes, full
 
     def _deliver(self, consumer, key, payload, count) -> Message:
         """One redelivered message (the read-ahead path is _take_buffered)."""
-        self._pending[key] = Pending(payload, consumer, count)
+        self._pending[key] = Pending(consumer, count)
         data, properties, pkey, publish_time, batch_size, _ = payload
         entry_id, batch_index = key
         p = self.partition
@@ -245,17 +372,20 @@ class Subscription:
         while self.read_position < end:
             start = max(self.read_position, self.partition.first_entry_id)
             n = self.partition.entries_holding(start, end, READ_AHEAD_MESSAGES)
-            decoded = self.partition.read(start, end, max(1, min(n, READ_AHEAD_ENTRIES)))
+            limit = max(1, min(n, READ_AHEAD_ENTRIES))
+            decoded = self.partition.read(start, end, limit, READ_AHEAD_BYTES)
             if decoded.num_entries == 0:
                 self.read_position = end
                 return False
             self.read_position = int(decoded.entry_id[-1]) + 1
-            added = self._buffer_entries(decoded)
+            added = self._buffer_entries(decoded, self._buffer.append)
             if added:
                 return True
         return bool(self._buffer)
 
-    def _buffer_entries(self, decoded) -> int:
+    def _buffer_entries(self, decoded, buffer_append) -> int:
+        """The deliverable messages of decoded entries, as read-ahead items, to buffer_append;
+        markers and aborted entries are acknowledged internally instead. How many were added."""
         cursor = self.cursor
         added = 0
         entry_ids = decoded.entry_id.tolist()
@@ -278,7 +408,6 @@ class Subscription:
             aborted = self.partition.buffer.aborted_mask(txn_msb, txn_lsb).tolist()
             txn_of = in_txn.tolist()
         props_of = (lambda m: _properties(decoded, m)) if any_props else None
-        buffer_append = self._buffer.append
         mark, acked, partly = cursor.mark_delete, cursor.acked, cursor.batch_acks
         for e, entry_id in enumerate(entry_ids):
             txn = None
@@ -315,6 +444,8 @@ class Subscription:
     def _ack_internally(self, entry_id: int) -> None:
         if self.cursor.ack(entry_id):
             self._persist()
+        if self._redelivery_counts:
+            self._forget_acked(None, ((None, entry_id, None),))
 
     def _forget_acked(self, cumulative: tuple[int, int, int] | None = None, entries=()) -> None:
         """Drop the bookkeeping (pending deliveries, redelivery counts) of the messages an
@@ -378,8 +509,8 @@ class Subscription:
     def _due_nacks(self) -> None:
         now = time.monotonic()
         while self._nacked and self._nacked[0][0] <= now:
-            _, key, payload = heapq.heappop(self._nacked)
-            heapq.heappush(self._redeliver, (key, payload))
+            _, key = heapq.heappop(self._nacked)
+            heapq.heappush(self._redeliver, key)
 
     def next_due(self) -> float | None:
         with self.lock:
@@ -392,7 +523,7 @@ class Subscription:
                 not self.cursor.is_acked(*k)
                 and k not in self._pending
                 and not self.pending_ack.holds(*k)
-                for k, _ in self._redeliver
+                for k in self._redeliver
             ):
                 return True
             while True:
@@ -436,15 +567,21 @@ class Subscription:
         entry_id, batch_index, _ = self.partition.position_of(mid)
         with self.lock:
             key = (entry_id, batch_index)
-            pending = self._pending.pop(key, None)
-            if pending is not None:
-                heapq.heappush(self._nacked, (time.monotonic() + delay_s, key, pending.payload))
-        self.notify()
+            if self._pending.pop(key, None) is None:
+                return
+            due = time.monotonic() + delay_s
+            # A parked consumer waits no later than the earliest due time it saw: only an
+            # earlier one needs it to look again.
+            earliest = not self._nacked or due < self._nacked[0][0]
+            heapq.heappush(self._nacked, (due, key))
+        if earliest:
+            self.notify()
 
     def redeliver_unacknowledged(self, consumer) -> None:
         with self.lock:
-            self._release(consumer)
-        self.notify()
+            released = self._release(consumer)
+        if released:
+            self.notify(released if self.type == SHARED else None)
 
     def _persist(self) -> None:
         """Persist the cursor soon: acks within one flush interval share one write, as

@@ -1,12 +1,14 @@
 """Load: 10k concurrently open transactions, 1M aborted TxnIDs in one partition, 64 producer
-and consumer threads. Memory is reported (RSS from /proc/self/status) and bounded, a watchdog
+and consumer threads, 600 messages of 1 MiB taken by one consumer, 2000 consumers parked on
+one subscription. Memory is reported (RSS from /proc/self/status) and bounded, a watchdog
 dumps every thread's stack and fails the test if a deadline passes, throughput is printed
 (``pytest -s`` shows it). ``PULSARTXN_LOAD_SCALE=10`` runs it ten times larger (the aborted
-TxnIDs at most 4x: 4M)."""
+TxnIDs at most 4x: 4M; the large messages and parked consumers as they are)."""
 
 from __future__ import annotations
 
 import faulthandler
+import gc
 import os
 import random
 import sys
@@ -27,12 +29,13 @@ pytestmark = pytest.mark.slow
 
 
 def memory() -> dict:
-    """VmRSS and VmHWM (peak) of this process, in MiB."""
+    """VmRSS, VmHWM (peak) and RssAnon (RSS but mapped files: LMDB's pages) of this process,
+    in MiB."""
     out = {}
     with open("/proc/self/status") as f:
         for line in f:
             key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
+            if key in ("VmRSS", "VmHWM", "RssAnon"):
                 out[key] = int(value.split()[0]) / 1024.0
     return out
 
@@ -385,3 +388,88 @@ def test_sixty_four_producer_and_consumer_threads(tmp_path):
             rss_mib_peak_during=peak[0],
         )
         assert peak[0] - base["VmRSS"] < 512, "memory grew by more than 512 MiB"
+
+
+def test_one_consumer_of_large_messages_holds_a_bounded_amount(tmp_path):
+    """600 messages of 1 MiB: ``batch_receive(10**9)`` takes 64 MiB of them (it took all 600,
+    2.3 GB of RSS through the network service), and once the consumer that held them all
+    closes, the subscription keeps their positions, not their payloads (it kept 600 MiB)."""
+    n, size = 600, 1 << 20
+    with (
+        Watchdog(120, "600 x 1 MiB") as wd,
+        pulsartxn.Broker(tmp_path / "data", sync=False) as broker,
+    ):
+        client = broker.client()
+        producer = client.create_producer("big", batching_enabled=False)
+        for i in range(n):
+            producer.send(i.to_bytes(4, "big") * (size // 4))
+        consumer = client.subscribe("big", "s", subscription_type=pulsartxn.ConsumerType.Shared)
+        gc.collect()
+        base = memory()["RssAnon"]
+        start = time.monotonic()
+        msgs = consumer.batch_receive(10**9, 2000)
+        took_s = time.monotonic() - start
+        one_call = memory()["RssAnon"]
+        assert len(msgs) == 64 and sum(len(m.data()) for m in msgs) == 64 * size
+        got = len(msgs)
+        del msgs
+        while got < n:
+            wd.check()
+            got += len(consumer.batch_receive(10**9, 2000))
+        assert got == n
+        consumer.close()
+        gc.collect()
+        closed = memory()["RssAnon"]
+        again = client.subscribe("big", "s", subscription_type=pulsartxn.ConsumerType.Shared)
+        first = again.batch_receive(10**9, 2000)
+        assert [m.data()[:4] for m in first] == [i.to_bytes(4, "big") for i in range(64)]
+        assert {m.redelivery_count() for m in first} == {1}
+        report(
+            f"{n} x 1 MiB, one consumer",
+            first_call_s=took_s,
+            anon_mib_before=base,
+            anon_mib_one_call=one_call,
+            anon_mib_after_close=closed,
+            peak_mib=memory()["VmHWM"],
+        )
+        assert one_call - base < 200, one_call - base
+        assert closed - base < 64, closed - base
+
+
+def test_two_thousand_parked_consumers_close_in_bounded_cpu(tmp_path):
+    """2000 consumers parked in ``receive()`` on one Shared subscription, then closed one by
+    one: each close wakes its own receive only (it woke every other consumer, each of which
+    polled the subscription: 1000 consumers took 32 s of CPU through the network service,
+    2000 more than two minutes)."""
+    n = 2000
+    with (
+        Watchdog(120, "2000 parked consumers") as wd,
+        pulsartxn.Broker(tmp_path / "data", sync=False) as broker,
+    ):
+        client = broker.client()
+        kind = pulsartxn.ConsumerType.Shared
+        consumers = [client.subscribe("idle", "s", subscription_type=kind) for _ in range(n)]
+        closed = []
+
+        def park(i):
+            try:
+                consumers[i].receive()
+            except pulsartxn.AlreadyClosed:
+                closed.append(i)
+
+        threads = [threading.Thread(target=park, args=(i,), daemon=True) for i in range(n)]
+        for t in threads:
+            t.start()
+        while sum(c._parked for c in consumers) < n:
+            wd.check()
+            time.sleep(0.01)
+        cpu, wall = time.process_time(), time.monotonic()
+        for c in consumers:
+            c.close()
+        wd.join(threads)
+        cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+        wakeups = sum(c._signal for c in consumers)
+        report(f"{n} parked consumers closed", cpu_s=cpu, wall_s=wall, wakeups=wakeups)
+        assert sorted(closed) == list(range(n))
+        assert wakeups == n
+        assert cpu < 10, cpu  # about 0.5 s; generous for a shared machine

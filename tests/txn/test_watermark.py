@@ -60,7 +60,9 @@ def test_one_long_transaction_and_thousands_after_it(tmp_path):
         producer = client.create_producer("t", batching_enabled=False)
         for i in range(3001):
             producer.send(b"in%d" % i)
-        consumer = client.subscribe("t", "s", subscription_type=pulsartxn.ConsumerType.Shared)
+        consumer = client.subscribe(
+            "t", "s", subscription_type=pulsartxn.ConsumerType.Shared, receiver_queue_size=3001
+        )
         msgs = consumer.batch_receive(3001, 1000)
         out = client.create_producer("out", batching_enabled=False)
         long = client.new_transaction(timeout_ms=600_000)

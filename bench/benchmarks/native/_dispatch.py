@@ -38,6 +38,7 @@ def take_all(impl, items) -> list:
     impl.take_buffered(
         collections.deque(items),
         len(items),
+        1 << 40,
         out,
         None,
         {},

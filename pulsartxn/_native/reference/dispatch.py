@@ -6,10 +6,9 @@ from __future__ import annotations
 class Pending:
     """The twin of ``Pending`` in dispatch.pyx."""
 
-    __slots__ = ("payload", "consumer", "count")
+    __slots__ = ("consumer", "count")
 
-    def __init__(self, payload, consumer, count):
-        self.payload = payload
+    def __init__(self, consumer, count):
         self.consumer = consumer
         self.count = count
 
@@ -17,6 +16,7 @@ class Pending:
 def take_buffered(
     buffer,
     n,
+    max_bytes,
     out,
     consumer,
     pending,
@@ -37,7 +37,8 @@ def take_buffered(
     delivered = nbytes = 0
     popleft = buffer.popleft
     while len(out) < n and buffer:
-        key, payload = popleft()
+        item = popleft()
+        key, payload = item
         entry_id, batch_index = key
         if (
             entry_id <= mark
@@ -54,8 +55,11 @@ def take_buffered(
         data, properties, pkey, publish_time, batch_size, txn = payload
         if txn is not None and is_aborted(txn):
             return delivered, nbytes, entry_id
+        if nbytes + len(data) > max_bytes and out:
+            buffer.appendleft(item)
+            return delivered, nbytes, -2
         count = counts.get(key, 0) if counts else 0
-        pending[key] = pending_type(payload, consumer, count)
+        pending[key] = pending_type(consumer, count)
         mid = (ledger_id, entry_id, index, batch_index, batch_size)
         if message_id_type is not None:
             mid = message_id_type(*mid)
