@@ -40,13 +40,14 @@ class Admin:
                     {
                         "backlog": 0,
                         "consumers": 0,
+                        "waiting": 0,
                         "unacked": 0,
                         "msg_out": 0,
                         "bytes_out": 0,
                         "type": s["type"],
                     },
                 )
-                for k in ("backlog", "consumers", "unacked", "msg_out", "bytes_out"):
+                for k in ("backlog", "consumers", "waiting", "unacked", "msg_out", "bytes_out"):
                     agg[k] += s[k]
                 agg["type"] = agg["type"] or s["type"]
         return out

@@ -75,7 +75,6 @@ class Client:
         batching_max_messages: int | None = None,
         batching_max_allowed_size_in_bytes: int | None = None,
         batching_max_publish_delay_ms: float | None = None,
-        **_ignored,
     ) -> Producer:
         self._check_open()
         if producer_name is not None:
@@ -133,12 +132,13 @@ class Client:
         consumer_name: str | None = None,
         negative_ack_redelivery_delay_ms: int = 60_000,
         receiver_queue_size: int | None = None,
-        **_ignored,
     ) -> Consumer:
         """receiver_queue_size: the most messages one batch_receive takes (default: the
         broker's, 1000), capped to the broker's max_receiver_queue_size."""
         self._check_open()
         check_keyed_name("subscription_name", subscription_name)
+        if consumer_name is not None:
+            check_keyed_name("consumer_name", consumer_name)
         if not isinstance(subscription_type, ConsumerType):
             raise TypeError(
                 f"subscription_type must be a ConsumerType, not {excerpt(subscription_type)}"
@@ -295,7 +295,7 @@ class Client:
 
 def _check_group(group) -> None:
     if not isinstance(group, str) or not group:
-        raise ValueError(f"group must be a non-empty str, not {group!r}")
+        raise ValueError(f"group must be a non-empty str, not {excerpt(group)}")
 
 
 def _flush_for_commit(txns) -> dict:

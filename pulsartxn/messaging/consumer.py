@@ -13,10 +13,22 @@ from ..errors import (
     InvalidMessageId,
     Timeout,
     TransactionConflict,
+    excerpt,
 )
 from ..txn.log import IN_PROCESS
 from .message import Message, MessageId
 from .subscription import EXCLUSIVE, FAILOVER, SHARED, Subscription
+
+
+def check_count(name: str, value: object, least: int, optional: bool = False) -> None:
+    """ValueError unless `value` is an int (not a bool) of at least `least`, or None if
+    `optional`; the text shows at most an excerpt of what was given."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        kind = "a non-negative int" if least == 0 else f"an int of at least {least}"
+        either = " or None" if optional else ""
+        raise ValueError(f"{name} must be {kind}{either}, not {excerpt(value)}")
 
 
 class ConsumerType(enum.Enum):
@@ -209,10 +221,7 @@ class Consumer:
     def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; raises Timeout when none arrives within timeout_millis."""
         self._check_open()
-        if timeout_millis is not None and (
-            not isinstance(timeout_millis, int) or timeout_millis < 0
-        ):
-            raise ValueError(f"timeout_millis must be a non-negative int, not {timeout_millis!r}")
+        check_count("timeout_millis", timeout_millis, least=0, optional=True)
         msg = self._poll()
         if msg is not None:
             return msg
@@ -230,8 +239,8 @@ class Consumer:
         takes at most the receiver queue size and the broker's dispatch_max_bytes of message
         data (a larger message comes alone): callers loop for more."""
         self._check_open()
-        if max_num_messages < 1:
-            raise ValueError(f"max_num_messages must be at least 1, not {max_num_messages}")
+        check_count("max_num_messages", max_num_messages, least=1)
+        check_count("timeout_millis", timeout_millis, least=0)
         deadline = time.monotonic() + timeout_millis / 1000.0
         out: list[Message] = []
         self._gather(out, min(max_num_messages, self._queue_size), self._max_bytes, deadline)

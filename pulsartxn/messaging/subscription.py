@@ -648,6 +648,7 @@ class Subscription:
             return {
                 "type": TYPE_NAMES.get(self.type) if self.type is not None else None,
                 "consumers": len(self.consumers),
+                "waiting": sum(1 for c in self.consumers if c._parked),  # in a receive
                 "backlog": self.backlog(),
                 "unacked": len(self._pending),
                 "mark_delete_position": self.cursor.mark_delete,

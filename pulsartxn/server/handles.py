@@ -18,6 +18,7 @@ import pyarrow.flight as flight
 
 from .. import errors
 from .._native import TxnID
+from ..messaging.consumer import check_count
 from ..messaging.message import Message, MessageId
 from ..messaging.producer import check_sequence_id
 from ..txn.state import TxnState
@@ -432,20 +433,23 @@ class RemoteConsumer(_Handle):
             "subscribe",
             {"topic": self._topic, "subscription": self._subscription, "options": self._options},
         )
-        return unframe(out[0], 1 << 62)[0]["handle"]
+        info = unframe(out[0], 1 << 62)[0]
+        # A reconnect subscribes again under the same name.
+        self._options = {**self._options, "consumer_name": info["name"]}
+        return info["handle"]
 
     def topic(self) -> str:
         return self._topic
+
+    def consumer_name(self) -> str:
+        return self._options["consumer_name"]
 
     def subscription_name(self) -> str:
         return self._subscription
 
     def receive(self, timeout_millis=None) -> Message:
         """The server waits at most its MAX_WAIT_MS a call: a longer wait asks again."""
-        if timeout_millis is not None and (
-            isinstance(timeout_millis, bool) or not isinstance(timeout_millis, int)
-        ):
-            raise ValueError(f"timeout_millis must be a non-negative int, not {timeout_millis!r}")
+        check_count("timeout_millis", timeout_millis, least=0, optional=True)
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
         while True:
             left = None if deadline is None else max(int((deadline - time.monotonic()) * 1000), 0)
@@ -458,7 +462,9 @@ class RemoteConsumer(_Handle):
             return protocol.decode_message(body)
 
     def batch_receive(self, max_num_messages=1000, timeout_millis=100) -> list[Message]:
-        """Dispatch as a DoGet stream: the messages arrive as one Arrow record batch."""
+        """Dispatch as a DoGet stream of record batches of about 4 MiB each."""
+        check_count("max_num_messages", max_num_messages, least=1)
+        check_count("timeout_millis", timeout_millis, least=0)
         client = self._client
         for attempt in (0, 1):
             ticket = frame(

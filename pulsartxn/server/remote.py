@@ -19,6 +19,7 @@ import pyarrow.flight as flight
 
 from .. import errors
 from .._native import TxnID
+from ..messaging.consumer import ConsumerType, InitialPosition, Isolation
 from ..messaging.message import MessageId
 from . import protocol
 from .handles import BatchStream, RemoteConsumer, RemoteProducer, RemoteTransaction, _txn_str
@@ -160,15 +161,51 @@ class RemoteClient:
 
     # -- API.md ----------------------------------------------------------------------------
 
-    def create_producer(self, topic: str, producer_name: str | None = None, **options):
+    def create_producer(
+        self,
+        topic: str,
+        producer_name: str | None = None,
+        batching_enabled: bool = True,
+        batching_max_messages: int | None = None,
+        batching_max_allowed_size_in_bytes: int | None = None,
+        batching_max_publish_delay_ms: float | None = None,
+    ):
+        options = {
+            "batching_enabled": batching_enabled,
+            "batching_max_messages": batching_max_messages,
+            "batching_max_allowed_size_in_bytes": batching_max_allowed_size_in_bytes,
+            "batching_max_publish_delay_ms": batching_max_publish_delay_ms,
+        }
         p = RemoteProducer(self, topic, producer_name, options)
         self._objects.add(p)
         return p
 
-    def subscribe(self, topic: str, subscription_name: str, **options):
-        opts = {}
-        for key, value in options.items():
-            opts[key] = value.name if hasattr(value, "name") and hasattr(value, "value") else value
+    def subscribe(
+        self,
+        topic: str,
+        subscription_name: str,
+        subscription_type: ConsumerType = ConsumerType.Exclusive,
+        initial_position: InitialPosition = InitialPosition.Earliest,
+        isolation: Isolation = Isolation.READ_COMMITTED,
+        consumer_name: str | None = None,
+        negative_ack_redelivery_delay_ms: int = 60_000,
+        receiver_queue_size: int | None = None,
+    ):
+        for name, value, kind in (
+            ("subscription_type", subscription_type, ConsumerType),
+            ("initial_position", initial_position, InitialPosition),
+            ("isolation", isolation, Isolation),
+        ):
+            if not isinstance(value, kind):
+                raise TypeError(f"{name} must be a {kind.__name__}, not {errors.excerpt(value)}")
+        opts = {
+            "subscription_type": subscription_type.name,
+            "initial_position": initial_position.name,
+            "isolation": isolation.name,
+            "consumer_name": consumer_name,
+            "negative_ack_redelivery_delay_ms": negative_ack_redelivery_delay_ms,
+            "receiver_queue_size": receiver_queue_size,
+        }
         c = RemoteConsumer(self, topic, subscription_name, opts)
         self._objects.add(c)
         return c

@@ -421,7 +421,7 @@ class BrokerServer(flight.FlightServerBase):
     def _on_create_producer(self, args, payload):
         s = self._session(args)
         self._room(len(s.producers), self.limits.producers, "producers")
-        p = s.client.create_producer(args["topic"], **(args.get("options") or {}))
+        p = s.client.create_producer(args["topic"], **_options(args, _PRODUCER_OPTIONS))
         handle = next(self._handles)
         with s.lock:
             s.producers[handle] = p
@@ -527,20 +527,25 @@ class BrokerServer(flight.FlightServerBase):
 
     def _on_subscribe(self, args, payload):
         s = self._session(args)
-        opts = dict(args.get("options") or {})
+        opts = _options(args, _CONSUMER_OPTIONS)
         for key, enum in (
             ("subscription_type", ConsumerType),
             ("initial_position", InitialPosition),
             ("isolation", Isolation),
         ):
             if key in opts:
+                name = opts[key]
+                if not isinstance(name, str) or name not in enum.__members__:
+                    raise ValueError(
+                        f"{key} must name a {enum.__name__}, not {errors.excerpt(name)}"
+                    )
                 opts[key] = enum[opts[key]]
         self._room(len(s.consumers), self.limits.consumers, "consumers")
         c = s.client.subscribe(args["topic"], args["subscription"], **opts)
         handle = next(self._handles)
         with s.lock:
             s.consumers[handle] = c
-        return {"handle": handle}
+        return {"handle": handle, "name": c.consumer_name()}
 
     def _consumer(self, s: _Session, args):
         c = s.consumers.get(args.get("handle"))
@@ -817,6 +822,38 @@ def _capability_key(broker) -> bytes:
     key = secrets.token_bytes(32)  # the data directory is this process's alone (locked)
     storage.write(lambda t: t.put(CAPABILITY_KEY, key, db=storage.meta))
     return key
+
+
+_PRODUCER_OPTIONS = frozenset(
+    {
+        "producer_name",
+        "batching_enabled",
+        "batching_max_messages",
+        "batching_max_allowed_size_in_bytes",
+        "batching_max_publish_delay_ms",
+    }
+)
+_CONSUMER_OPTIONS = frozenset(
+    {
+        "subscription_type",
+        "initial_position",
+        "isolation",
+        "consumer_name",
+        "negative_ack_redelivery_delay_ms",
+        "receiver_queue_size",
+    }
+)
+
+
+def _options(args, known: frozenset) -> dict:
+    """A request's options: a dict of known names only (an unknown one is an error)."""
+    opts = args.get("options") or {}
+    if not isinstance(opts, dict):
+        raise TypeError(f"options must be a map, not {errors.excerpt(opts)}")
+    for key in opts:
+        if key not in known:
+            raise TypeError(f"unknown option {errors.excerpt(key)}")
+    return dict(opts)
 
 
 def _capped_wait(timeout_millis, cap: int):
