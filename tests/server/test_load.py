@@ -16,9 +16,10 @@ PARKER = r"""
 import sys, threading, pulsartxn
 url, sessions, per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 clients = [pulsartxn.Client(url) for _ in range(sessions)]
-consumers = [
-    c.subscribe("idle", "s", subscription_type=pulsartxn.ConsumerType.Shared) for c in clients for _ in range(per)
-]
+shared = pulsartxn.ConsumerType.Shared
+consumers = []
+for c in clients:
+    consumers += [c.subscribe("idle", "s", subscription_type=shared) for _ in range(per)]
 for consumer in consumers:
     threading.Thread(target=consumer.receive, daemon=True).start()
 print("parked", flush=True)
