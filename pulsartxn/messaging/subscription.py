@@ -81,7 +81,7 @@ class Subscription:
         self._persist_queued = False
         self._persist_requested = 0.0
         self._last_persist = None
-        self._key = partition.topic.encode() + b"\0" + name.encode()
+        self.key = partition.topic.encode() + b"\0" + name.encode()  # in the cursors db
         # Transactions whose commits are being written with this cursor's record in the same
         # write (pending_ack.end_op): TxnID -> (held entries, cumulative ack). Their acks
         # reach the cursor once that write has landed; until then every cursor record
@@ -445,9 +445,14 @@ class Subscription:
         if self.cursor.ack(entry_id):
             self._persist()
         if self._redelivery_counts:
-            self._forget_acked(None, ((None, entry_id, None),))
+            self.forget_acked(None, ((None, entry_id, None),))
 
-    def _forget_acked(self, cumulative: tuple[int, int, int] | None = None, entries=()) -> None:
+    def hold(self, entry_id: int, batch_index: int) -> None:
+        """A message acknowledged in a transaction leaves its consumer's unacknowledged
+        messages: it is held by the transaction, not redelivered (lock held)."""
+        self._pending.pop((entry_id, batch_index), None)
+
+    def forget_acked(self, cumulative: tuple[int, int, int] | None = None, entries=()) -> None:
         """Drop the bookkeeping (pending deliveries, redelivery counts) of the messages an
         acknowledgement just applied to the cursor covers (lock held), by position rather
         than by asking the cursor about every message held: a transaction with few acks on a
@@ -480,7 +485,7 @@ class Subscription:
                 for i in range(n if n > 1 else 0):
                     counts.pop((entry_id, i), None)
 
-    def _release_held(self, released) -> None:
+    def release_held(self, released) -> None:
         """An aborted transaction's held messages are delivered again, their redelivery count
         increased: reading restarts at the lowest of them (lock held)."""
         lowest = None
@@ -554,7 +559,7 @@ class Subscription:
                         f"subscription {self.name}"
                     )
                 changed = self.cursor.ack_cumulative(entry_id, bi, size)
-                self._forget_acked((entry_id, bi, size))
+                self.forget_acked((entry_id, bi, size))
             else:
                 changed = self.cursor.ack(entry_id, bi, size)
                 self._pending.pop((entry_id, bi), None)
@@ -618,7 +623,7 @@ class Subscription:
                 self._persist_queued = False
                 data = None if self.unsubscribed else self.cursor_record()
             if data is not None:
-                txn.put(self._key, data, db=db)
+                txn.put(self.key, data, db=db)
 
         self._last_persist = storage.submit(WriteOp(apply, nbytes=64), lazy=True)
         return self._last_persist

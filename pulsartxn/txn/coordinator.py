@@ -41,7 +41,7 @@ from .meta import (
     TxnMeta,
     status_error,
 )
-from .state import EndReason, TxnState
+from .state import CoordinatorStatus, EndReason, TxnState
 
 __all__ = ["Coordinator", "TxnMeta", "status_error", "OPEN", "COMMITTED", "ABORTED"]
 
@@ -66,7 +66,7 @@ class Coordinator(TransactionEnd):
         self._deadlines: list = []  # heap of (deadline, seq)
         self.allocator: TxnIdAllocator | None = None
         self.reserved_ahead = 0  # a durable high-water mark written for it at open
-        self.status = "RECOVERING"
+        self.status = CoordinatorStatus.RECOVERING
         self.error: str | None = None
         self.created = self.committed = self.aborted = self.timed_out = 0
         self.finalize_retries = self.append_failures = 0
@@ -87,7 +87,7 @@ class Coordinator(TransactionEnd):
                 raw = txn.get(log.hwm_key(self.id), db=self.storage.meta)
                 hwm = int.from_bytes(bytes(raw), "big") if raw is not None else 0
         except (CorruptEntry, ValueError) as exc:
-            self.status = "ERROR"
+            self.status = CoordinatorStatus.ERROR
             self.error = f"transaction log of coordinator {self.id} cannot be read: {exc}"
             self.recovery = {"recover_time_ms": (time.monotonic() - start) * 1000.0}
             return []
@@ -131,7 +131,7 @@ class Coordinator(TransactionEnd):
             self.txns[meta.seq] = meta
             self._order.append(meta.seq)
         heapq.heapify(self._deadlines)
-        self.status = "READY"
+        self.status = CoordinatorStatus.READY
         self.recovery = {
             "recover_time_ms": round((time.monotonic() - start) * 1000.0, 3),
             "recovered_txns": len(metas),
@@ -189,9 +189,9 @@ class Coordinator(TransactionEnd):
     # -- lookups ---------------------------------------------------------------------------
 
     def check_ready(self) -> None:
-        if self.status != "READY":
+        if self.status is not CoordinatorStatus.READY:
             raise CoordinatorUnavailable(
-                f"transaction coordinator {self.id} is {self.status}: {self.error}"
+                f"transaction coordinator {self.id} is {self.status.value}: {self.error}"
             )
 
     def live(self, seq: int, op: str) -> TxnMeta:
@@ -425,7 +425,7 @@ class Coordinator(TransactionEnd):
             buckets["overflow"] = self.histogram[-1]
             return {
                 "coordinator_id": self.id,
-                "state": self.status,
+                "state": self.status.value,
                 "error": self.error,
                 "low_watermark": self._lwm(),
                 "next_sequence": self.allocator.next_sequence if self.allocator else None,

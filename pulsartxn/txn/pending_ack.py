@@ -38,8 +38,8 @@ DB = b"pendingack"
 
 
 class PendingAck:
-    # The coordinator may have end_txn defer its write (wait=False): see Coordinator._call.
-    deferred_end = True
+    """A subscription's pending acks: its transactions' acks, logged, until they end (the
+    participant.PendingAckHandle contract)."""
 
     def __init__(self, sub) -> None:
         self.sub = sub
@@ -63,7 +63,7 @@ class PendingAck:
         self.log_writes = 0
         self._flush_queued = False
         self._queued_at = 0.0
-        self._prefix = sub._key + b"\0"
+        self._prefix = sub.key + b"\0"
 
     @property
     def storage(self):
@@ -168,8 +168,7 @@ class PendingAck:
                     ack_set.set(batch_index)
                 self.index.add(ledger, entry_id, txn, ack_set)  # raises TransactionConflict
                 kind = 0
-            # The message leaves its consumer's unacknowledged set: it is held, not redelivered.
-            sub._pending.pop((entry_id, batch_index), None)
+            sub.hold(entry_id, batch_index)
             self.unlogged.setdefault(txn, []).append(
                 _ACK.pack(kind, entry_id, batch_index, batch_size)
             )
@@ -334,7 +333,7 @@ class PendingAck:
                 self._check_count(txn, expected)
         storage = self.storage
         db, cursors = storage.open_db(DB), storage.open_db(b"cursors")
-        sub_key = sub._key
+        sub_key = sub.key
         undo: dict = {}
 
         def apply(t) -> None:
@@ -379,6 +378,10 @@ class PendingAck:
 
         return WriteOp(apply, nbytes=256, on_commit=on_commit, on_abort=on_abort)
 
+    def end_later(self, txn: TxnID, commit: bool, low_watermark: int):
+        """``end_txn`` whose write rides with the next group commit: its future, or None."""
+        return self.end_txn(txn, commit, low_watermark, wait=False)
+
     def end_txn(
         self,
         txn: TxnID,
@@ -416,7 +419,7 @@ class PendingAck:
                     self.committed += 1
                     acked = _ack_cursor(sub.cursor, entries, cum)
                     changed |= acked and not (written and t == txn)
-                    sub._forget_acked(cum, entries)
+                    sub.forget_acked(cum, entries)
                 else:
                     self.aborted += 1
                     released.extend(entries)
@@ -425,7 +428,7 @@ class PendingAck:
             if written:
                 sub.committing.pop(txn, None)  # in the cursor itself now
             if released:
-                sub._release_held(released)
+                sub.release_held(released)
             if not self.unlogged:
                 self._flush_queued = False
         if not changed and not keys:
@@ -434,7 +437,7 @@ class PendingAck:
             return None
         storage = self.storage
         db, cursors = storage.open_db(DB), storage.open_db(b"cursors")
-        sub_key = sub._key
+        sub_key = sub.key
 
         def apply(t):
             if changed:

@@ -32,7 +32,8 @@ from ..storage import WriteOp
 from . import log
 from .coordinator import ABORTED, COMMITTED, OPEN, Coordinator, TxnMeta, status_error
 from .meta import COORDINATOR_BYTES
-from .state import EndReason, TxnState
+from .participant import Participants
+from .state import CoordinatorStatus, EndReason, TxnState
 from .timer import TxnTimer
 
 MAX_TIMEOUT_MS = 1 << 40  # beyond this a timeout is a mistake, not a wish (~35 years)
@@ -49,18 +50,8 @@ LWM_PUSH_S = 0.1  # how often the timer tells participants a coordinator's low w
 _LOG = logging.getLogger("pulsartxn.txn")
 
 
-class _Stateless:
-    """Participant of a partition or subscription that holds no transaction state (yet)."""
-
-    def end_txn(self, txn_id, commit, low_watermark) -> None:
-        return None
-
-
-STATELESS = _Stateless()
-
-
 class Coordinators:
-    def __init__(self, broker, participants=None) -> None:
+    def __init__(self, broker, participants: Participants) -> None:
         cfg = broker.config
         self.broker = broker
         self.storage = broker.storage
@@ -69,7 +60,7 @@ class Coordinators:
         self.max_timeout_ms = cfg.max_txn_timeout_ms
         self.durable_begin = bool(cfg.durable_begin)
         self.operation_timeout_s = cfg.operation_timeout_ms / 1000.0
-        self._participants = participants
+        self.participants = participants  # wired by the broker
         self.closed = False
         self._lock = threading.Lock()  # groups, decisions, the coordinator list
         self._scale_lock = threading.Lock()
@@ -159,7 +150,7 @@ class Coordinators:
         that never handed out an id: none has a sequence reserved, so nothing names them."""
         cfg = self.broker.config
         n = max(stored, cfg.num_coordinators)
-        in_use = SHARED_DBS + self.broker.ledgers_in_use()
+        in_use = SHARED_DBS + self.broker.topics.ledgers_in_use()
         if in_use + n <= cfg.max_dbs:
             return n
         used = self._reserved_ids()
@@ -199,7 +190,7 @@ class Coordinators:
         """QuotaExceeded unless `n` coordinators fit: a named database each beside the
         broker's own and max_partitions (or the partitions there are), and the memory budget."""
         cfg = self.broker.config
-        partitions = max(self.broker.partition_count, cfg.max_partitions)
+        partitions = max(self.broker.topics.partition_count, cfg.max_partitions)
         room = cfg.max_dbs - SHARED_DBS - partitions
         if n > room:
             raise QuotaExceeded(
@@ -225,7 +216,7 @@ class Coordinators:
         marks = [
             (c, min(c.allocator.next_sequence + c.allocator.block_size, MAX_SEQUENCE + 1))
             for c in coordinators
-            if c.status == "READY" and c.allocator is not None
+            if c.status is CoordinatorStatus.READY and c.allocator is not None
         ]
         if not marks:
             return
@@ -263,25 +254,6 @@ class Coordinators:
     def of(self, txn_id) -> Coordinator:
         return self.coordinator(txn_id.coordinator_id)
 
-    def participant(self, kind: str, name):
-        """The resource manager that finalizes `name`: a partition's transaction buffer, or a
-        subscription's pending acks (``name`` = (partition, subscription))."""
-        if self._participants is not None:
-            found = self._participants(kind, name)
-            if found is not None:
-                return found
-        broker = self.broker
-        if kind == "partition":
-            with broker._lock:
-                return broker._partition(name).buffer
-        if kind == "subscription":
-            partition, sub_name = name
-            with broker._lock:
-                sub = broker._partition(partition).subscriptions.get(sub_name)
-            # An unsubscribed subscription has nothing left to finalize.
-            return sub.pending_ack if sub is not None else STATELESS
-        raise ValueError(f"unknown participant kind {excerpt(kind)}")
-
     # -- single transactions ---------------------------------------------------------------
 
     def new_transaction(
@@ -315,7 +287,7 @@ class Coordinators:
         n = len(coords)
         for _ in range(n):
             c = coords[next(self._round_robin) % n]
-            if c.status == "READY":
+            if c.status is CoordinatorStatus.READY:
                 return c
         raise CoordinatorUnavailable("no transaction coordinator is available")
 
@@ -599,7 +571,7 @@ class Coordinators:
 
     def _expire_all(self, now: float) -> None:
         for c in self.coordinators:
-            if c.status != "READY":
+            if c.status is not CoordinatorStatus.READY:
                 continue
             for seq in c.expire(now):
                 self.timer.submit(c.timeout, seq)
@@ -607,7 +579,7 @@ class Coordinators:
             self._push_at = now + LWM_PUSH_S
             moved = []
             for c in self.coordinators:
-                if c.status == "READY":
+                if c.status is CoordinatorStatus.READY:
                     lwm = c.low_watermark()
                     if lwm > self._pushed.get(c.id, 0):
                         self._pushed[c.id] = lwm
@@ -662,7 +634,7 @@ class Coordinators:
                 raise ValueError(f"at most 65536 coordinators, not {n}")
             if n == current:
                 return
-            with self.broker._lock:  # create_topic counts the claimed databases under it
+            with self.broker.topics.lock:  # create_topic counts the claimed databases under it
                 self._check_room(n)
                 self.claimed = n
             try:
