@@ -618,12 +618,12 @@ class Subscription:
         storage = self.partition.storage
         db = storage.open_db(b"cursors")
 
-        def apply(txn):
+        def apply(lmdb_txn):
             with self.lock:
                 self._persist_queued = False
                 data = None if self.unsubscribed else self.cursor_record()
             if data is not None:
-                txn.put(self.key, data, db=db)
+                lmdb_txn.put(self.key, data, db=db)
 
         self._last_persist = storage.submit(WriteOp(apply, nbytes=64), lazy=True)
         return self._last_persist

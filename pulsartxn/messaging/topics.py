@@ -44,8 +44,8 @@ class Topics:
         self.topic_count, self.partition_count = self._count()
 
     def _metadata(self, name: TopicName) -> dict | None:
-        with self.storage.read() as txn:
-            raw = txn.get(name.full.encode(), db=self._topics_db)
+        with self.storage.read() as lmdb_txn:
+            raw = lmdb_txn.get(name.full.encode(), db=self._topics_db)
             return json.loads(bytes(raw)) if raw is not None else None
 
     def create(self, topic: str, partitions: int = 0) -> None:
@@ -64,8 +64,9 @@ class Topics:
             self._check_quota(max(partitions, 1))
             base = name.full.encode()
 
-            def apply(txn):
-                txn.put(base, json.dumps({"partitions": partitions}).encode(), db=self._topics_db)
+            def apply(lmdb_txn):
+                value = json.dumps({"partitions": partitions}).encode()
+                lmdb_txn.put(base, value, db=self._topics_db)
 
             self.storage.write(apply)
             self.topic_count += 1
@@ -137,16 +138,16 @@ class Topics:
 
     def _load(self, full: str) -> Partition:
         key = full.encode()
-        with self.storage.read() as txn:
-            raw = txn.get(key, db=self._ledgers_db)
+        with self.storage.read() as lmdb_txn:
+            raw = lmdb_txn.get(key, db=self._ledgers_db)
             ledger_id = _U64.unpack(raw)[0] if raw is not None else None
         if ledger_id is None:
 
-            def apply(txn):
-                counter = txn.get(b"next_ledger_id", db=self.storage.meta)
+            def apply(lmdb_txn):
+                counter = lmdb_txn.get(b"next_ledger_id", db=self.storage.meta)
                 lid = _U64.unpack(counter)[0] if counter is not None else 1
-                txn.put(b"next_ledger_id", _U64.pack(lid + 1), db=self.storage.meta)
-                txn.put(key, _U64.pack(lid), db=self._ledgers_db)
+                lmdb_txn.put(b"next_ledger_id", _U64.pack(lid + 1), db=self.storage.meta)
+                lmdb_txn.put(key, _U64.pack(lid), db=self._ledgers_db)
                 return lid
 
             ledger_id = self.storage.write(apply)
@@ -160,8 +161,8 @@ class Topics:
             },
         )
         self._wire(part)
-        with self.storage.read() as txn:
-            cursor = txn.cursor(db=self._cursors_db)
+        with self.storage.read() as lmdb_txn:
+            cursor = lmdb_txn.cursor(db=self._cursors_db)
             prefix = key + b"\0"
             if cursor.set_range(prefix):
                 for k, v in cursor:
@@ -184,7 +185,7 @@ class Topics:
             cursor = Cursor(start)
             key = part.topic.encode() + b"\0" + name.encode()
             data = cursor.serialize()
-            self.storage.write(lambda txn: txn.put(key, data, db=self._cursors_db))
+            self.storage.write(lambda lmdb_txn: lmdb_txn.put(key, data, db=self._cursors_db))
             sub = Subscription(part, name, cursor)
             with part.lock:
                 part.subscriptions[name] = sub
@@ -196,9 +197,9 @@ class Topics:
         part = sub.partition
         key = sub.key
 
-        def apply(txn):
-            txn.delete(key, db=self._cursors_db)
-            sub.pending_ack.delete_log(txn)
+        def apply(lmdb_txn):
+            lmdb_txn.delete(key, db=self._cursors_db)
+            sub.pending_ack.delete_log(lmdb_txn)
 
         with self.lock:
             sub.wait_persisted()
@@ -209,18 +210,18 @@ class Topics:
     def _count(self) -> tuple[int, int]:
         """(topics, partitions) the store holds; a non-partitioned topic counts one."""
         topics = partitions = 0
-        with self.storage.read() as txn:
-            for _, raw in txn.cursor(db=self._topics_db):
+        with self.storage.read() as lmdb_txn:
+            for _, raw in lmdb_txn.cursor(db=self._topics_db):
                 topics += 1
                 partitions += max(json.loads(bytes(raw))["partitions"], 1)
         return topics, partitions
 
     def ledgers_in_use(self) -> int:
         """Partitions that have a ledger: a named database each."""
-        with self.storage.read() as txn:
-            return txn.stat(self._ledgers_db)["entries"]
+        with self.storage.read() as lmdb_txn:
+            return lmdb_txn.stat(self._ledgers_db)["entries"]
 
     def known(self) -> list[str]:
         """Every topic's full name."""
-        with self.storage.read() as txn:
-            return [bytes(k).decode() for k, _ in txn.cursor(db=self._topics_db)]
+        with self.storage.read() as lmdb_txn:
+            return [bytes(k).decode() for k, _ in lmdb_txn.cursor(db=self._topics_db)]

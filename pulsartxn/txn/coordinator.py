@@ -83,8 +83,8 @@ class Coordinator(TransactionEnd):
         start = time.monotonic()
         try:
             metas = self._replay()
-            with self.storage.read() as txn:
-                raw = txn.get(log.hwm_key(self.id), db=self.storage.meta)
+            with self.storage.read() as lmdb_txn:
+                raw = lmdb_txn.get(log.hwm_key(self.id), db=self.storage.meta)
                 hwm = int.from_bytes(bytes(raw), "big") if raw is not None else 0
         except (CorruptEntry, ValueError) as exc:
             self.status = CoordinatorStatus.ERROR
@@ -145,8 +145,8 @@ class Coordinator(TransactionEnd):
 
     def _replay(self) -> list[TxnMeta]:
         metas: dict[int, TxnMeta] = {}
-        with self.storage.read() as txn:
-            for key, value in txn.cursor(db=self.db):
+        with self.storage.read() as lmdb_txn:
+            for key, value in lmdb_txn.cursor(db=self.db):
                 seq, index = log.split_key(bytes(key))
                 rec = log.decode(value)
                 meta = metas.get(seq)
@@ -184,7 +184,7 @@ class Coordinator(TransactionEnd):
         if mark <= self.reserved_ahead:
             return  # reserved (durably) with the other coordinators' first blocks at open
         key, value = log.hwm_key(self.id), mark.to_bytes(16, "big")
-        self.storage.write(lambda txn: txn.put(key, value, db=self.storage.meta))
+        self.storage.write(lambda lmdb_txn: lmdb_txn.put(key, value, db=self.storage.meta))
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -355,14 +355,14 @@ class Coordinator(TransactionEnd):
         key = log.record_key(seq, index)
         db = self.db
 
-        def apply(txn) -> None:
+        def apply(lmdb_txn) -> None:
             if meta.atomic_end or meta.deleted:
                 # Its end is in this write (every participant's part), or its records are
                 # deleted already: a record now would outlive the transaction.
                 return
             if first is not None:
-                txn.put(first[0], first[1], db=db)  # the same bytes whoever writes it
-            txn.put(key, record, db=db)
+                lmdb_txn.put(first[0], first[1], db=db)  # the same bytes whoever writes it
+            lmdb_txn.put(key, record, db=db)
 
         def done(landed: bool) -> None:
             with self.lock:

@@ -71,8 +71,8 @@ class Coordinators:
         self._round_robin = itertools.count()
         self._decisions_db = self.storage.open_db(log.DECISIONS_DB)
         self._group_keys_db = self.storage.open_db(log.GROUP_KEYS_DB)
-        with self.storage.read() as txn:
-            raw = txn.get(log.COORDINATORS_KEY, db=self.storage.meta)
+        with self.storage.read() as lmdb_txn:
+            raw = lmdb_txn.get(log.COORDINATORS_KEY, db=self.storage.meta)
         stored = struct.unpack("<I", bytes(raw))[0] if raw is not None else 0
         n = self._open_count(stored)
         self.claimed = n  # coordinators that have, or are taking, a named database each
@@ -84,9 +84,9 @@ class Coordinators:
         self.timer = TxnTimer(cfg.txn_timeout_tick_ms, self._expire_all)
         self.decision_errors: list[str] = []
         boot = _boot_id()
-        with self.storage.read() as txn:
-            closed = txn.get(CLEAN_KEY, db=self.storage.meta) is not None
-            raw = txn.get(BOOT_KEY, db=self.storage.meta)
+        with self.storage.read() as lmdb_txn:
+            closed = lmdb_txn.get(CLEAN_KEY, db=self.storage.meta) is not None
+            raw = lmdb_txn.get(BOOT_KEY, db=self.storage.meta)
             last_boot = bytes(raw) if raw is not None else None
         self.clean_start = closed or (boot is not None and last_boot == boot)
 
@@ -105,8 +105,8 @@ class Coordinators:
         decided: dict = {}
         pending_decisions: dict[int, set] = {}
         corrupt = []
-        with self.storage.read() as txn:
-            for key, value in txn.cursor(db=self._decisions_db):
+        with self.storage.read() as lmdb_txn:
+            for key, value in lmdb_txn.cursor(db=self._decisions_db):
                 try:
                     d = log.decode_decision(value)
                 except CorruptEntry as exc:
@@ -175,8 +175,8 @@ class Coordinators:
         """Coordinators that had sequences reserved: only those ever handed out an id."""
         prefix = log.hwm_key(0)[:-1]
         ids = set()
-        with self.storage.read() as txn:
-            cursor = txn.cursor(db=self.storage.meta)
+        with self.storage.read() as lmdb_txn:
+            cursor = lmdb_txn.cursor(db=self.storage.meta)
             if cursor.set_range(prefix):
                 for key, _ in cursor:
                     key = bytes(key)
@@ -221,9 +221,9 @@ class Coordinators:
         if not marks:
             return
 
-        def apply(txn) -> None:
+        def apply(lmdb_txn) -> None:
             for c, mark in marks:
-                txn.put(log.hwm_key(c.id), mark.to_bytes(16, "big"), db=self.storage.meta)
+                lmdb_txn.put(log.hwm_key(c.id), mark.to_bytes(16, "big"), db=self.storage.meta)
 
         try:
             self.storage.write(apply)
@@ -497,11 +497,11 @@ class Coordinators:
         dkey = log.DECISION_KEY.pack(decision_id)
         ddb, kdb = self._decisions_db, self._group_keys_db
 
-        def apply(txn):
+        def apply(lmdb_txn):
             if everyone:
-                txn.put(dkey, record, db=ddb)
+                lmdb_txn.put(dkey, record, db=ddb)
             if key is not None:
-                txn.put(key[0], _IDEM.pack(key[1]), db=kdb)
+                lmdb_txn.put(key[0], _IDEM.pack(key[1]), db=kdb)
 
         try:
             op = WriteOp(apply, nbytes=len(record))
@@ -525,8 +525,8 @@ class Coordinators:
         }
 
     def _already_decided(self, key) -> bool:
-        with self.storage.read() as txn:
-            raw = txn.get(key[0], db=self._group_keys_db)
+        with self.storage.read() as lmdb_txn:
+            raw = lmdb_txn.get(key[0], db=self._group_keys_db)
         return raw is not None and _IDEM.unpack(bytes(raw))[0] >= key[1]
 
     def on_finished(self, meta: TxnMeta) -> None:
@@ -661,9 +661,9 @@ class Coordinators:
         if not puts or self.storage.closed:
             return
 
-        def apply(txn) -> None:
+        def apply(lmdb_txn) -> None:
             for db, _, (key, value) in puts:
-                txn.put(key, value, db=db)
+                lmdb_txn.put(key, value, db=db)
 
         try:
             self.storage.write(apply, nbytes=64 * len(puts))
@@ -684,7 +684,8 @@ class Coordinators:
 
     def _store_count(self, n: int) -> None:
         value = struct.pack("<I", n)
-        self.storage.write(lambda txn: txn.put(log.COORDINATORS_KEY, value, db=self.storage.meta))
+        meta = self.storage.meta
+        self.storage.write(lambda lmdb_txn: lmdb_txn.put(log.COORDINATORS_KEY, value, db=meta))
 
     def close(self) -> None:
         """Abort the open in-process transactions (nobody can end them after this), log the

@@ -405,9 +405,9 @@ class TransactionEnd:
         db = self.db
         keys = [log.record_key(meta.seq, i) for i in range(count)]
 
-        def apply(txn):
+        def apply(lmdb_txn):
             for key in keys:
-                txn.delete(key, db=db)
+                lmdb_txn.delete(key, db=db)
             meta.deleted = True
 
         return apply
