@@ -1,17 +1,11 @@
-"""``pulsartxn perf``: load generators in the manner of pulsar-perf.
+"""``pulsartxn perf``: load generators in the manner of pulsar-perf (docs/development.md).
 
 ``produce``, ``consume``, ``txn`` and ``pipeline`` run `--threads` workers against the embedded
-default (a data directory) or a ``pulsartxn://`` service, with an optional rate limit, until
-`--count` operations or `--duration` seconds; progress is printed every second (stderr) and a
-summary of throughput and latency percentiles at the end (stdout; ``--json`` for machines).
-
-- produce: messages of `--size` bytes, one `send` at a time (`--batch 0`, latency per durable
-  send) or `send_batch` of `--batch` messages; with `--txn-size N`, N messages per transaction.
-- consume: `batch_receive` + acknowledge (in transactions of `--txn-size` acks if given);
-  `--seed N` first produces N messages.
-- txn: begin + commit of transactions holding `--messages-per-txn` messages (0: empty).
-- pipeline: consume-process-produce exactly once: per transaction, receive `--txn-size`
-  messages, produce one result each, acknowledge the inputs, commit.
+default (a data directory) or a ``pulsartxn://`` service until `--count` operations or
+`--duration` seconds; progress every second (stderr), a summary of throughput and latency
+percentiles at the end (stdout; ``--json`` for machines). produce: `send` one at a time or
+`send_batch` of `--batch`; consume: `batch_receive` + acknowledge; txn: begin + commit with
+`--messages-per-txn` messages; pipeline: consume-process-produce, `--txn-size` per transaction.
 """
 
 from __future__ import annotations

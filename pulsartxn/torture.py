@@ -1,33 +1,10 @@
 """Crash torture: SIGKILL a broker in the middle of transactional work, reopen, check invariants.
 
-Each iteration starts a child process that runs a consume-process-produce workload on the
-public API with ``sync=True`` (two worker threads; each transaction receives a few messages of
-``in`` on a Shared subscription (some receive nothing and only produce), produces 1-4
-messages spread over the partitions of ``out`` and ``out2``, acknowledges what it received,
-then commits or aborts, alone or by a group decision (``commit_group`` with a loser,
-``abort_group``); some plain sends, some
-transactions abandoned to a short timeout, some orphaned (left open with a 10-minute timeout,
-which only recovery's abort of a dead process's transactions ends in time); transaction
-buffer snapshots every few transactions). The child keeps a journal, every line fsynced:
-``B`` after a transaction began, ``K`` before commit() is called (with what it produced and
-acknowledged), ``C`` after commit() returned, ``X`` after abort() returned, ``P`` after a
-plain send returned. The parent kills
-the child with SIGKILL at a random moment (start-up and recovery included), reopens the data
-directory and checks:
-
-- every transaction whose commit returned is visible: all its messages (on every partition)
-  and all its acknowledgements (across subscriptions); one whose commit was never attempted is
-  never visible; any other one is all or nothing (messages and acknowledgements together);
-- reads are read-committed (scan and a fresh subscription agree), nothing is visible twice,
-  every plain send that returned is visible;
-- an input message is delivered again iff no committed transaction acknowledged it, and no
-  two committed transactions acknowledged the same message (aborted acks are redelivered);
-- no TxnID was handed out twice, and new ones are above every one handed out before.
-
-- right after the restart, no transaction of the dead child is still live (recovery aborted
-  them), so every committed round is readable at once, nothing held back behind an orphan.
-
-Run it long (one command; the data directory is kept on failure, the seed reproduces a run)::
+Each iteration starts a child process that runs a transactional consume-process-produce
+workload with ``sync=True``, kills it with SIGKILL at a random moment (start-up and recovery
+included), reopens the data directory and checks it against the child's fsynced journal
+(docs/reliability.md lists the invariants). Run it long (the data directory is kept on
+failure, the seed reproduces a run)::
 
     python -m pulsartxn.torture --iterations 200 --seed 1
 
@@ -66,7 +43,10 @@ class TortureFailure(AssertionError):
 
 
 class Journal:
-    """Append-only lines, each fsynced before the call returns (what the child knows)."""
+    """Append-only lines, each fsynced before the call returns (what the child knows): ``B``
+    after a transaction began, ``K`` before commit() is called (with what it produced and
+    acknowledged), ``C`` after commit() returned, ``X`` after abort() returned, ``P`` after a
+    plain send returned."""
 
     def __init__(self, path: str) -> None:
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -2,12 +2,10 @@
 """A write that runs while its caller goes on: ``start`` hands it to the kernel, ``wait``
 collects its result.
 
-The journal (storage/journal.py) writes a group's record with O_DIRECT and, while the device
-works on it, commits the group's LMDB transaction (about 25 us that an ordinary ``pwrite``
-would have spent waiting). Through an io_uring, a direct write reaches the block layer before
-``start`` returns. Where there is no io_uring (an old kernel, a seccomp filter,
-kernel.io_uring_disabled), ``start`` writes synchronously with ``pwrite`` and ``wait`` gives
-its result: the same results, nothing overlapped (``asynchronous`` says which). The twin is
+The journal (storage/journal.py) writes a group's record with O_DIRECT through an io_uring and
+commits the group's LMDB transaction while the device works on it. Where there is no io_uring
+(an old kernel, a seccomp filter, kernel.io_uring_disabled), ``start`` writes synchronously
+with ``pwrite`` and ``wait`` gives its result (``asynchronous`` says which). The twin is
 ``reference/asyncwrite.py``, always synchronous.
 """
 

@@ -1,13 +1,9 @@
 # cython: language_level=3
 """The broker's batch flusher's timer: its thread sleeps until the earliest due time of what
-it watches, and wakes up again without the GIL when that time has moved later meanwhile.
-
-A pending ack or a cursor to persist is due a delay after it was made; most are written by
-somebody else before then (a commit takes its transaction's pending acks), and the next one
-moves the due time on. A Python thread that woke to find that out would take the GIL from the
-threads that produce each time (a consume-process-produce loop paid about 10 us a
-transaction for it); this one takes it only when something is due. The twin is
-``reference/flushtimer.py``.
+it watches, and wakes up again without the GIL when that time has moved later meanwhile, so
+it takes the GIL from the threads that produce only when something is due (most due times
+move on before they pass: a commit takes its transaction's pending acks). The twin is
+``reference/flushtimer.py``; docs/internals.md, "Acknowledgements".
 """
 
 from libc.math cimport INFINITY

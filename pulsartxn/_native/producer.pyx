@@ -1,13 +1,10 @@
 # cython: language_level=3
 """A producer's batch container on one partition: the per-message path of send_async.
 
-Same behaviour as the twin (reference/producer.py): a message waits in the container until it
-is full (count or bytes), the producer's publish delay passes, ``flush()`` is called or a
-synchronous ``send`` needs it; the container then becomes one entry, appended through the
-group commit. Here the container's state is in C fields, its lock is taken in C, and each
-message's future is a two-field C object over its batch's shared ``Outcome`` (outcome.pyx): a
-message costs a list append and one small allocation, and a batch is completed in O(1) (plus
-the few futures somebody waits on or gave a callback).
+Same behaviour as the twin (reference/producer.py); here the container's state is in C
+fields, its lock is taken in C, and each message's future is a two-field C object over its
+batch's shared ``Outcome`` (outcome.pyx), so a batch is completed in O(1). See
+docs/internals.md, "Sends".
 """
 
 cimport cython
@@ -43,11 +40,9 @@ def _done(value=None, error=None):
 
 
 cdef inline MessageFuture _future(Outcome outcome, Py_ssize_t index):
-    """A message's future, not tracked by the garbage collector: it refers to its batch's
-    Outcome only, which refers back to futures with callbacks or waiters alone (and those are
-    tracked again, see outcome.pyx), so it cannot be part of a cycle. A producer's caller that
-    keeps its futures would otherwise have every collection walk all of them: 1.7M against
-    2.8M msgs/s for send_async of 200k messages whose futures are kept."""
+    """A message's future, untracked by the garbage collector (a caller may keep many): it
+    refers to its batch's Outcome only, which refers back to futures with callbacks or waiters
+    alone (tracked again, see outcome.pyx), so it cannot be part of a cycle."""
     cdef MessageFuture fut = MessageFuture.__new__(MessageFuture)
     fut._outcome = outcome
     fut._index = index

@@ -1,20 +1,14 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The changes a group's LMDB write transaction makes, recorded as it makes them, for the
-synced store's journal (``pulsartxn/storage/journal.py``).
+synced store's journal (``pulsartxn/storage/journal.py``; docs/internals.md).
 
 ``RecordingTxn`` and ``RecordingCursor`` stand in for py-lmdb's transaction and cursor in
 every op of a group: reads pass through, and each put and delete that lands is appended to the
-group's ``Recorder`` as it happens (a copy: callers pass views of buffers they reuse). The
-record is blind writes of whole keys in order, so applying it on any state at or before the one
-it was taken on gives the state after it (``pulsartxn.storage.recording.apply_record``).
-Writes that cannot be replayed faithfully (a put that must not overwrite, a partial putmulti,
-dropping a database) raise ``Unrecordable`` instead of being left out.
-
-Record layout: ops of ``<kind u8, database u16, key length u32, value length u32>`` (little
-endian) then the key and the value. A NAME op gives a database's name the first time the
-record writes into it; 0xFFFF is LMDB's main database. Every group commit of a synced store
-records its writes here, so this is on the commit path of every transaction; the twin is
-``reference/recording.py``.
+group's ``Recorder`` (a copy: callers pass views of buffers they reuse). The record is blind
+writes of whole keys in order, so applying it on any state at or before the one it was taken
+on gives the state after it (``pulsartxn.storage.recording.apply_record``). Writes that cannot
+be replayed faithfully (a put that must not overwrite, a partial putmulti, dropping a
+database) raise ``Unrecordable``. The twin is ``reference/recording.py``.
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
@@ -25,6 +19,9 @@ from libc.string cimport memcpy
 
 from ..errors import Unrecordable
 
+# Record layout: ops of <kind u8, database u16, key length u32, value length u32> (little
+# endian) then the key and the value. A NAME op gives a database's name the first time the
+# record writes into it; 0xFFFF is LMDB's main database.
 cdef enum:
     _PUT = 1
     _DELETE = 2
@@ -170,7 +167,7 @@ cdef class RecordingCursor:
         return getattr(self._cursor, name)
 
     # The reads the ops make, passed through without __getattr__ (which runs only after a
-    # failed lookup has raised and caught an AttributeError: 0.7 us a cursor).
+    # failed lookup has raised and caught an AttributeError).
 
     def first(self):
         return self._cursor.first()

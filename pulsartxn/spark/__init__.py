@@ -1,4 +1,4 @@
-"""Spark IO for pulsartxn (API.md, "Spark"; needs the ``spark`` extra).
+"""Spark IO for pulsartxn (API.md, "Spark"; needs the ``spark`` extra; docs/spark.md).
 
 ``write_topic`` writes a DataFrame exactly once, ``read_topic`` reads the committed messages of
 a topic, ``process_exactly_once`` runs one consume-transform-produce round atomically. Executors

@@ -1,11 +1,9 @@
 """Where Spark jobs find the broker: a ``service_url``, or the embedded default.
 
 ``service_url=None`` means one broker per driver process, served over the network service on
-loopback (executors are separate processes and reach it like any remote client). Its data
-directory is kept: ``spark.pulsartxn.dataDir`` in the Spark conf, else ``$PULSARTXN_DATA_DIR``,
-else ``./pulsartxn-data`` (the ``pulsartxn`` command's default), so what a job committed is
-still there for the next session and for ``pulsartxn serve``. It fsyncs every group commit
-(durable) unless ``spark.pulsartxn.sync`` is ``false`` (faster, not crash-safe).
+loopback (executors are separate processes and reach it like any remote client), on a data
+directory that is kept for the next session and for ``pulsartxn serve``. Its configuration is
+in docs/spark.md.
 """
 
 from __future__ import annotations

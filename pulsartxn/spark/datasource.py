@@ -1,13 +1,5 @@
 """``spark.read.format("pulsartxn")`` and ``df.write.format("pulsartxn")`` (Spark 4's Python
-data sources), batch and streaming, with options ``topic`` and ``service_url``.
-
-Writes use the same protocol as ``write_topic``: the writer made at planning holds the job's
-label and coordinator, each task attempt writes in its own labelled transaction, and the
-driver-side ``commit`` (which only ever sees the winning attempt of each partition) calls
-``commit_group``; ``abort`` calls ``abort_group``. The stream writer commits each micro-batch
-under ``idempotency_key=(query, batch_id)``, so a replayed micro-batch is not written twice.
-The stream reader's offsets are ``{partition topic: entry id}`` (each partition's max read
-position: committed messages only).
+data sources), batch and streaming; options and protocol in docs/spark.md.
 
 Data source code runs in Python workers that Spark starts, not in the driver's process, so the
 embedded default broker cannot be started there: ``register(spark)`` does it and makes its URL

@@ -1,12 +1,8 @@
 """The main job on local Spark: an exactly-once pipeline with an injected task failure.
 
-Events go to a partitioned input topic; ``process_exactly_once`` takes what the subscription
-has, runs a DataFrame transform on local Spark (``local[2,4]``: failed tasks are retried) and
-writes the results and acknowledges the inputs in one atomic decision. The transform fails the
-first attempt of one task half way through its rows, so Spark retries it: the failed attempt's
-partial output is aborted by the decision and the retry's is committed. The job ends by
-reading the results back with ``read_topic`` and checking that every event ever written is in
-exactly one result.
+The transform fails the first attempt of one task half way through its rows, so Spark retries
+it: the failed attempt's partial output is aborted by the decision and the retry's is
+committed. The README's quick start describes the whole job.
 """
 
 from __future__ import annotations

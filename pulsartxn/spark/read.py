@@ -1,11 +1,8 @@
-"""Read-committed reads of a topic into Spark.
+"""Read-committed reads of a topic into Spark (docs/spark.md).
 
-The driver fixes one consistent point per topic partition when the read is planned: its max
-read position (everything below it is decided, so a scan up to it sees exactly the committed
-messages, and later commits do not show). One Spark partition per topic partition, split into
-entry ranges when a partition is large. Each task scans its range through the network service,
-which decodes entries straight into Arrow record batches of API.md's read schema; a helper
-thread reads the next batch while the task hands the previous one to Spark.
+The driver fixes each topic partition's max read position when the read is planned:
+everything below it is decided, so a scan up to it sees exactly the committed messages, and
+later commits do not show.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Exactly-once writes from Spark: one transaction per task attempt, one decision per job.
 
-The driver makes a job label and picks one coordinator. Every task attempt opens its own
-transaction labelled with it on that coordinator and sends its rows with ``send_batch``, one
-call per Arrow record batch (``mapInArrow``: no per-row Python). The task does not commit: it
-reports its TxnID (as two int64 columns, Spark has no unsigned 128-bit type) and the driver
-calls ``commit_group(label, winners)`` with one attempt per Spark partition. That single
-decision commits the winners and aborts every other attempt of the label, also failed and
-speculative ones that never reported back, so no row is written twice or lost. A driver that
-dies before deciding leaves only open transactions, which their timeout aborts.
+Every task attempt writes in its own transaction under the job's label and reports its TxnID;
+the driver's ``commit_group(label, winners)`` commits one attempt per Spark partition and
+aborts every other attempt of the label, also those that never reported back, so no row is
+written twice or lost. docs/spark.md has the rest.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The broker's LMDB environment: one per data directory, locked against a second broker.
 
-Named databases (DESIGN.md, "Storage"): ``ledger/<partition>`` holds a partition's entries
-(u64 big-endian entry id -> encoded entry); small per-key state lives in shared databases keyed
-by name: ``meta``, ``topics``, ``cursors``, ``dedup`` and the transaction databases. Every
-write goes through :class:`GroupCommit`; reads open their own read transactions from any thread.
+Named databases (docs/internals.md, "The broker underneath"): ``ledger/<partition>`` holds a
+partition's entries (u64 big-endian entry id -> encoded entry); small per-key state lives in
+shared databases keyed by name: ``meta``, ``topics``, ``cursors``, ``dedup`` and the
+transaction databases. Every write goes through :class:`GroupCommit`; reads open their own
+read transactions from any thread.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Group commit: one writer thread puts many callers' writes into one LMDB write transaction.
 
-As BookKeeper's journal does: callers queue operations and wait; the writer drains the queue
-(bounded by records, bytes and an optional linger), applies every operation in one write
-transaction, commits it (with fsync when the environment is synced) and only then answers
-each caller. A success answer therefore means durable. If an operation raises while being
-applied, the group is rolled back and its operations are re-run one transaction each, so that
-one bad operation fails alone and the others still commit.
-
-A caller that waits for its write (``write``, ``help``) does not have to wait for the writer
-thread to wake up: if no group is being committed it becomes the leader and commits the queue
-itself, its own operation included (a thread hand-off costs more than a small LMDB commit).
-Groups are committed one at a time, under one lock, whoever commits them. The operations and
-their answers are in :mod:`pulsartxn.storage.ops`.
+As BookKeeper's journal does: callers queue operations (:mod:`pulsartxn.storage.ops`) and
+are answered only once the group that applied them is committed (durable when the store is
+synced); a caller that waits for its write may commit the queue itself. An operation that
+raises is retried alone. See docs/internals.md, "How a write becomes durable".
 """
 
 from __future__ import annotations

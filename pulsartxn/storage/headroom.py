@@ -1,24 +1,9 @@
-"""Written-out room after the end of LMDB's data file, so that a synced commit that appends
-does not also grow the file. Only for a synced store without a journal (``journal=False``, or
-no room for one): with a journal, LMDB's commits do not sync (journal.py).
-
-LMDB (without WRITEMAP) writes a commit's new pages with pwrite; pages past the end of the file
-grow it, and then the commit's fdatasync must also commit the file system's journal (the new
-blocks and the new size). On ext4 that costs a synced commit about a third more than one that
-overwrites blocks already written (measured here: 0.45 against 0.33 ms for a commit that
-appends 11 KB; preallocating with fallocate does not help, because its unwritten extents are
-converted, and journaled, on first write). A topic's ledger only grows, so without this nearly
-every fsynced commit of a producing broker pays that.
-
-``Headroom`` keeps some zeros written after the last page LMDB uses: after a group commit,
-when less than a chunk is left, it writes the next chunk of zeros past the end of the file.
-Not while the groups append in bulk (on average ``bulk_bytes`` or more each): every byte of
-zeros is written to the disk once more by the data that overwrites it, which costs such
-commits more than the journal commit it saves them.
-It does so inside an (aborted) LMDB write transaction, so no other LMDB writer can be writing
-pages at the same time; the pages past ``last_pgno`` belong to nobody, and LMDB later
-overwrites them like any free page. It never takes the last of the disk: below
-``min_free_bytes`` free it stops, and a write that fails (ENOSPC) is cut off again.
+"""Zeros written ahead past the end of LMDB's data file, so that a synced commit that appends
+overwrites written blocks instead of growing the file, which would also commit the file
+system's journal. Only for a synced store without a journal (``journal=False``, or no room for
+one). The zeros are written inside an aborted LMDB write transaction, so no other writer
+touches the pages past ``last_pgno`` meanwhile, and LMDB later overwrites them like any free
+page. See docs/internals.md, "Headroom".
 """
 
 from __future__ import annotations
@@ -77,8 +62,7 @@ class Headroom:
                 self._growth += (grown - self._growth) / 8
             if self._bulk is not None and self._growth >= self._bulk:
                 # Bulk appends: the zeros would double what reaches the disk, to save one
-                # journal commit per group (measured: at 100 KB a commit, 0.75 against 0.87
-                # ms with zeros ahead; at 10-30 KB the zeros win by 5-10%).
+                # journal commit per group (bench/RESULTS.md, "Figures behind the design").
                 return
             if self._size - used >= self._chunk(self._size) // 2:
                 return

@@ -1,35 +1,10 @@
 """Write-ahead journal of a synced store: one device flush per group commit.
 
-An fsynced LMDB commit flushes the device twice: its data pages (fdatasync), then its meta
-page (LMDB's O_DSYNC descriptor), because the meta page must never reach the disk before the
-pages it points to. A synced store with a journal opens LMDB without syncing and makes each
-group durable here, as BookKeeper's journal does for its ledger storage: the puts and
-deletes of the group's write transaction, recorded as they are made (recording.py), are
-appended to a file of zeros written in full when it is made (so an append overwrites written
-blocks: an fdatasync that also grows a file commits the file system's journal too) and
-fdatasynced. One flush per group, of the bytes the group changed. Records are whole 4 KiB
-blocks written with O_DIRECT, so the fdatasync has only the device's cache to flush; through
-an io_uring (asyncwrite.pyx) the write runs while the group commit commits the LMDB
-transaction. LMDB's readers may see a group before its record is durable, then; the broker
-publishes what a group did (positions, answers) only once it is. A record that cannot be
-written or flushed fails its group and the journal, and the store takes no more writes until a
-reopen recovers it (without that group).
-
-A checkpoint makes the LMDB file itself durable at a snapshot S: fdatasync of data.mdb, then
-S, a copy of its meta page and the position of the journal's first later record go into the
-journal's header. Until the next checkpoint a read transaction stays open on S, so LMDB reuses
-no page of S or of any later snapshot: S stays intact on the disk whatever else is written.
-Recovery puts S's meta page back into data.mdb (a later meta page may point to pages that never
-reached the disk), opens LMDB at S and replays the records after it. Checkpoints run in the
-background once a quarter of the journal is in use, and inline for a group too large for the
-journal (that group's commit then costs what a synced LMDB commit does; its pages are in LMDB
-a moment before the checkpoint makes them durable, but the broker publishes a group's effects,
-positions and answers, only once the commit returns).
-
-File: two header slots written alternately (the valid one with the highest sequence wins, so a
-torn header write loses nothing), then a circular region of records addressed by a byte
-sequence number (lsn): the record at lsn lives at HEAD + lsn % region and carries its lsn and a
-CRC-32C, so a record of an earlier lap, or one a crash tore, ends the replay.
+A synced store opens LMDB without syncing and makes each group durable here first: the
+group's recorded puts and deletes (recording.py) are written with O_DIRECT into a file of
+zeros and fdatasynced, and a background checkpoint makes LMDB itself durable at a snapshot
+that no later write may touch until the next checkpoint. The broker publishes what a group
+did only once its record is durable. See docs/internals.md, "How a write becomes durable".
 """
 
 from __future__ import annotations
@@ -46,6 +21,10 @@ from ..errors import CorruptEntry, StorageError, StorageFull
 from .ops import free_bytes
 from .recording import apply_record
 
+# File: two header slots written alternately (the valid one with the highest sequence wins,
+# so a torn header write loses nothing), then a circular region of records addressed by a
+# byte sequence number (lsn): the record at lsn lives at HEAD + lsn % region and carries its
+# lsn and a CRC-32C, so a record of an earlier lap, or one a crash tore, ends the replay.
 FILE = "journal"
 HEAD = 8192  # two header slots of 4 KiB
 _SLOT = 4096
