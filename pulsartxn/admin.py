@@ -78,7 +78,7 @@ class Admin:
         self._broker._check_open()
         service = self._broker.txn
         stats = service.coordinator(coordinator_id).stats()
-        stats["decision_errors"] = list(service.decision_errors)
+        stats["decision_errors"] = list(service.groups.errors)
         return stats
 
     def transaction_metadata(self, txn_id) -> dict:

@@ -538,7 +538,7 @@ class TransactionEnd:
                 )
             except AlreadyClosed:
                 pass  # recovery finalizes it again (participants treat that as success)
-        self.service.release_decision(meta)
+        self.service.groups.release(meta)
 
     def _finished(self, meta: TxnMeta) -> None:
         elapsed_ms = (time.monotonic() - meta.started) * 1000.0
@@ -555,7 +555,7 @@ class TransactionEnd:
                     self.timed_out += 1
             self.histogram[bisect.bisect_left(HISTOGRAM_MS, elapsed_ms)] += 1
             self.cond.notify_all()
-        self.service.on_finished(meta)
+        self.service.groups.left(meta)
 
     def wait_settled(self, meta: TxnMeta, deadline: float | None) -> bool:
         """Until the transaction is COMMITTED or ABORTED, or one of its participants has
