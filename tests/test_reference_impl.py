@@ -26,7 +26,9 @@ def test_messaging_suite_passes_on_the_twins():
             "tests/messaging",
             "tests/storage",
             "-k",
-            "not kill_9",
+            # Traced memory over the twins takes minutes; what it checks (positions, not
+            # payloads) is subscription.py's, the same on both.
+            "not kill_9 and not leaves_positions_not_payloads",
         ],
         cwd=ROOT,
         env=env,
