@@ -11,7 +11,7 @@ class Admin:
 
     def topic_stats(self, topic: str) -> dict:
         """Messages and bytes in and out, storage size, and backlog per subscription."""
-        full, partitions = self._broker._resolve(topic, create=False)
+        full, partitions = self._broker.topics.resolve(topic, create=False)
         out = {
             "topic": full,
             "partitions": len(partitions) if len(partitions) > 1 or partitions[0].index >= 0 else 0,
@@ -78,7 +78,7 @@ class Admin:
         self._broker._check_open()
         service = self._broker.txn
         stats = service.coordinator(coordinator_id).stats()
-        stats["decision_errors"] = list(service.decision_errors)
+        stats["decision_errors"] = list(service.groups.errors)
         return stats
 
     def transaction_metadata(self, txn_id) -> dict:
@@ -116,7 +116,7 @@ class Admin:
         """Max read position, ongoing and aborted transactions, last snapshot; per partition
         for a partitioned topic (``{"partitions": {name: stats}}``)."""
         self._broker._check_open()
-        full, partitions = self._broker._resolve(topic, create=False)
+        full, partitions = self._broker.topics.resolve(topic, create=False)
         if len(partitions) == 1:
             return {"topic": full, **partitions[0].buffer.stats()}
         return {"topic": full, "partitions": {p.topic: p.buffer.stats() for p in partitions}}
@@ -124,7 +124,7 @@ class Admin:
     def pending_ack_stats(self, topic: str, subscription: str) -> dict:
         """Transactions holding acks, held entries, acks, log records and writes."""
         self._broker._check_open()
-        full, partitions = self._broker._resolve(topic, create=False)
+        full, partitions = self._broker.topics.resolve(topic, create=False)
         out = {"topic": full, "subscription": subscription}
         per = {}
         for p in partitions:

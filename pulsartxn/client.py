@@ -80,12 +80,12 @@ class Client:
         if producer_name is not None:
             check_keyed_name("producer_name", producer_name)
         cfg = self.broker.config
-        full, partitions = self.broker._resolve(topic)
+        full, partitions = self.broker.topics.resolve(topic)
         if producer_name is not None:
             check_keyed_name("producer_name", producer_name, [p.topic for p in partitions])
         from .errors import ProducerBusy
 
-        with self.broker._lock:
+        with self.broker.topics.lock:
             name = producer_name
             if name is not None:
                 for part in partitions:
@@ -115,7 +115,7 @@ class Client:
         return producer
 
     def _producer_closed(self, producer: Producer) -> None:
-        with self.broker._lock:
+        with self.broker.topics.lock:
             for part in producer._parts:
                 if part.partition.producers.get(producer.name) is producer:
                     del part.partition.producers[producer.name]
@@ -160,11 +160,12 @@ class Client:
             raise ValueError(
                 f"receiver_queue_size must be a positive int, not {excerpt(receiver_queue_size)}"
             )
-        full, partitions = self.broker._resolve(topic)
+        full, partitions = self.broker.topics.resolve(topic)
         check_keyed_name("subscription_name", subscription_name, [p.topic for p in partitions])
         earliest = initial_position is InitialPosition.Earliest
-        with self.broker._lock:
-            subs = [self.broker._subscription(p, subscription_name, earliest) for p in partitions]
+        topics = self.broker.topics
+        with topics.lock:
+            subs = [topics.subscription(p, subscription_name, earliest) for p in partitions]
             consumer = Consumer(
                 self,
                 full,
@@ -184,7 +185,7 @@ class Client:
         self._consumers.discard(consumer)
 
     def _unsubscribe(self, consumer: Consumer) -> None:
-        with self.broker._lock:
+        with self.broker.topics.lock:
             # Checked and marked under every partition's subscription lock: an ack that comes
             # later finds the mark and is refused, none is taken after the check.
             with contextlib.ExitStack() as locks:
@@ -196,7 +197,7 @@ class Client:
                     sub.unsubscribed = True
             consumer.close()
             for sub in consumer._subs:
-                self.broker._delete_subscription(sub)
+                self.broker.topics.delete(sub)
 
     # -- transactions ----------------------------------------------------------------------
 
@@ -264,7 +265,7 @@ class Client:
         (their entry id, on their own partition). The end is fixed when the scan starts.
         """
         self._check_open()
-        full, partitions = self.broker._resolve(topic, create=False)
+        full, partitions = self.broker.topics.resolve(topic, create=False)
         bounds = []
         for part in partitions:
             # Read committed: up to the max read position, fixed now.

@@ -53,9 +53,9 @@ class Partition:
         self.buffer = TransactionBuffer(self)
         snapshots = self.buffer.snapshot = BufferSnapshots(self, **(snapshot_options or {}))
         replay_from = snapshots.load()
-        with storage.read() as txn:
-            first = self.log.first_entry_id(txn)
-            last = self.log.last_entry_id(txn)
+        with storage.read() as lmdb_txn:
+            first = self.log.first_entry_id(lmdb_txn)
+            last = self.log.last_entry_id(lmdb_txn)
             if last >= 0:
                 self.first_entry_id = first
                 self._recover_counts(first, last, replay_from)
@@ -75,8 +75,8 @@ class Partition:
         dense = np.zeros(last - first + 1, np.int64)
         chunk = 65536
         replay: list = []  # (ids, markers, msb, lsb) of the transactional entries, per chunk
-        with self.storage.env.begin(buffers=False) as txn:
-            cursor = txn.cursor(db=self.log.db)
+        with self.storage.env.begin(buffers=False) as lmdb_txn:
+            cursor = lmdb_txn.cursor(db=self.log.db)
             more = cursor.first()
             while more:
                 keys, values = [], []
@@ -146,8 +146,8 @@ class Partition:
         return self._cumulative[-1]
 
     def storage_size(self) -> int:
-        with self.storage.read() as txn:
-            stat = txn.stat(self.log.db) if hasattr(self.log, "db") else None
+        with self.storage.read() as lmdb_txn:
+            stat = lmdb_txn.stat(self.log.db) if hasattr(self.log, "db") else None
         if stat is None:
             return 0
         return (stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]) * stat["psize"]
@@ -171,9 +171,9 @@ class Partition:
         visible (the transaction buffer records them there); on_published(first) after.
         `resend`: the entries hold sequence ids stored before in aborted entries."""
 
-        def apply(txn):
-            first = self.log.append(txn, entries)
-            self._index_sequences(txn, first, counts, producer, first_sequence, resend)
+        def apply(lmdb_txn):
+            first = self.log.append(lmdb_txn, entries)
+            self._index_sequences(lmdb_txn, first, counts, producer, first_sequence, resend)
             return first
 
         def on_commit(first):
@@ -206,9 +206,9 @@ class Partition:
         msb = txn_id.most_sig_bits if txn_id is not None else 0
         lsb = txn_id.least_sig_bits if txn_id is not None else 0
 
-        def apply(txn):
+        def apply(lmdb_txn):
             first, counts = self.log.append_messages(
-                txn,
+                lmdb_txn,
                 values,
                 keys,
                 batch_size=batch_size,
@@ -218,7 +218,7 @@ class Partition:
                 txn_msb=msb,
                 txn_lsb=lsb,
             )
-            self._index_sequences(txn, first, counts, producer, first_sequence)
+            self._index_sequences(lmdb_txn, first, counts, producer, first_sequence)
             return first, counts
 
         def on_commit(result):
@@ -231,7 +231,7 @@ class Partition:
         return WriteOp(apply, nbytes=nbytes, records=max(1, n // batch_size), on_commit=on_commit)
 
     def _index_sequences(
-        self, txn, first: int, counts: list[int], producer, first_sequence, resend=False
+        self, lmdb_txn, first: int, counts: list[int], producer, first_sequence, resend=False
     ) -> None:
         """Persist the producer's highest sequence id and where each entry's sequences start.
         `resend`: sequences stored before in aborted entries, below the highest persisted."""
@@ -241,23 +241,23 @@ class Partition:
         end = first_sequence + sum(counts)
         highest = end - 1
         if resend:
-            raw = txn.get(key, db=self._dedup_db)
+            raw = lmdb_txn.get(key, db=self._dedup_db)
             if raw is not None:
                 highest = max(highest, _DEDUP.unpack(raw)[0])
-            self._reindex_range(txn, key + b"\0", first_sequence, end)
-        txn.put(key, _DEDUP.pack(highest), db=self._dedup_db)
+            self._reindex_range(lmdb_txn, key + b"\0", first_sequence, end)
+        lmdb_txn.put(key, _DEDUP.pack(highest), db=self._dedup_db)
         seq = first_sequence
         rows = []
         for i, n in enumerate(counts):
             rows.append((key + b"\0" + _U64.pack(seq), _DEDUP_INDEX.pack(first + i, n, seq)))
             seq += n
-        txn.cursor(db=self._dedup_index_db).putmulti(rows)
+        lmdb_txn.cursor(db=self._dedup_index_db).putmulti(rows)
 
-    def _reindex_range(self, txn, prefix: bytes, start: int, end: int) -> None:
+    def _reindex_range(self, lmdb_txn, prefix: bytes, start: int, end: int) -> None:
         """Before rows for sequences start..end-1 stored anew: a lookup of any other sequence
         finds the row it found before (the entry holding `end` gets a row starting there), and
         none of start..end-1 finds an older row (those starting inside the range go)."""
-        cursor = txn.cursor(db=self._dedup_index_db)
+        cursor = lmdb_txn.cursor(db=self._dedup_index_db)
         end_key = prefix + _U64.pack(end)
         found = cursor.set_range(end_key)
         if not (found and bytes(cursor.key()) == end_key):
@@ -267,7 +267,7 @@ class Partition:
                 value = bytes(cursor.value())
                 _, n, first_seq = _DEDUP_INDEX.unpack(value)
                 if first_seq <= end < first_seq + n:
-                    txn.put(end_key, value, db=self._dedup_index_db)
+                    lmdb_txn.put(end_key, value, db=self._dedup_index_db)
         cursor.set_range(prefix + _U64.pack(start + 1))
         key = bytes(cursor.key())
         while key.startswith(prefix) and key < end_key:
@@ -303,8 +303,8 @@ class Partition:
         entry_id = self.dispatch_end(read_committed) - 1
         while entry_id >= self.first_entry_id:
             if self.message_count(entry_id) > 0:
-                with self.storage.read() as txn:
-                    _, bufs = self.log.scan(txn, entry_id, entry_id + 1)
+                with self.storage.read() as lmdb_txn:
+                    _, bufs = self.log.scan(lmdb_txn, entry_id, entry_id + 1)
                     head = decode_header(bufs[0], verify=False) if bufs else None
                 if head is None or not (head.txn_msb or head.txn_lsb):
                     return entry_id
@@ -319,24 +319,24 @@ class Partition:
     def read(self, start: int, end: int, limit: int | None = None, max_bytes: int | None = None):
         """Decoded entries start..end-1 (end exclusive), as the native codec gives them; with
         max_bytes, only the first entries that hold at most that many bytes (one at least)."""
-        with self.storage.read() as txn:
+        with self.storage.read() as lmdb_txn:
             try:
                 if max_bytes is None:
-                    return self.log.read(txn, start, end, limit)
-                ids, bufs = self.log.scan(txn, start, end, limit)
+                    return self.log.read(lmdb_txn, start, end, limit)
+                ids, bufs = self.log.scan(lmdb_txn, start, end, limit)
                 limit = _within(bufs, max_bytes)
                 return decode_entries(ids[:limit], bufs[:limit])
             except CorruptEntry as exc:
                 error = exc
             # The entries before the damaged one are good: return them; the error comes when
             # the damaged entry is the first one asked for (it is never skipped).
-            ids, bufs = self.log.scan(txn, start, end, limit)
+            ids, bufs = self.log.scan(lmdb_txn, start, end, limit)
             for i, (entry_id, buf) in enumerate(zip(ids, bufs)):
                 try:
                     decode_entries([entry_id], [buf])
                 except CorruptEntry as exc:
                     if i > 0:
-                        return self.log.read(txn, start, entry_id, limit)
+                        return self.log.read(lmdb_txn, start, entry_id, limit)
                     error = exc
                     break
         raise CorruptEntry(f"{self.topic} (ledger {self.ledger_id}): {error}")
@@ -357,19 +357,19 @@ class Partition:
         """The highest sequence id persisted for `producer` here, or -1: read when a producer
         of that name attaches, not held in memory for every producer that ever wrote (a
         producer per task or request would make that grow for good)."""
-        with self.storage.read() as txn:
-            raw = txn.get(self._dedup_prefix + producer.encode(), db=self._dedup_db)
+        with self.storage.read() as lmdb_txn:
+            raw = lmdb_txn.get(self._dedup_prefix + producer.encode(), db=self._dedup_db)
         return _DEDUP.unpack(raw)[0] if raw is not None else -1
 
     def lookup_sequence(self, producer: str, sequence_id: int) -> tuple[int, int, int] | None:
         """(entry id, messages in entry, batch index) of a persisted (producer, sequence)."""
-        with self.storage.read() as txn:
-            return self._lookup_sequence(txn, producer, sequence_id)
+        with self.storage.read() as lmdb_txn:
+            return self._lookup_sequence(lmdb_txn, producer, sequence_id)
 
-    def _lookup_sequence(self, txn, producer: str, sequence_id: int):
+    def _lookup_sequence(self, lmdb_txn, producer: str, sequence_id: int):
         prefix = self._dedup_prefix + producer.encode() + b"\0"
         target = prefix + _U64.pack(sequence_id)
-        cursor = txn.cursor(db=self._dedup_index_db)
+        cursor = lmdb_txn.cursor(db=self._dedup_index_db)
         found = cursor.set_range(target)
         if not (found and bytes(cursor.key()) == target):
             # The entry holding it, if any, starts at the previous key.
@@ -386,12 +386,12 @@ class Partition:
         """The answer to a resend of (producer, sequence_id) at or below its highest sequence:
         the MessageId it is stored under (-1:-1 if it never was: a gap), or None when its entry
         belongs to a transaction aborted here, whose sequences do not count: store it anew."""
-        with self.storage.read() as txn:
-            found = self._lookup_sequence(txn, producer, sequence_id)
+        with self.storage.read() as lmdb_txn:
+            found = self._lookup_sequence(lmdb_txn, producer, sequence_id)
             if found is None:
                 return MessageId(-1, -1, self.index)
             entry_id, n, batch_index = found
-            _, bufs = self.log.scan(txn, entry_id, entry_id + 1)
+            _, bufs = self.log.scan(lmdb_txn, entry_id, entry_id + 1)
             head = decode_header(bufs[0], verify=False) if bufs else None
         if (
             head is not None

@@ -19,12 +19,10 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-from .._native import Pending, TxnID, buffer_messages, take_buffered
+from .._native import Pending, take_buffered
 from ..errors import (
     AlreadyClosed,
     ConsumerBusy,
@@ -36,19 +34,20 @@ from ..storage import WriteOp
 from ..txn.pending_ack import PendingAck
 from .cursor import Cursor
 from .message import Message, MessageId
+from .parked import Parked
 from .partition import Partition
+from .readahead import (
+    READ_AHEAD_BYTES,
+    READ_AHEAD_ENTRIES,
+    READ_AHEAD_MESSAGES,
+    buffer_entries,
+)
 
 if TYPE_CHECKING:
     from .consumer import Consumer
 
 EXCLUSIVE, SHARED, FAILOVER = 0, 1, 2
 TYPE_NAMES = {EXCLUSIVE: "Exclusive", SHARED: "Shared", FAILOVER: "Failover"}
-# Read ahead: up to 64 entries, fewer when they hold more than 1000 messages (Pulsar's
-# receiverQueueSize) or 8 MiB (one entry at least): a ledger of large batch entries or of
-# large messages is not decoded all at once.
-READ_AHEAD_ENTRIES = 64
-READ_AHEAD_MESSAGES = 1000
-READ_AHEAD_BYTES = 8 << 20
 _FULL = -2  # take_buffered's answer when the byte budget stopped it
 _LAST = 1 << 62  # above any batch index: (entry, _LAST) follows every message of the entry
 
@@ -62,10 +61,7 @@ class Subscription:
         self.consumers: dict[Consumer, None] = {}  # in the order they attached
         self.active: Consumer | None = None  # the first: who receives unless Shared
         self.type: int | None = None
-        # Consumers parked in a receive (Consumer._park), oldest first: a wake-up for k
-        # messages rouses k of them. Its own lock: publishers never wait for a dispatch.
-        self._waiting: OrderedDict = OrderedDict()
-        self._waiting_lock = threading.Lock()
+        self.parked = Parked()
         self.read_position = cursor.mark_delete + 1
         # Read ahead: ((entry, batch_index), payload), payload as buffer_messages makes it:
         # (data, properties or None, key, publish_time, batch_size, txn).
@@ -81,7 +77,7 @@ class Subscription:
         self._persist_queued = False
         self._persist_requested = 0.0
         self._last_persist = None
-        self._key = partition.topic.encode() + b"\0" + name.encode()
+        self.key = partition.topic.encode() + b"\0" + name.encode()  # in the cursors db
         # Transactions whose commits are being written with this cursor's record in the same
         # write (pending_ack.end_op): TxnID -> (held entries, cumulative ack). Their acks
         # reach the cursor once that write has landed; until then every cursor record
@@ -143,8 +139,7 @@ class Subscription:
             if not self.consumers:
                 self.type = None
             shared = self.type == SHARED
-        with self._waiting_lock:
-            self._waiting.pop(consumer, None)
+        self.parked.discard(consumer)
         if shared:
             if released:
                 self.notify(released)
@@ -184,8 +179,7 @@ class Subscription:
 
     def park(self, consumer) -> None:
         """`consumer` is about to wait for a message (it polls once more after this)."""
-        with self._waiting_lock:
-            self._waiting[consumer] = None
+        self.parked.add(consumer)
 
     def notify(self, k: int | None = None) -> None:
         """Rouse consumers parked in a receive: k of them (Shared), every one (k None), or
@@ -194,24 +188,12 @@ class Subscription:
             active = self.active
             if active is not None:
                 active._wake_parked()
-            return
-        if not self._waiting:
-            return
-        with self._waiting_lock:
-            waiting = self._waiting
-            if k is None:
-                self._waiting = OrderedDict()
-                for consumer in waiting:
-                    consumer._wake_parked()
-                return
-            while waiting and k > 0:
-                consumer, _ = waiting.popitem(last=False)
-                if consumer._wake_parked():
-                    k -= 1
+        elif self.parked:
+            self.parked.rouse(k)
 
     def pass_on(self) -> None:
         """Rouse a parked consumer if there may be more to take (a wake-up is handed on)."""
-        if self._waiting and self.type == SHARED:
+        if self.parked and self.type == SHARED:
             with self.lock:
                 more = self._more_to_take()
             if more:
@@ -384,70 +366,33 @@ class Subscription:
         return bool(self._buffer)
 
     def _buffer_entries(self, decoded, buffer_append) -> int:
-        """The deliverable messages of decoded entries, as read-ahead items, to buffer_append;
-        markers and aborted entries are acknowledged internally instead. How many were added."""
-        cursor = self.cursor
-        added = 0
-        entry_ids = decoded.entry_id.tolist()
-        counts = decoded.message_count.tolist()
-        firsts = decoded.first_message.tolist()
-        publish = decoded.publish_time.tolist()
-        markers = decoded.marker_type.tolist()
-        value_off = decoded.value_offsets
-        value_data = decoded.value_data
-        key_off = decoded.key_offsets
-        key_data = decoded.key_data
-        key_valid = decoded.key_valid.view(np.uint8)  # bool as bytes, for the native loop
-        txn_msb = decoded.txn_msb
-        txn_lsb = decoded.txn_lsb
-        po = decoded.prop_offsets
-        any_props = len(po) > 1 and int(po[-1]) != int(po[0])
-        in_txn = (txn_msb != 0) | (txn_lsb != 0)
-        aborted = None
-        if in_txn.any():
-            aborted = self.partition.buffer.aborted_mask(txn_msb, txn_lsb).tolist()
-            txn_of = in_txn.tolist()
-        props_of = (lambda m: _properties(decoded, m)) if any_props else None
-        mark, acked, partly = cursor.mark_delete, cursor.acked, cursor.batch_acks
-        for e, entry_id in enumerate(entry_ids):
-            txn = None
-            if markers[e] or (aborted is not None and aborted[e]):
-                # Markers and aborted entries are never delivered: acknowledged internally, so
-                # they do not hold back the cursor.
-                if not cursor.is_acked(entry_id):
-                    self.filtered += counts[e]
-                    self._ack_internally(entry_id)
-                    mark, acked, partly = cursor.mark_delete, cursor.acked, cursor.batch_acks
-                continue
-            if entry_id <= mark or entry_id in acked:
-                continue
-            if aborted is not None and txn_of[e]:
-                txn = TxnID.from_halves(int(txn_msb[e]), int(txn_lsb[e]))
-            n = counts[e]
-            added += buffer_messages(
-                buffer_append,
-                entry_id,
-                n,
-                firsts[e],
-                publish[e],
-                txn,
-                partly.get(entry_id) if n > 1 else None,
-                value_data,
-                value_off,
-                key_valid,
-                key_off,
-                key_data,
-                props_of,
-            )
-        return added
+        """The deliverable messages of decoded entries to buffer_append (readahead)."""
+        return buffer_entries(
+            decoded,
+            self.cursor,
+            self.partition.buffer.aborted_mask,
+            buffer_append,
+            self._filter_out,
+        )
+
+    def _filter_out(self, entry_id: int, count: int) -> None:
+        """A marker or an aborted transaction's entry: never delivered, acknowledged
+        internally so that it does not hold back the cursor (lock held)."""
+        self.filtered += count
+        self._ack_internally(entry_id)
 
     def _ack_internally(self, entry_id: int) -> None:
         if self.cursor.ack(entry_id):
             self._persist()
         if self._redelivery_counts:
-            self._forget_acked(None, ((None, entry_id, None),))
+            self.forget_acked(None, ((None, entry_id, None),))
 
-    def _forget_acked(self, cumulative: tuple[int, int, int] | None = None, entries=()) -> None:
+    def hold(self, entry_id: int, batch_index: int) -> None:
+        """A message acknowledged in a transaction leaves its consumer's unacknowledged
+        messages: it is held by the transaction, not redelivered (lock held)."""
+        self._pending.pop((entry_id, batch_index), None)
+
+    def forget_acked(self, cumulative: tuple[int, int, int] | None = None, entries=()) -> None:
         """Drop the bookkeeping (pending deliveries, redelivery counts) of the messages an
         acknowledgement just applied to the cursor covers (lock held), by position rather
         than by asking the cursor about every message held: a transaction with few acks on a
@@ -480,7 +425,7 @@ class Subscription:
                 for i in range(n if n > 1 else 0):
                     counts.pop((entry_id, i), None)
 
-    def _release_held(self, released) -> None:
+    def release_held(self, released) -> None:
         """An aborted transaction's held messages are delivered again, their redelivery count
         increased: reading restarts at the lowest of them (lock held)."""
         lowest = None
@@ -554,7 +499,7 @@ class Subscription:
                         f"subscription {self.name}"
                     )
                 changed = self.cursor.ack_cumulative(entry_id, bi, size)
-                self._forget_acked((entry_id, bi, size))
+                self.forget_acked((entry_id, bi, size))
             else:
                 changed = self.cursor.ack(entry_id, bi, size)
                 self._pending.pop((entry_id, bi), None)
@@ -613,12 +558,12 @@ class Subscription:
         storage = self.partition.storage
         db = storage.open_db(b"cursors")
 
-        def apply(txn):
+        def apply(lmdb_txn):
             with self.lock:
                 self._persist_queued = False
                 data = None if self.unsubscribed else self.cursor_record()
             if data is not None:
-                txn.put(self._key, data, db=db)
+                lmdb_txn.put(self.key, data, db=db)
 
         self._last_persist = storage.submit(WriteOp(apply, nbytes=64), lazy=True)
         return self._last_persist
@@ -656,15 +601,3 @@ class Subscription:
                 "msg_out": self.msg_out,
                 "bytes_out": self.bytes_out,
             }
-
-
-def _properties(decoded, m: int) -> dict[str, str] | None:
-    lo, hi = int(decoded.prop_offsets[m]), int(decoded.prop_offsets[m + 1])
-    if lo == hi:
-        return None
-    ko, kd = decoded.prop_key_offsets, decoded.prop_key_data
-    vo, vd = decoded.prop_value_offsets, decoded.prop_value_data
-    return {
-        kd[ko[j] : ko[j + 1]].tobytes().decode(): vd[vo[j] : vo[j + 1]].tobytes().decode()
-        for j in range(lo, hi)
-    }

@@ -134,21 +134,21 @@ class Storage:
         """Stamp a new store with FORMAT; refuse an LMDB environment that another program (or
         another format) wrote, before writing anything into it."""
         try:
-            with self.env.begin(write=True) as txn:
-                names = {bytes(k) for k, _ in txn.cursor()}
+            with self.env.begin(write=True) as lmdb_txn:
+                names = {bytes(k) for k, _ in lmdb_txn.cursor()}
                 meta = None
                 if not names or b"meta" in names:
-                    meta = self.env.open_db(b"meta", txn=txn, create=True)
-                found = txn.get(FORMAT_KEY, db=meta) if meta is not None else None
+                    meta = self.env.open_db(b"meta", txn=lmdb_txn, create=True)
+                found = lmdb_txn.get(FORMAT_KEY, db=meta) if meta is not None else None
                 if found is None:
                     # New: an empty environment, or one that a crash stopped right after it
                     # created the meta database (that database is then empty).
-                    if meta is None or names - {b"meta"} or txn.stat(meta)["entries"]:
+                    if meta is None or names - {b"meta"} or lmdb_txn.stat(meta)["entries"]:
                         raise InvalidConfiguration(
                             f"{self.data_dir} holds an LMDB environment that is not a pulsartxn "
                             "store (no format marker): refusing to write into it"
                         )
-                    txn.put(FORMAT_KEY, FORMAT, db=meta)
+                    lmdb_txn.put(FORMAT_KEY, FORMAT, db=meta)
                 elif bytes(found) != FORMAT:
                     raise InvalidConfiguration(
                         f"{self.data_dir} holds data of format {bytes(found)!r}, not {FORMAT!r}"
@@ -173,8 +173,8 @@ class Storage:
                 # without the GIL, where open_db alone would hold the GIL while it waits and
                 # deadlock with a group commit that holds the lock and wants the GIL.
                 try:
-                    with self.env.begin(write=True) as txn:
-                        db = self.env.open_db(name, txn=txn, create=True)
+                    with self.env.begin(write=True) as lmdb_txn:
+                        db = self.env.open_db(name, txn=lmdb_txn, create=True)
                     self._names[id(db)] = name
                 except lmdb.DbsFullError:
                     raise InvalidConfiguration(  # no data dir: this may cross the wire

@@ -487,12 +487,12 @@ class GroupCommit:
         journal = self._journal
         if journal is not None:
             journal.check()
-        txn = self._env.begin(write=True)
-        view = txn
+        lmdb_txn = self._env.begin(write=True)
+        view = lmdb_txn
         rec = None
         if journal is not None and sum(op.nbytes for op in group) < self._direct_bytes:
             rec = Recorder(self._names)
-            view = RecordingTxn(txn, rec)
+            view = RecordingTxn(lmdb_txn, rec)
         # Ops that are durable only by a later flush (durable=False) alone: their record is
         # written, not flushed; the next flushed record covers it. Held ones alone: their
         # changes wait for the next record, which carries them first (CARRY_MAX at most).
@@ -504,8 +504,8 @@ class GroupCommit:
                 try:
                     results.append(op.apply(view))
                 except BaseException as exc:
-                    txn.abort()
-                    txn = None
+                    lmdb_txn.abort()
+                    lmdb_txn = None
                     for other in group:
                         if other.on_abort is not None:
                             other.on_abort()
@@ -513,34 +513,34 @@ class GroupCommit:
                         op.future.set_exception(storage_error(exc, self._path))
                     raise _OpFailed() from exc
             if journal is None or (rec is not None and not rec.size):
-                txn.commit()
+                lmdb_txn.commit()
             elif rec is not None and hold and journal.carried + rec.size <= CARRY_MAX:
-                txn.commit()
-                txn = None
+                lmdb_txn.commit()
+                lmdb_txn = None
                 journal.carry(rec.payload())
-            elif rec is not None and journal.start(rec.payload(), txn.id()):
+            elif rec is not None and journal.start(rec.payload(), lmdb_txn.id()):
                 # While the device writes the record, commit LMDB (without syncing). Its
                 # readers see the group now, but the broker publishes what a group did
                 # (positions, answers: the ops' on_commit) only once it is durable, below.
                 try:
-                    txn.commit()
+                    lmdb_txn.commit()
                 except BaseException:
                     journal.abandon()  # the group did not happen: never replay it
                     raise
-                txn = None
+                lmdb_txn = None
                 # A record that cannot be made durable fails the group and the journal: the
                 # store takes no more writes, and a reopen recovers to the last durable one.
                 journal.finish(flush)
             else:
-                txn.commit()
-                txn = None
+                lmdb_txn.commit()
+                lmdb_txn = None
                 journal.checkpoint()  # what it carried is in the checkpoint too
                 journal.carried_over()
-            txn = None
+            lmdb_txn = None
             self._last_commit_s = time.monotonic() - started
         finally:
-            if txn is not None:
-                txn.abort()
+            if lmdb_txn is not None:
+                lmdb_txn.abort()
         return results
 
     @staticmethod
@@ -557,5 +557,5 @@ class _OpFailed(Exception):
     pass
 
 
-def _nothing(txn) -> None:
+def _nothing(lmdb_txn) -> None:
     return None

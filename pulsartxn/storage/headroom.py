@@ -71,7 +71,7 @@ class Headroom:
             self._skip = 1000
 
     def _extend(self) -> None:
-        txn = self._env.begin(write=True)  # LMDB's writer lock, for the length of this
+        lmdb_txn = self._env.begin(write=True)  # LMDB's writer lock, for the length of this
         try:
             size = os.fstat(self._fd).st_size
             used = (self._env.info()["last_pgno"] + 1) * self._psize
@@ -100,7 +100,7 @@ class Headroom:
             self.extensions += 1
             self.bytes_written += chunk
         finally:
-            txn.abort()
+            lmdb_txn.abort()
 
     def close(self) -> None:
         """With the commit lock held (no group, and so no after_group, in progress): the fd

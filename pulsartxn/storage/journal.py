@@ -166,10 +166,10 @@ class Journal:
         handles: dict = {}
         count = 0
         end = self.header["replay_lsn"]
-        with env.begin(write=True) as txn:
+        with env.begin(write=True) as lmdb_txn:
             # The last record's end is where the next one goes.
             for end, payload in self._records(self.header["replay_lsn"]):  # noqa: B007
-                apply_record(env, txn, payload, handles)
+                apply_record(env, lmdb_txn, payload, handles)
                 count += 1
         self.lsn = end
         self.replayed = count

@@ -136,9 +136,9 @@ class WriteOp:
         """Run ``first(txn)`` before this op's own writes, in the same LMDB transaction."""
         apply = self.apply
 
-        def both(txn):
-            first(txn)
-            return apply(txn)
+        def both(lmdb_txn):
+            first(lmdb_txn)
+            return apply(lmdb_txn)
 
         self.apply = both
 
@@ -148,8 +148,8 @@ def combine(ops: list[WriteOp]) -> WriteOp:
     none. Each op's on_commit runs and its future is answered after the commit; if the
     combined op fails, every op's on_abort runs and its future gets the error."""
 
-    def apply(txn):
-        return [op.apply(txn) for op in ops]
+    def apply(lmdb_txn):
+        return [op.apply(lmdb_txn) for op in ops]
 
     def on_commit(results):
         for op, result in zip(ops, results):

@@ -19,7 +19,7 @@ MAIN_DB = 0xFFFF
 _OP = struct.Struct("<BHII")
 
 
-def apply_record(env, txn, payload, handles: dict) -> int:
+def apply_record(env, lmdb_txn, payload, handles: dict) -> int:
     """Make the writes of one record again in the write transaction `txn`; `handles` caches
     database handles by name across records. Returns the number of writes."""
     view = memoryview(payload)
@@ -38,15 +38,15 @@ def apply_record(env, txn, payload, handles: dict) -> int:
             name = bytes(key)
             handle = handles.get(name)
             if handle is None:
-                handle = handles[name] = env.open_db(name, txn=txn, create=True)
+                handle = handles[name] = env.open_db(name, txn=lmdb_txn, create=True)
             names[index] = handle
             continue
         db = names[index]
         if kind == PUT:
-            txn.put(key, view[pos : pos + vlen], db=db)
+            lmdb_txn.put(key, view[pos : pos + vlen], db=db)
             pos += vlen
         elif kind == DELETE:
-            txn.delete(key, db=db)
+            lmdb_txn.delete(key, db=db)
         else:
             raise ValueError(f"journal record op {kind} at byte {pos - size - klen}")
         writes += 1

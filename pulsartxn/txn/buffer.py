@@ -86,16 +86,16 @@ class TransactionBuffer:
         if msb == 0 and lsb == 0:
             return
         self._seq_stale = True
-        txn = TxnID.from_halves(msb, lsb)
+        lmdb_txn = TxnID.from_halves(msb, lsb)
         if marker_type == MarkerType.NONE:
-            self.ongoing.setdefault(txn, entry_id)
+            self.ongoing.setdefault(lmdb_txn, entry_id)
             return
-        self.ongoing.pop(txn, None)
+        self.ongoing.pop(lmdb_txn, None)
         if marker_type == MarkerType.TXN_ABORT:
-            self.aborts.add(txn)
-            self.abort_positions[txn] = entry_id
+            self.aborts.add(lmdb_txn)
+            self.abort_positions[lmdb_txn] = entry_id
             if self.snapshot is not None:
-                self.snapshot.aborted(txn, entry_id)
+                self.snapshot.aborted(lmdb_txn, entry_id)
 
     def replay_columns(self, ids, markers, msb, lsb) -> None:
         """``replay`` of many transactional entries at once (ascending entry ids, columns as
@@ -130,13 +130,13 @@ class TransactionBuffer:
             ongoing.setdefault(TxnID.from_halves(his[c], los[c]), int(first[c]))
         abort = MarkerType.TXN_ABORT
         for c, marker, entry_id in zip(code[m].tolist(), markers[m].tolist(), ids[m].tolist()):
-            txn = TxnID.from_halves(his[c], los[c])
-            ongoing.pop(txn, None)  # one the snapshot had open, ended here
+            lmdb_txn = TxnID.from_halves(his[c], los[c])
+            ongoing.pop(lmdb_txn, None)  # one the snapshot had open, ended here
             if marker == abort:
-                self.aborts.add(txn)
-                self.abort_positions[txn] = entry_id
+                self.aborts.add(lmdb_txn)
+                self.abort_positions[lmdb_txn] = entry_id
                 if self.snapshot is not None:
-                    self.snapshot.aborted(txn, entry_id)
+                    self.snapshot.aborted(lmdb_txn, entry_id)
 
     # -- appends ---------------------------------------------------------------------------
 
@@ -251,9 +251,9 @@ class TransactionBuffer:
         if start is None:
             return 0
         total = 0
-        with part.storage.read() as txn:
+        with part.storage.read() as lmdb_txn:
             while start < end:
-                ids, bufs = part.log.scan(txn, start, end, 4096)
+                ids, bufs = part.log.scan(lmdb_txn, start, end, 4096)
                 if not len(ids):
                     break
                 counts, markers, msb, lsb = header_columns([bytes(b) for b in bufs])

@@ -41,7 +41,7 @@ from .meta import (
     TxnMeta,
     status_error,
 )
-from .state import EndReason, TxnState
+from .state import CoordinatorStatus, EndReason, TxnState
 
 __all__ = ["Coordinator", "TxnMeta", "status_error", "OPEN", "COMMITTED", "ABORTED"]
 
@@ -66,7 +66,7 @@ class Coordinator(TransactionEnd):
         self._deadlines: list = []  # heap of (deadline, seq)
         self.allocator: TxnIdAllocator | None = None
         self.reserved_ahead = 0  # a durable high-water mark written for it at open
-        self.status = "RECOVERING"
+        self.status = CoordinatorStatus.RECOVERING
         self.error: str | None = None
         self.created = self.committed = self.aborted = self.timed_out = 0
         self.finalize_retries = self.append_failures = 0
@@ -83,11 +83,11 @@ class Coordinator(TransactionEnd):
         start = time.monotonic()
         try:
             metas = self._replay()
-            with self.storage.read() as txn:
-                raw = txn.get(log.hwm_key(self.id), db=self.storage.meta)
+            with self.storage.read() as lmdb_txn:
+                raw = lmdb_txn.get(log.hwm_key(self.id), db=self.storage.meta)
                 hwm = int.from_bytes(bytes(raw), "big") if raw is not None else 0
         except (CorruptEntry, ValueError) as exc:
-            self.status = "ERROR"
+            self.status = CoordinatorStatus.ERROR
             self.error = f"transaction log of coordinator {self.id} cannot be read: {exc}"
             self.recovery = {"recover_time_ms": (time.monotonic() - start) * 1000.0}
             return []
@@ -131,7 +131,7 @@ class Coordinator(TransactionEnd):
             self.txns[meta.seq] = meta
             self._order.append(meta.seq)
         heapq.heapify(self._deadlines)
-        self.status = "READY"
+        self.status = CoordinatorStatus.READY
         self.recovery = {
             "recover_time_ms": round((time.monotonic() - start) * 1000.0, 3),
             "recovered_txns": len(metas),
@@ -145,8 +145,8 @@ class Coordinator(TransactionEnd):
 
     def _replay(self) -> list[TxnMeta]:
         metas: dict[int, TxnMeta] = {}
-        with self.storage.read() as txn:
-            for key, value in txn.cursor(db=self.db):
+        with self.storage.read() as lmdb_txn:
+            for key, value in lmdb_txn.cursor(db=self.db):
                 seq, index = log.split_key(bytes(key))
                 rec = log.decode(value)
                 meta = metas.get(seq)
@@ -184,14 +184,14 @@ class Coordinator(TransactionEnd):
         if mark <= self.reserved_ahead:
             return  # reserved (durably) with the other coordinators' first blocks at open
         key, value = log.hwm_key(self.id), mark.to_bytes(16, "big")
-        self.storage.write(lambda txn: txn.put(key, value, db=self.storage.meta))
+        self.storage.write(lambda lmdb_txn: lmdb_txn.put(key, value, db=self.storage.meta))
 
     # -- lookups ---------------------------------------------------------------------------
 
     def check_ready(self) -> None:
-        if self.status != "READY":
+        if self.status is not CoordinatorStatus.READY:
             raise CoordinatorUnavailable(
-                f"transaction coordinator {self.id} is {self.status}: {self.error}"
+                f"transaction coordinator {self.id} is {self.status.value}: {self.error}"
             )
 
     def live(self, seq: int, op: str) -> TxnMeta:
@@ -355,14 +355,14 @@ class Coordinator(TransactionEnd):
         key = log.record_key(seq, index)
         db = self.db
 
-        def apply(txn) -> None:
+        def apply(lmdb_txn) -> None:
             if meta.atomic_end or meta.deleted:
                 # Its end is in this write (every participant's part), or its records are
                 # deleted already: a record now would outlive the transaction.
                 return
             if first is not None:
-                txn.put(first[0], first[1], db=db)  # the same bytes whoever writes it
-            txn.put(key, record, db=db)
+                lmdb_txn.put(first[0], first[1], db=db)  # the same bytes whoever writes it
+            lmdb_txn.put(key, record, db=db)
 
         def done(landed: bool) -> None:
             with self.lock:
@@ -425,7 +425,7 @@ class Coordinator(TransactionEnd):
             buckets["overflow"] = self.histogram[-1]
             return {
                 "coordinator_id": self.id,
-                "state": self.status,
+                "state": self.status.value,
                 "error": self.error,
                 "low_watermark": self._lwm(),
                 "next_sequence": self.allocator.next_sequence if self.allocator else None,

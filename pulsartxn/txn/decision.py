@@ -9,7 +9,7 @@ or ABORTED once all have answered, and its records are deleted once their deferr
 have landed, so a crash before that finalizes it again.
 
 ``TransactionEnd`` is the part of :class:`~pulsartxn.txn.coordinator.Coordinator` that does
-this; it uses the coordinator's lock, log database, storage, service and counters.
+this; participants answer the contract in :mod:`pulsartxn.txn.participant`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import bisect
 import heapq
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from ..errors import (
     AlreadyClosed,
@@ -40,11 +41,42 @@ from .meta import (
     abort_only,
     status_error,
 )
+from .participant import PARTITION, SUBSCRIPTION
 from .state import EndReason
+
+if TYPE_CHECKING:
+    from ..storage import Storage
+    from .coordinators import Coordinators
+    from .meta import Outcomes
 
 
 class TransactionEnd:
-    """Decide and finalize (a mixin of Coordinator)."""
+    """Decide and finalize: the part of a Coordinator that ends its transactions. What it
+    uses of the coordinator is declared here; Coordinator defines it."""
+
+    id: int
+    lock: threading.Lock
+    cond: threading.Condition
+    storage: Storage
+    db: object  # the coordinator's log database
+    service: Coordinators
+    txns: dict[int, TxnMeta]
+    finished: Outcomes
+    _deadlines: list
+    committed: int
+    aborted: int
+    timed_out: int
+    finalize_retries: int
+    append_failures: int
+    histogram: list[int]
+
+    def live(self, seq: int, op: str) -> TxnMeta:
+        """The live transaction `seq` (else the error `op` on it raises)."""
+        raise NotImplementedError
+
+    def _lwm(self) -> int:
+        """The low watermark (lock held)."""
+        raise NotImplementedError
 
     def end(
         self,
@@ -73,7 +105,6 @@ class TransactionEnd:
         opened elsewhere). A commit that cannot happen for good (a failed op, lost acks or
         sends) raises an error marked ``abort_only``. `deadline` (time.monotonic()) bounds
         the wait for the transaction's writes in flight (Timeout; nothing is decided)."""
-        op = "commit" if commit else "abort"
         taken = self.storage.commits.take_lazy([r[0] for r in riding]) if riding else []
         if taken and not commit:
             # An abort does not need them written: they never are.
@@ -81,27 +112,9 @@ class TransactionEnd:
             taken = []
         try:
             per_partition, staged = self._riding(riding, taken, commit)
-            with self.lock:
-                meta = self.live(seq, op)
-                if meta.state is not OPEN or not meta.durable:
-                    raise status_error(meta.txn_id, meta.state, meta.reason, meta.timeout_ms, op)
-                meta.state = COMMITTING if commit else ABORTING
-                meta.reason = reason
-                while meta.inflight > staged:  # the taken ones land with the decision
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        meta.state, meta.reason = OPEN, 0
-                        raise Timeout(
-                            f"cannot {op} transaction {meta.txn_id} in time: a write that "
-                            "registers its participants has not landed; it is still OPEN"
-                        )
-                    self.cond.wait(left)
-                empty = not meta.partitions and not meta.subscriptions and not taken
-                index = meta.records
-                if not empty:
-                    meta.records += 1
-                lwm = self._lwm()
-                first = meta.new_record
+            meta, empty, index, lwm, first = self._start_end(
+                seq, commit, reason, staged, bool(taken), deadline
+            )
         except BaseException as exc:
             _fail_ops(taken, exc)
             raise
@@ -109,77 +122,12 @@ class TransactionEnd:
         try:
             if commit:
                 self._committable(meta, expected_acks, expected_sends)
-            if empty and first is not None:
-                pass  # it never wrote anything: there is nothing to decide or undo
-            elif empty:
-                # Nothing to finalize: deleting the records is the whole end.
+            if not empty:
+                self._decide(meta, index, lwm, first, taken, per_partition, expected_acks, done)
+            elif first is None:
+                # Nothing to finalize: deleting the records is the whole end. (Had it never
+                # written anything, there would be nothing to decide or undo.)
                 self._write(self._delete_records(meta, index), 16 * index)
-            else:
-                try:
-                    ops, end_at, atomic, told = self._decision_ops(
-                        meta, expected_acks, lwm, done, per_partition
-                    )
-                except BaseException as exc:
-                    _fail_ops(taken, exc)
-                    raise
-                # Every participant's part is in this write (all live in this broker): the
-                # write is the whole end, so nothing of it needs the log. Its staged records
-                # are not written, those already in the log are deleted with it. While the
-                # NEW record is still staged (`first`), none of the writes that the end waits
-                # for has landed (each carries that record until one does); but a
-                # subscription's registration rides in a pending-ack log write that nobody
-                # waits for and that does not unstage it (the broker's flusher), so with
-                # subscriptions the records are deleted all the same (deleting what is not
-                # there is harmless; a registration applied after this write finds
-                # `atomic_end` and writes nothing).
-                if atomic:
-                    with self.lock:
-                        meta.atomic_end = True
-                    if first is None or meta.subscriptions:
-                        ops.append(self._delete_op(meta, meta.records))
-                else:
-                    ops.insert(end_at, self._end_op(meta, index))
-                ops[:0] = taken
-                if first is not None and not atomic:
-                    ops.insert(0, self._put_op(first[0], first[1]))
-                try:
-                    decision = combine(ops)
-                except BaseException as exc:
-                    _fail_ops(ops, exc)
-                    raise
-                try:
-                    self.storage.run(decision)
-                except Exception as exc:  # noqa: BLE001 - decided below without them
-                    if taken:  # its data failed with it: it cannot commit
-                        if isinstance(exc, StorageError):  # a full disk says so
-                            raise abort_only(exc) from None
-                        raise abort_only(
-                            InvalidTxnStatus(
-                                f"cannot commit transaction {meta.txn_id}: its sends could "
-                                f"not be written: {exc}"
-                            )
-                        ) from exc
-                    # A participant's part failed with it (nothing was written): decide
-                    # alone, then finalize every participant the slow way, retried until
-                    # each succeeds.
-                    done.clear()
-                    with self.lock:
-                        meta.atomic_end = False
-                    self._decide_alone(meta, index, expected_acks, first)
-                else:
-                    if atomic:
-                        with self.lock:
-                            meta.records = 0  # none left in the log: nothing to clean up
-                        for part, o in told:
-                            exc = o.future.exception()
-                            if exc is not None:
-                                # Its write landed, what it keeps in memory did not: told
-                                # again (end_txn) by finalize, retried until it succeeds.
-                                done.discard(part)
-                                with self.lock:
-                                    meta.retries += 1
-                                    meta.last_error = f"{part[0]} {part[1]}: {exc!r}"
-                                    self.finalize_retries += 1
         except BaseException:
             self.reopen(meta)
             raise
@@ -188,6 +136,97 @@ class TransactionEnd:
         else:
             self.finalize(meta, done)
         return meta
+
+    def _start_end(self, seq, commit, reason, staged, has_taken, deadline):
+        """Mark the transaction COMMITTING or ABORTING once its writes in flight have landed
+        (but the `staged` ones taken to land with the decision); return ``(meta, empty,
+        index of the END record, low watermark, its staged NEW record or None)``."""
+        op = "commit" if commit else "abort"
+        with self.lock:
+            meta = self.live(seq, op)
+            if meta.state is not OPEN or not meta.durable:
+                raise status_error(meta.txn_id, meta.state, meta.reason, meta.timeout_ms, op)
+            meta.state = COMMITTING if commit else ABORTING
+            meta.reason = reason
+            while meta.inflight > staged:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    meta.state, meta.reason = OPEN, 0
+                    raise Timeout(
+                        f"cannot {op} transaction {meta.txn_id} in time: a write that "
+                        "registers its participants has not landed; it is still OPEN"
+                    )
+                self.cond.wait(left)
+            empty = not meta.partitions and not meta.subscriptions and not has_taken
+            index = meta.records
+            if not empty:
+                meta.records += 1
+            return meta, empty, index, self._lwm(), meta.new_record
+
+    def _decide(self, meta, index, lwm, first, taken, per_partition, expected_acks, done):
+        """Write the decision with every local participant's part (and the `taken` data
+        batches); a part that fails it makes the decision be written alone."""
+        try:
+            ops, end_at, atomic, told = self._decision_ops(
+                meta, expected_acks, lwm, done, per_partition
+            )
+        except BaseException as exc:
+            _fail_ops(taken, exc)
+            raise
+        # With every participant's part in it, the write is the whole end: its staged records
+        # are not written, those in the log are deleted with it. A subscription's
+        # registration may ride in a write nobody waits for: with subscriptions the records
+        # are deleted even while the NEW record is staged (deleting nothing is harmless).
+        if atomic:
+            with self.lock:
+                meta.atomic_end = True
+            if first is None or meta.subscriptions:
+                ops.append(self._delete_op(meta, meta.records))
+        else:
+            ops.insert(end_at, self._end_op(meta, index))
+        ops[:0] = taken
+        if first is not None and not atomic:
+            ops.insert(0, self._put_op(first[0], first[1]))
+        try:
+            decision = combine(ops)
+        except BaseException as exc:
+            _fail_ops(ops, exc)
+            raise
+        try:
+            self.storage.run(decision)
+        except Exception as exc:  # noqa: BLE001 - decided below without them
+            if taken:  # its data failed with it: it cannot commit
+                if isinstance(exc, StorageError):  # a full disk says so
+                    raise abort_only(exc) from None
+                raise abort_only(
+                    InvalidTxnStatus(
+                        f"cannot commit transaction {meta.txn_id}: its sends could "
+                        f"not be written: {exc}"
+                    )
+                ) from exc
+            # A participant's part failed with it (nothing was written): decide alone, then
+            # finalize every participant the slow way, retried until each succeeds.
+            done.clear()
+            with self.lock:
+                meta.atomic_end = False
+            self._decide_alone(meta, index, expected_acks, first)
+            return
+        if atomic:
+            self._landed_atomic(meta, told, done)
+
+    def _landed_atomic(self, meta: TxnMeta, told, done: set) -> None:
+        """A one-write end landed: no record is left. A subscription whose in-memory part
+        failed after its write landed is told again by finalize, retried until it succeeds."""
+        with self.lock:
+            meta.records = 0
+        for part, o in told:
+            exc = o.future.exception()
+            if exc is not None:
+                done.discard(part)
+                with self.lock:
+                    meta.retries += 1
+                    meta.last_error = f"{part[0]} {part[1]}: {exc!r}"
+                    self.finalize_retries += 1
 
     def _committable(self, meta: TxnMeta, expected_acks, expected_sends) -> None:
         """Raise (abort_only) unless the transaction may commit: no op of it failed, and
@@ -225,7 +264,9 @@ class TransactionEnd:
         for name, n in expected_sends.items():
             have = 0
             if name in meta.partitions:
-                have = self.service.participant("partition", name).messages_of(meta.txn_id)
+                participant = self.service.participants.local(PARTITION, name)
+                # One in another broker checks its own messages at its end.
+                have = n if participant is None else participant.messages_of(meta.txn_id)
             if have < n:
                 raise abort_only(
                     InvalidTxnStatus(
@@ -291,17 +332,17 @@ class TransactionEnd:
         local = {}
         for part in meta.participants():
             try:
-                participant = self.service.participant(*part)
+                participant, here = self.service.participants.find(*part)
             except Exception:  # noqa: BLE001 - finalize retries it
                 continue
-            if getattr(participant, "end_op", None) is not None:
+            if here:
                 local[part] = participant
         atomic = len(local) == len(meta.partitions) + len(meta.subscriptions)
         try:
             if atomic:
                 for name in sorted(meta.subscriptions):
                     expected = expected_acks.get(tuple(name)) if commit else None
-                    o = local["subscription", name].end_op(meta.txn_id, commit, lwm, expected)
+                    o = local[SUBSCRIPTION, name].end_op(meta.txn_id, commit, lwm, expected)
                     if o is None:  # it cannot take part: the logged way for all
                         atomic = False
                         ops.clear()
@@ -309,29 +350,25 @@ class TransactionEnd:
                         done.clear()
                         break
                     ops.append(o)
-                    told.append((("subscription", name), o))
-                    done.add(("subscription", name))
+                    told.append(((SUBSCRIPTION, name), o))
+                    done.add((SUBSCRIPTION, name))
             if not atomic and commit:
                 for name in sorted(meta.subscriptions):
-                    participant = self.service.participant("subscription", name)
-                    prepare_op = getattr(participant, "prepare_op", None)
-                    if prepare_op is not None:
-                        o = prepare_op(meta.txn_id, expected_acks.get(tuple(name)))
+                    expected = expected_acks.get(tuple(name))
+                    participant = local.get((SUBSCRIPTION, name))
+                    if participant is not None:
+                        o = participant.prepare_op(meta.txn_id, expected)
                         if o is not None:
                             ops.append(o)
-                    elif hasattr(participant, "prepare"):
-                        participant.prepare(meta.txn_id, expected_acks.get(tuple(name)))
             end_at = len(ops)
             for name in sorted(meta.partitions):
-                participant = local.get(("partition", name))
+                participant = local.get((PARTITION, name))
                 if participant is None:
                     continue
-                n = (riding or {}).get(name, 0)
-                end_op = participant.end_op
-                o = end_op(meta.txn_id, commit, lwm, n) if n else end_op(meta.txn_id, commit, lwm)
+                o = participant.end_op(meta.txn_id, commit, lwm, (riding or {}).get(name, 0))
                 if o is not None:
                     ops.append(o)
-                done.add(("partition", name))
+                done.add((PARTITION, name))
         except BaseException as exc:
             _fail_ops(ops, exc)
             raise
@@ -344,9 +381,9 @@ class TransactionEnd:
         -> count)."""
         expected_acks = expected_acks or {}
         for name in sorted(meta.subscriptions):
-            prepare = getattr(self.service.participant("subscription", name), "prepare", None)
-            if prepare is not None:
-                prepare(meta.txn_id, expected_acks.get(tuple(name)))
+            participant = self.service.participants.local(SUBSCRIPTION, name)
+            if participant is not None:
+                participant.prepare(meta.txn_id, expected_acks.get(tuple(name)))
 
     def reopen(self, meta: TxnMeta) -> None:
         """Undo a decision whose record could not be written (nothing was decided)."""
@@ -368,9 +405,9 @@ class TransactionEnd:
         db = self.db
         keys = [log.record_key(meta.seq, i) for i in range(count)]
 
-        def apply(txn):
+        def apply(lmdb_txn):
             for key in keys:
-                txn.delete(key, db=db)
+                lmdb_txn.delete(key, db=db)
             meta.deleted = True
 
         return apply
@@ -398,10 +435,10 @@ class TransactionEnd:
         deferred, waiting = [], []
         for part in parts:
             try:
-                participant = self.service.participant(*part)
+                participant, here = self.service.participants.find(*part)
             except Exception:  # noqa: BLE001 - _call retries it
-                participant = None
-            if getattr(participant, "deferred_end", False):
+                participant, here = None, False
+            if here and part[0] == SUBSCRIPTION:
                 deferred.append((part, participant))
             else:
                 waiting.append(part)
@@ -425,12 +462,13 @@ class TransactionEnd:
         try:
             with self.lock:
                 lwm = self._lwm()
+            here = participant is not None
             if participant is None:
-                participant = service.participant(*part)
-            if getattr(participant, "deferred_end", False):
-                # The decision is durable: the participant's write may ride with the next
+                participant, here = service.participants.find(*part)
+            if here and part[0] == SUBSCRIPTION:
+                # The decision is durable: a pending ack's write may ride with the next
                 # group; the records stay until it has landed (_complete).
-                write = participant.end_txn(meta.txn_id, meta.commit, lwm, wait=False)
+                write = participant.end_later(meta.txn_id, meta.commit, lwm)
             else:
                 participant.end_txn(meta.txn_id, meta.commit, lwm)
         except Exception as exc:  # noqa: BLE001 - retried until it succeeds
@@ -500,7 +538,7 @@ class TransactionEnd:
                 )
             except AlreadyClosed:
                 pass  # recovery finalizes it again (participants treat that as success)
-        self.service.release_decision(meta)
+        self.service.groups.release(meta)
 
     def _finished(self, meta: TxnMeta) -> None:
         elapsed_ms = (time.monotonic() - meta.started) * 1000.0
@@ -517,7 +555,7 @@ class TransactionEnd:
                     self.timed_out += 1
             self.histogram[bisect.bisect_left(HISTOGRAM_MS, elapsed_ms)] += 1
             self.cond.notify_all()
-        self.service.on_finished(meta)
+        self.service.groups.left(meta)
 
     def wait_settled(self, meta: TxnMeta, deadline: float | None) -> bool:
         """Until the transaction is COMMITTED or ABORTED, or one of its participants has

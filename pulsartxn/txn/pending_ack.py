@@ -38,8 +38,8 @@ DB = b"pendingack"
 
 
 class PendingAck:
-    # The coordinator may have end_txn defer its write (wait=False): see Coordinator._call.
-    deferred_end = True
+    """A subscription's pending acks: its transactions' acks, logged, until they end (the
+    participant.PendingAckHandle contract)."""
 
     def __init__(self, sub) -> None:
         self.sub = sub
@@ -63,7 +63,7 @@ class PendingAck:
         self.log_writes = 0
         self._flush_queued = False
         self._queued_at = 0.0
-        self._prefix = sub._key + b"\0"
+        self._prefix = sub.key + b"\0"
 
     @property
     def storage(self):
@@ -103,7 +103,7 @@ class PendingAck:
 
     def ack(
         self,
-        txn: TxnID,
+        txn_id: TxnID,
         entry_id: int,
         batch_index: int,
         batch_size: int,
@@ -120,7 +120,7 @@ class PendingAck:
                     "its messages can no longer be acknowledged"
                 )
             if check is not None:
-                check(txn, "acknowledge in")  # an ended transaction's ack is refused
+                check(txn_id, "acknowledge in")  # an ended transaction's ack is refused
             cursor = sub.cursor
             if cursor.is_acked(entry_id, batch_index):
                 raise TransactionConflict(
@@ -135,13 +135,13 @@ class PendingAck:
                         f"Failover subscription, not {sub.name}'s"
                     )
                 for other, (e, _, _) in self.cumulative.items():
-                    if other != txn:
+                    if other != txn_id:
                         raise TransactionConflict(
                             f"transaction {other} holds a cumulative acknowledgement up to entry "
                             f"{e} on {sub.name}"
                         )
                 for other in self.index.transactions():
-                    if other == txn:
+                    if other == txn_id:
                         continue
                     for _, e, _ in self.index.entries_of(other):
                         if e <= entry_id:
@@ -149,13 +149,13 @@ class PendingAck:
                                 f"transaction {other} holds entry {e}, at or below the "
                                 f"cumulative acknowledgement of entry {entry_id}"
                             )
-                prev = self.cumulative.get(txn)
+                prev = self.cumulative.get(txn_id)
                 if prev is None or (entry_id, batch_index) > prev[:2]:
-                    self.cumulative[txn] = (entry_id, batch_index, batch_size)
+                    self.cumulative[txn_id] = (entry_id, batch_index, batch_size)
                 kind = 1
             else:
                 for other, (e, bi, _size) in self.cumulative.items():
-                    if other != txn and (
+                    if other != txn_id and (
                         entry_id < e or (entry_id == e and (bi < 0 or batch_index <= bi))
                     ):
                         raise TransactionConflict(
@@ -166,19 +166,18 @@ class PendingAck:
                 if batched:
                     ack_set = AckSet(batch_size)
                     ack_set.set(batch_index)
-                self.index.add(ledger, entry_id, txn, ack_set)  # raises TransactionConflict
+                self.index.add(ledger, entry_id, txn_id, ack_set)  # raises TransactionConflict
                 kind = 0
-            # The message leaves its consumer's unacknowledged set: it is held, not redelivered.
-            sub._pending.pop((entry_id, batch_index), None)
-            self.unlogged.setdefault(txn, []).append(
+            sub.hold(entry_id, batch_index)
+            self.unlogged.setdefault(txn_id, []).append(
                 _ACK.pack(kind, entry_id, batch_index, batch_size)
             )
             if registration is not None:
-                self.registrations.setdefault(txn, []).append(registration)
+                self.registrations.setdefault(txn_id, []).append(registration)
             self.acks += 1
-            if txn not in self.counts:
-                self._by_sequence.add(txn)
-            self.counts[txn] = self.counts.get(txn, 0) + 1
+            if txn_id not in self.counts:
+                self._by_sequence.add(txn_id)
+            self.counts[txn_id] = self.counts.get(txn_id, 0) + 1
             queue = not self._flush_queued
             if queue:
                 self._flush_queued = True
@@ -193,16 +192,16 @@ class PendingAck:
         """(rows, registrations) not yet in the log, of `only` or of every transaction; a row
         is (txn, key, value), a registration (txn, apply)."""
         rows, regs = [], []
-        for txn in [only] if only is not None else list(self.unlogged):
-            acks = self.unlogged.pop(txn, None)
-            regs.extend((txn, r) for r in self.registrations.pop(txn, ()))
+        for lmdb_txn in [only] if only is not None else list(self.unlogged):
+            acks = self.unlogged.pop(lmdb_txn, None)
+            regs.extend((lmdb_txn, r) for r in self.registrations.pop(lmdb_txn, ()))
             if not acks:
                 continue
-            n = self.records.get(txn, 0)
-            self.records[txn] = n + 1
-            body = txn.pack() + b"".join(acks)
-            key = self._prefix + txn.pack() + _U32.pack(n)
-            rows.append((txn, key, _U32.pack(crc32c(body)) + body))
+            n = self.records.get(lmdb_txn, 0)
+            self.records[lmdb_txn] = n + 1
+            body = lmdb_txn.pack() + b"".join(acks)
+            key = self._prefix + lmdb_txn.pack() + _U32.pack(n)
+            rows.append((lmdb_txn, key, _U32.pack(crc32c(body)) + body))
         if not self.unlogged:
             self._flush_queued = False
         return rows, regs
@@ -213,14 +212,14 @@ class PendingAck:
         numbers stay unused; replay and cleanup go by the highest number, not the count)."""
         db = self.storage.open_db(DB)
 
-        def apply(txn):
+        def apply(lmdb_txn):
             with self.lock:
                 # Not the rows of a transaction that has ended here meanwhile: its end
                 # deleted what it had logged, in a write this one comes after.
                 live = [(k, v) for t, k, v in rows if t in self.counts]
             for _, registration in regs:
-                registration(txn)
-            txn.cursor(db=db).putmulti(live)
+                registration(lmdb_txn)
+            lmdb_txn.cursor(db=db).putmulti(live)
 
         def restore(fut) -> None:
             if fut.exception() is None:
@@ -267,44 +266,44 @@ class PendingAck:
             self._write_rows(self._take_unlogged(), wait=False)
         return True
 
-    def store(self, txn: TxnID) -> None:
+    def store(self, txn_id: TxnID) -> None:
         """Write txn's acks not yet in the log and wait until they are stored (not flushed:
         the commit's flush covers them): a network session's acks, answered only then, so
         that they outlive this process, as its transaction does."""
         with self.lock:
-            taken = self._take_unlogged(txn)
+            taken = self._take_unlogged(txn_id)
         if taken[0] or taken[1]:
             self._write_rows(taken, wait=True)
         else:  # the flusher took them: its write (a lazy op) lands with this one
             self.storage.write(_nothing, nbytes=0, records=0, durable=False)
 
-    def prepare(self, txn: TxnID, expected: int | None = None) -> None:
+    def prepare(self, txn_id: TxnID, expected: int | None = None) -> None:
         """Before a commit is decided: this transaction's acks are durable in the log, and
         there are as many as the committer made (acks are answered before they are logged,
         so a broker restart in between loses them: then the transaction can only abort)."""
         with self.lock:
-            self._check_count(txn, expected)
-            taken = self._take_unlogged(txn)
+            self._check_count(txn_id, expected)
+            taken = self._take_unlogged(txn_id)
         self._write_rows(taken, wait=True)
 
-    def _check_count(self, txn: TxnID, expected: int | None) -> None:
+    def _check_count(self, txn_id: TxnID, expected: int | None) -> None:
         """Lock held: raise unless this holds every ack the committer made."""
-        have = self.counts.get(txn, 0)
+        have = self.counts.get(txn_id, 0)
         if expected is not None and have < expected:
             raise abort_only(
                 InvalidTxnStatus(
-                    f"transaction {txn}: {expected - have} of its {expected} acknowledgements "
+                    f"transaction {txn_id}: {expected - have} of its {expected} acknowledgements "
                     f"on {self.sub.partition.topic} {self.sub.name} were lost when its broker "
                     "stopped"
                 )
             )
 
-    def prepare_op(self, txn: TxnID, expected: int | None = None) -> WriteOp | None:
+    def prepare_op(self, txn_id: TxnID, expected: int | None = None) -> WriteOp | None:
         """``prepare`` as an operation for the caller to write with its commit decision (one
         LMDB transaction): if that write fails, the acks wait here to be logged again."""
         with self.lock:
-            self._check_count(txn, expected)
-            rows, regs = self._take_unlogged(txn)
+            self._check_count(txn_id, expected)
+            rows, regs = self._take_unlogged(txn_id)
         if not rows and not regs:
             return None
         return self._rows_op(rows, regs)
@@ -316,7 +315,7 @@ class PendingAck:
 
     # -- ending ----------------------------------------------------------------------------
 
-    def end_op(self, txn: TxnID, commit: bool, low_watermark: int, expected: int | None = None):
+    def end_op(self, txn_id: TxnID, commit: bool, low_watermark: int, expected: int | None = None):
         """txn's end here as part of its coordinator's one-write end (every participant's part
         in one LMDB transaction, no decision record): a commit writes the cursor with txn's
         acks applied; either way txn's logged acks are deleted. What is only in memory
@@ -331,57 +330,64 @@ class PendingAck:
             return None
         if commit:
             with self.lock:
-                self._check_count(txn, expected)
+                self._check_count(txn_id, expected)
         storage = self.storage
         db, cursors = storage.open_db(DB), storage.open_db(b"cursors")
-        sub_key = sub._key
+        sub_key = sub.key
         undo: dict = {}
 
         def apply(t) -> None:
             with self.lock:
                 # Never logged now: the write that would have logged them (and the
                 # subscription's registration riding in it) is this one.
-                undo["acks"] = (self.unlogged.pop(txn, None), self.registrations.pop(txn, None))
-                n = self.records.get(txn, 0)
+                undo["acks"] = (
+                    self.unlogged.pop(txn_id, None),
+                    self.registrations.pop(txn_id, None),
+                )
+                n = self.records.get(txn_id, 0)
                 if commit:
                     # The cursor changes once this write has landed (end_txn); the record
                     # written here, and any written after it meanwhile, hold txn's acks.
-                    sub.committing[txn] = (
-                        list(self.index.entries_of(txn)),
-                        self.cumulative.get(txn),
+                    sub.committing[txn_id] = (
+                        list(self.index.entries_of(txn_id)),
+                        self.cumulative.get(txn_id),
                     )
                     t.put(sub_key, sub.cursor_record(), db=cursors)
             for i in range(n):
-                t.delete(self._prefix + txn.pack() + _U32.pack(i), db=db)
+                t.delete(self._prefix + txn_id.pack() + _U32.pack(i), db=db)
 
         def on_abort() -> None:
             with self.lock:
-                sub.committing.pop(txn, None)
+                sub.committing.pop(txn_id, None)
                 acks, regs = undo.pop("acks", (None, None))
                 if acks:
-                    self.unlogged[txn] = acks + self.unlogged.get(txn, [])
+                    self.unlogged[txn_id] = acks + self.unlogged.get(txn_id, [])
                 if regs:
-                    self.registrations[txn] = regs + self.registrations.get(txn, [])
+                    self.registrations[txn_id] = regs + self.registrations.get(txn_id, [])
 
         def on_commit(_) -> None:
             with self.lock:
                 # Deleted by this write; and a log write of its acks still on its way (taken
                 # by the flusher) leaves them out (_rows_op), whatever happens below.
-                self.records.pop(txn, None)
+                self.records.pop(txn_id, None)
             try:
                 # txn's acks reach the cursor (already written: `committing` gives way to
                 # them under the same lock) and its messages are forgotten; the transactions
                 # below the low watermark end too, with a write of their own if they need one.
-                self.end_txn(txn, commit, low_watermark, wait=False, written=True)
+                self.end_txn(txn_id, commit, low_watermark, wait=False, written=True)
             finally:
                 with self.lock:
-                    sub.committing.pop(txn, None)
+                    sub.committing.pop(txn_id, None)
 
         return WriteOp(apply, nbytes=256, on_commit=on_commit, on_abort=on_abort)
 
+    def end_later(self, txn_id: TxnID, commit: bool, low_watermark: int):
+        """``end_txn`` whose write rides with the next group commit: its future, or None."""
+        return self.end_txn(txn_id, commit, low_watermark, wait=False)
+
     def end_txn(
         self,
-        txn: TxnID,
+        txn_id: TxnID,
         commit: bool,
         low_watermark: int,
         wait: bool = True,
@@ -398,7 +404,7 @@ class PendingAck:
         if sub.error is not None:  # a damaged log: retried until it is repaired
             raise sub.error
         with self.lock:
-            todo = [(txn, commit)] + [(t, False) for t in self._below(txn, low_watermark)]
+            todo = [(txn_id, commit)] + [(t, False) for t in self._below(txn_id, low_watermark)]
             changed = False
             released = []
             keys = []
@@ -415,17 +421,17 @@ class PendingAck:
                 if c:
                     self.committed += 1
                     acked = _ack_cursor(sub.cursor, entries, cum)
-                    changed |= acked and not (written and t == txn)
-                    sub._forget_acked(cum, entries)
+                    changed |= acked and not (written and t == txn_id)
+                    sub.forget_acked(cum, entries)
                 else:
                     self.aborted += 1
                     released.extend(entries)
                     if cum is not None:
                         released.append((None, -1, None))
             if written:
-                sub.committing.pop(txn, None)  # in the cursor itself now
+                sub.committing.pop(txn_id, None)  # in the cursor itself now
             if released:
-                sub._release_held(released)
+                sub.release_held(released)
             if not self.unlogged:
                 self._flush_queued = False
         if not changed and not keys:
@@ -434,7 +440,7 @@ class PendingAck:
             return None
         storage = self.storage
         db, cursors = storage.open_db(DB), storage.open_db(b"cursors")
-        sub_key = sub._key
+        sub_key = sub.key
 
         def apply(t):
             if changed:
@@ -472,12 +478,12 @@ class PendingAck:
         if left:
             self.end_txn(left[0], False, low_watermark, wait=False)
 
-    def _below(self, txn: TxnID, low_watermark: int) -> list:
+    def _below(self, txn_id: TxnID, low_watermark: int) -> list:
         """The other transactions of txn's coordinator below its low watermark that still
         hold acks here: the coordinator has finished them, so they end here as aborted
         (lock held; they and txn leave at once, so none goes back)."""
-        found = self._by_sequence.below(txn.coordinator_id, low_watermark)
-        out = [t for t in found if t != txn and t in self.counts]
+        found = self._by_sequence.below(txn_id.coordinator_id, low_watermark)
+        out = [t for t in found if t != txn_id and t in self.counts]
         self._by_sequence.compact(self.counts)
         return out
 
@@ -488,8 +494,8 @@ class PendingAck:
         storage = self.storage
         db = storage.open_db(DB)
         ledger = self.sub.partition.ledger_id
-        with storage.read() as txn:
-            cursor = txn.cursor(db=db)
+        with storage.read() as lmdb_txn:
+            cursor = lmdb_txn.cursor(db=db)
             if not cursor.set_range(self._prefix):
                 return
             for key, value in cursor:
@@ -522,10 +528,10 @@ class PendingAck:
         with self.lock:
             return set(self.index.transactions()) | set(self.cumulative)
 
-    def delete_log(self, txn) -> None:
+    def delete_log(self, lmdb_txn) -> None:
         """Delete every record of this subscription's log, in the caller's write `txn` (an
         unsubscribe: a new subscription of the name replays none of them)."""
-        cursor = txn.cursor(db=self.storage.open_db(DB))
+        cursor = lmdb_txn.cursor(db=self.storage.open_db(DB))
         cursor.set_range(self._prefix)
         key = bytes(cursor.key())
         while key.startswith(self._prefix):
@@ -548,7 +554,7 @@ class PendingAck:
             }
 
 
-def _nothing(txn) -> None:
+def _nothing(lmdb_txn) -> None:
     return None
 
 

@@ -69,8 +69,8 @@ class BufferSnapshots:
         (0 without a usable snapshot)."""
         storage = self.partition.storage
         try:
-            with storage.read() as txn:
-                raw = txn.get(self.prefix + b"h", db=self.db)
+            with storage.read() as lmdb_txn:
+                raw = lmdb_txn.get(self.prefix + b"h", db=self.db)
                 if raw is None:
                     return 0
                 body = _open(raw)
@@ -91,7 +91,7 @@ class BufferSnapshots:
                     raise CorruptEntry("transaction buffer snapshot head has trailing bytes")
                 aborts = []
                 for seg_id, _ in segments:
-                    seg_raw = txn.get(self._seg_key(seg_id), db=self.db)
+                    seg_raw = lmdb_txn.get(self._seg_key(seg_id), db=self.db)
                     if seg_raw is None:
                         raise CorruptEntry(f"transaction buffer snapshot segment {seg_id} missing")
                     seg = _open(seg_raw)
@@ -160,11 +160,11 @@ class BufferSnapshots:
         dels = [self._seg_key(s[0]) for s in gone]
         db = self.db
 
-        def apply(txn):
+        def apply(lmdb_txn):
             for k, v in puts:
-                txn.put(k, v, db=db)
+                lmdb_txn.put(k, v, db=db)
             for k in dels:
-                txn.delete(k, db=db)
+                lmdb_txn.delete(k, db=db)
 
         nbytes = sum(len(v) for _, v in puts)
         storage = part.storage

@@ -17,6 +17,14 @@ class TxnState(enum.Enum):
     ERROR = "ERROR"  # its coordinator could not recover it
 
 
+class CoordinatorStatus(enum.Enum):
+    """A transaction coordinator's state (Pulsar's TransactionMetadataStoreState)."""
+
+    RECOVERING = "RECOVERING"  # replaying its log
+    READY = "READY"
+    ERROR = "ERROR"  # its log cannot be read: it serves nothing
+
+
 class EndReason(enum.IntEnum):
     """Why a transaction ends (stored with the COMMITTING/ABORTING record)."""
 

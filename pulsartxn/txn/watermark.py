@@ -23,8 +23,8 @@ class BySequence:
         self._heaps: dict[int, list] = {}
         self._size = 0
 
-    def add(self, txn: TxnID) -> None:
-        heapq.heappush(self._heaps.setdefault(txn.coordinator_id, []), (txn.sequence, txn))
+    def add(self, txn_id: TxnID) -> None:
+        heapq.heappush(self._heaps.setdefault(txn_id.coordinator_id, []), (txn_id.sequence, txn_id))
         self._size += 1
 
     def below(self, coordinator_id: int, low_watermark: int) -> list[TxnID]:
@@ -32,9 +32,9 @@ class BySequence:
         heap = self._heaps.get(coordinator_id)
         out: list[TxnID] = []
         while heap and heap[0][0] < low_watermark:
-            _, txn = heapq.heappop(heap)
-            if not out or out[-1] != txn:
-                out.append(txn)
+            _, txn_id = heapq.heappop(heap)
+            if not out or out[-1] != txn_id:
+                out.append(txn_id)
             self._size -= 1
         return out
 
@@ -48,8 +48,8 @@ class BySequence:
     def rebuild(self, held) -> None:
         """Exactly the transactions of `held` (also after a recovery filled it directly)."""
         self._heaps, self._size = {}, 0
-        for txn in held:
-            self._heaps.setdefault(txn.coordinator_id, []).append((txn.sequence, txn))
+        for txn_id in held:
+            self._heaps.setdefault(txn_id.coordinator_id, []).append((txn_id.sequence, txn_id))
             self._size += 1
         for heap in self._heaps.values():
             heapq.heapify(heap)

@@ -500,7 +500,7 @@ def test_read_ahead_is_bounded_by_messages_not_entries(broker):
         values = [b"%d-%d" % (i, j) for j in range(n)]
         producer.send_batch(values)
         sent.extend(values)
-    partition = broker._resolve("big")[1][0]
+    partition = broker.topics.resolve("big")[1][0]
     counts = [partition.message_count(e) for e in range(len(sizes))]
     for start in range(len(sizes)):
         for want in (1, 2, 1000, 1001, 3002, 10**6):

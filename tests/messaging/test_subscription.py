@@ -37,7 +37,7 @@ def broker(tmp_path):
 
 
 def subscription(broker, topic: str, name: str = "s"):
-    return broker._resolve(topic)[1][0].subscriptions[name]
+    return broker.topics.resolve(topic)[1][0].subscriptions[name]
 
 
 def wait_until(condition, seconds: float = 30.0) -> None:

@@ -130,8 +130,8 @@ def known_topics(path) -> tuple[list, list]:
     """(topics, partitions with a ledger) a store holds, read back after a reopen."""
     with pulsartxn.Broker(path, sync=False) as b:
         with b.storage.read() as txn:
-            ledgers = [bytes(k).decode() for k, _ in txn.cursor(db=b._ledgers_db)]
-        return b._known_topics(), ledgers
+            ledgers = [bytes(k).decode() for k, _ in txn.cursor(db=b.topics._ledgers_db)]
+        return b.topics.known(), ledgers
 
 
 def test_a_topic_quota_refuses_creation_and_auto_creation(tmp_path):
@@ -254,5 +254,5 @@ def test_long_subscription_and_producer_names_are_refused(tmp_path, length):
             client.abort_group("g" * 70_000)
     with pulsartxn.Broker(data, sync=False) as b:
         with b.storage.read() as txn:
-            cursors = [bytes(k) for k, _ in txn.cursor(db=b._cursors_db)]
+            cursors = [bytes(k) for k, _ in txn.cursor(db=b.topics._cursors_db)]
         assert [len(k.split(b"\0")[1]) for k in cursors] == [200]

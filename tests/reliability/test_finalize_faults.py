@@ -198,7 +198,7 @@ def test_lmdb_error_in_a_real_buffer_is_retried_until_the_marker_is_written(tmp_
         consumer = client.subscribe("t", "s")
         txn = client.new_transaction()
         _send_spread(producer, txn, 8, "m")
-        part = broker._partition(broker.topic_partitions("t")[1])
+        part = broker.topics.partition(broker.topic_partitions("t")[1])
         fault = Fault(exc=lmdb.Error("mdb_put: injected write error"))
         _inject_marker_fault(part, fault)
         done = threading.Event()
@@ -238,7 +238,7 @@ def test_pending_ack_failing_on_abort_keeps_messages_until_it_succeeds(tmp_path)
         txn = client.new_transaction()
         for m in msgs:
             consumer.acknowledge(m, txn=txn)
-        sub = broker._partition(broker.topic_partitions("in")[0]).subscriptions["s"]
+        sub = broker.topics.partition(broker.topic_partitions("in")[0]).subscriptions["s"]
         fault = Fault(exc=lmdb.Error("injected: pending ack log write failed"))
         pending = sub.pending_ack
         original = pending.end_txn
@@ -278,7 +278,7 @@ def test_broker_closed_mid_commit_finishes_the_commit_on_recovery(tmp_path):
         client = broker.client()
         txn = client.new_transaction()
         _send_spread(client.create_producer("t"), txn, 6, "c")
-        part = broker._partition(broker.topic_partitions("t")[0])
+        part = broker.topics.partition(broker.topic_partitions("t")[0])
         fault = Fault(exc=lmdb.Error("injected write error"))
         _inject_marker_fault(part, fault)
         txn.commit()  # decided; the partition's marker keeps failing
@@ -315,7 +315,7 @@ def test_a_one_write_end_that_fails_gives_the_cursor_back(tmp_path):
         consumer = client.subscribe("in", "s", subscription_type=pulsartxn.ConsumerType.Shared)
         msgs = [consumer.receive(timeout_millis=2000) for _ in range(4)]
         consumer.acknowledge(msgs[3])
-        sub = broker._partition(broker.topic_partitions("in")[0]).subscriptions["s"]
+        sub = broker.topics.partition(broker.topic_partitions("in")[0]).subscriptions["s"]
         txn = client.new_transaction()
         for m in msgs[:3]:
             consumer.acknowledge(m, txn=txn)
@@ -350,7 +350,7 @@ def test_a_log_write_still_on_its_way_after_a_one_write_end_writes_nothing_of_it
         inputs.send(b"x1")
         consumer = client.subscribe("in", "s")
         m0 = consumer.receive(timeout_millis=2000)
-        pending = broker._partition(broker.topic_partitions("in")[0]).subscriptions["s"]
+        pending = broker.topics.partition(broker.topic_partitions("in")[0]).subscriptions["s"]
         pending = pending.pending_ack
         txn = client.new_transaction()
         consumer.acknowledge(m0, txn=txn)
@@ -378,7 +378,7 @@ def _one_subscription(tmp_path, n=4):
         inputs.send(f"x{i}".encode())
     consumer = client.subscribe("in", "s")
     msgs = [consumer.receive(timeout_millis=2000) for _ in range(n)]
-    sub = broker._partition(broker.topic_partitions("in")[0]).subscriptions["s"]
+    sub = broker.topics.partition(broker.topic_partitions("in")[0]).subscriptions["s"]
     return broker, client, consumer, msgs, sub
 
 
@@ -426,12 +426,12 @@ def test_a_cursor_written_after_a_one_write_end_in_its_group_keeps_its_acks(tmp_
         def persist(t):  # as Subscription._write_cursor does
             with sub.lock:
                 data = sub.cursor_record()
-            t.put(sub._key, data, db=cursors)
+            t.put(sub.key, data, db=cursors)
 
         part = sub.pending_ack.end_op(txn.id, True, 0, 1)
         broker.storage.run(combine([part, WriteOp(persist)]))
         with broker.storage.read() as t:
-            record = Cursor.deserialize(t.get(sub._key, db=cursors))
+            record = Cursor.deserialize(t.get(sub.key, db=cursors))
         with sub.lock:
             assert record.serialize() == sub.cursor.serialize()
         assert record.mark_delete == msgs[2].message_id().entry_id()

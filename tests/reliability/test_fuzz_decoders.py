@@ -313,12 +313,12 @@ def _still_serving(raw):
 def test_garbage_action_bodies_get_an_error_and_change_nothing(served, data, body):
     broker, _, raw, actions = served
     action = data.draw(st.sampled_from(actions + ["no_such_action"]))
-    before = broker._known_topics()
+    before = broker.topics.known()
     error = _call(raw, action, body)
     if action not in ("hello", "close_session"):
         # Random bytes carry no session (or no frame at all): refused, nothing changed.
         assert error in ("ValueError", "SessionLost"), (action, body, error)
-    assert broker._known_topics() == before
+    assert broker.topics.known() == before
     _still_serving(raw)
 
 

@@ -193,7 +193,7 @@ def test_million_aborted_txnids_in_one_partition(tmp_path):
         start = time.monotonic()
         with pulsartxn.Broker(data, num_coordinators=4, sync=False) as broker:
             broker.create_topic("ab", partitions=0)
-            part = broker._partition(broker.topic_partitions("ab")[0])
+            part = broker.topics.partition(broker.topic_partitions("ab")[0])
             hwm = (n + 1).to_bytes(16, "big")  # coordinator 0 hands out sequences above them
             broker.storage.write(lambda t: t.put(log.hwm_key(0), hwm, db=broker.storage.meta))
             for lo in range(1, n + 1, 100_000):

@@ -57,15 +57,14 @@ def test_bulk_replay_equals_entry_by_entry_and_the_live_state(tmp_path, seed):
                 else:
                     txn.abort()
         # Some stay open: their first entries hold back the max read position.
-        before = {
-            topic: _state(broker._partition(topic).buffer) for topic in broker.topic_partitions("t")
-        }
+        partitions = broker.topic_partitions("t")
+        before = {topic: _state(broker.topics.partition(topic).buffer) for topic in partitions}
         scan_before = sorted(r["value"] for b in client.scan("t") for r in b.to_pylist())
     _drop_snapshots(data)
     with pulsartxn.Broker(data, sync=False, num_coordinators=3) as broker:
         client = broker.client()
         for topic, state in before.items():
-            part = broker._partition(topic)
+            part = broker.topics.partition(topic)
             assert _state(part.buffer) == state
             # The same ledger replayed one entry at a time, as before the bulk path.
             one_by_one = TransactionBuffer(part)

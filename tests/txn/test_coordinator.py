@@ -69,19 +69,21 @@ def test_commit_and_abort_are_logged_then_the_log_is_emptied(open_broker, durabl
     empty = client.new_transaction(coordinator_id=0)
     empty.commit()  # nothing written, nothing to delete
     assert empty.state is TxnState.COMMITTED and log_keys(broker, 0) == []
-    calls = broker.txn.participant("partition", P1).calls
+    calls = broker.txn.participants.resolve("partition", P1).calls
     assert [(c[0], c[1]) for c in calls] == [(t.id, True)]
     a = client.new_transaction(coordinator_id=0)
     broker.txn.add_partitions(a.id, [P1])
     a.abort()
     assert a.state is TxnState.ABORTED
-    assert broker.txn.participant("partition", P1).outcomes()[a.id] is False
-    assert broker.txn.participant("subscription", (P1, "sub")).outcomes() == {t.id: True}
+    assert broker.txn.participants.resolve("partition", P1).outcomes()[a.id] is False
+    assert broker.txn.participants.resolve("subscription", (P1, "sub")).outcomes() == {t.id: True}
 
 
 @pytest.mark.parametrize("first", ["commit", "abort"])
 @pytest.mark.parametrize("second", ["commit", "abort"])
-def test_every_end_after_an_end_is_refused_and_changes_nothing(open_broker, first, second):
+def test_every_end_after_an_end_is_refused_and_changes_nothing(
+    open_broker, participants, first, second
+):
     broker = open_broker()
     client = broker.client()
     t = client.new_transaction()
@@ -93,8 +95,8 @@ def test_every_end_after_an_end_is_refused_and_changes_nothing(open_broker, firs
     with pytest.raises(InvalidTxnStatus):
         broker.txn.add_partitions(t.id, [P2])
     assert t.state is final
-    assert len(broker.txn.participant("partition", P1).calls) == 1
-    assert ("partition", P2) not in broker.txn._participants.by_name
+    assert len(broker.txn.participants.resolve("partition", P1).calls) == 1
+    assert ("partition", P2) not in participants.by_name
 
 
 def test_context_manager_commits_or_aborts(open_broker):
@@ -123,7 +125,7 @@ def test_timeout_aborts_and_commit_then_raises_transaction_timeout(open_broker):
     with pytest.raises(TransactionTimeout):
         broker.txn.add_partitions(t.id, [P2])
     assert issubclass(TransactionTimeout, InvalidTxnStatus)
-    assert broker.txn.participant("partition", P1).outcomes() == {t.id: False}
+    assert broker.txn.participants.resolve("partition", P1).outcomes() == {t.id: False}
     assert keep.state is TxnState.OPEN
     stats = broker.admin.coordinator_stats(t.id.coordinator_id)
     assert stats["timed_out"] == 1 and stats["aborted"] == 1
@@ -185,7 +187,7 @@ def test_low_watermark_after_out_of_order_ends(open_broker):
     t = client.new_transaction()
     broker.txn.add_partitions(t.id, [P1])
     t.commit()
-    ((_, _, lwm),) = broker.txn.participant("partition", P1).calls
+    ((_, _, lwm),) = broker.txn.participants.resolve("partition", P1).calls
     assert lwm == t.id.sequence == 6
 
 
@@ -241,7 +243,7 @@ def test_commit_all_is_all_or_nothing(open_broker):
     with pytest.raises(InvalidTxnStatus):
         client.commit_all([a, b, c])
     assert a.state is TxnState.OPEN and b.state is TxnState.OPEN
-    assert a.id not in broker.txn.participant("partition", P1).outcomes()
+    assert a.id not in broker.txn.participants.resolve("partition", P1).outcomes()
     client.commit_all([a, b.id])
     assert a.state is TxnState.COMMITTED and b.state is TxnState.COMMITTED
     decisions = broker.storage.open_db(b"txndecisions")
@@ -270,7 +272,7 @@ def test_commit_group_commits_winners_and_aborts_the_rest(open_broker):
         TxnState.ABORTED,
     ]
     assert other.state is TxnState.OPEN
-    outcomes = broker.txn.participant("partition", P1).outcomes()
+    outcomes = broker.txn.participants.resolve("partition", P1).outcomes()
     assert outcomes == {t.id: t.state is TxnState.COMMITTED for t in attempts}
     client.abort_group("job-2")
     assert other.state is TxnState.ABORTED
@@ -485,8 +487,8 @@ def test_concurrent_begin_and_end_from_threads(open_broker):
     stats = [broker.admin.coordinator_stats(i) for i in range(3)]
     assert sum(s["committed"] + s["aborted"] for s in stats) == 1600
     assert sum(s["active"] for s in stats) == 0
-    outcomes = {**broker.txn.participant("partition", P1).outcomes()}
-    outcomes.update(broker.txn.participant("partition", P2).outcomes())
+    outcomes = {**broker.txn.participants.resolve("partition", P1).outcomes()}
+    outcomes.update(broker.txn.participants.resolve("partition", P2).outcomes())
     assert len(outcomes) == 1600
 
 

@@ -50,7 +50,7 @@ def test_a_transactional_send_batch_that_fails_to_land_aborts_its_commit(tmp_pat
         client = broker.client()
         producer = client.create_producer("t")
         producer.send(b"before")
-        part = broker._partition(broker.topic_partitions("t")[0])
+        part = broker.topics.partition(broker.topic_partitions("t")[0])
         original = part.append_messages_op
 
         def failing(*args, **kwargs):

@@ -246,7 +246,7 @@ def test_a_transactional_ack_after_the_unsubscribe_is_refused(env):
     broker = env()
     client = broker.client()
     consumer, (m0, _, _) = _three_on_s(client)
-    _, (partition,) = broker._resolve("t", create=False)
+    _, (partition,) = broker.topics.resolve("t", create=False)
     old = partition.subscriptions["s"]
     consumer.unsubscribe()
     txn = client.new_transaction()

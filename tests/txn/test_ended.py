@@ -63,7 +63,7 @@ def test_a_late_send_is_refused_after_the_buffer_forgot_the_transaction(tmp_path
     with pulsartxn.Broker(tmp_path / "data", sync=False, num_coordinators=1) as broker:
         client = broker.client()
         producer = client.create_producer("t", batching_enabled=False)
-        part = broker._partition(broker.topic_partitions("t")[0])
+        part = broker.topics.partition(broker.topic_partitions("t")[0])
         part.buffer.max_ended = 2
         holder = client.new_transaction()  # holds the low watermark below the others
         ended = []
@@ -115,7 +115,7 @@ def test_a_registration_landing_after_the_cleanup_writes_nothing(tmp_path):
         txn = client.new_transaction()
         client.create_producer("out").send(b"y", txn=txn)  # a participant elsewhere
         consumer.acknowledge(consumer.receive(2000), txn=txn)
-        pending = broker._partition(broker.topic_partitions("in")[0]).subscriptions["s"]
+        pending = broker.topics.partition(broker.topic_partitions("in")[0]).subscriptions["s"]
         pending = pending.pending_ack
         with pending.lock:  # taken for the log; its write is on its way
             late = pending._rows_op(*pending._take_unlogged())

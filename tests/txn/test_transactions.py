@@ -249,7 +249,7 @@ def test_committed_acks_leave_the_unacknowledged_set_and_nothing_else(env, cumul
             txn.commit()
     stats = broker.admin.topic_stats("t")["subscriptions"]["s"]
     assert stats["unacked"] == 60 - len(acked)  # no committed message left among them
-    sub = broker._partitions[broker.topic_partitions("t")[0]].subscriptions["s"]
+    sub = broker.topics.partition(broker.topic_partitions("t")[0]).subscriptions["s"]
     assert len(sub._redelivery_counts) == 60 - len(acked)  # nor among the counts
     consumer.redeliver_unacknowledged_messages()
     again = drain(consumer)
@@ -555,7 +555,7 @@ def test_low_watermark_aborts_leftovers_of_finished_transactions(env):
     producer = client.create_producer("t", batching_enabled=False)
     stale = client.new_transaction()
     producer.send(b"stale", txn=stale)
-    part = broker._partitions[broker.topic_partitions("t")[0]]
+    part = broker.topics.partition(broker.topic_partitions("t")[0])
     # The coordinator finished `stale` elsewhere and its end never reached this partition:
     # the next end on this partition carries a low watermark above it.
     later = client.new_transaction()
@@ -582,13 +582,13 @@ def test_low_watermark_releases_acks_of_finished_transactions(env):
     other = client.new_transaction(coordinator_id=1)
     for txn, m in zip(stale + [other], msgs):
         consumer.acknowledge(m, txn=txn)
-    sub = broker._partitions[broker.topic_partitions("t")[0]].subscriptions["s"]
+    sub = broker.topics.partition(broker.topic_partitions("t")[0]).subscriptions["s"]
     sub.pending_ack.flush()  # their acks reach the log: the reopen replays them
     broker.close()
     broker = env(num_coordinators=2)
     client = broker.client()
     assert broker.admin.pending_ack_stats("t", "s")["ongoing_txn_size"] == 4  # replayed
-    sub = broker._partitions[broker.topic_partitions("t")[0]].subscriptions["s"]
+    sub = broker.topics.partition(broker.topic_partitions("t")[0]).subscriptions["s"]
     later = client.new_transaction(coordinator_id=0)
     sub.pending_ack.end_txn(later.id, True, stale[1].id.sequence + 1)
     # stale[0] and stale[1] are below it; stale[2] and the other coordinator's are not.
@@ -759,7 +759,7 @@ def _reboot(data) -> None:
     """What the broker finds after the machine restarted: another boot id than at its last
     open (the writes it stored but had not flushed may be gone)."""
     from pulsartxn.storage import Storage
-    from pulsartxn.txn.service import BOOT_KEY
+    from pulsartxn.txn.coordinators import BOOT_KEY
 
     storage = Storage(str(data))  # replays the journal the crash left
     storage.write(lambda t: t.put(BOOT_KEY, b"another-boot", db=storage.meta))
@@ -839,7 +839,7 @@ def test_a_one_write_end_deletes_a_registration_the_flusher_logged(env):
     m = consumer.receive(2000)
     txn = client.new_transaction()
     consumer.acknowledge(m, txn=txn)
-    pending = broker._partition(broker.topic_partitions("in")[0]).subscriptions["s"]
+    pending = broker.topics.partition(broker.topic_partitions("in")[0]).subscriptions["s"]
     pending.pending_ack.flush()  # as the flusher does after its delay: rows + registration
     assert _logged(broker, txn.id) != []
     client.create_producer("out").send_async(b"y", txn=txn)  # rides in the end

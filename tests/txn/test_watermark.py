@@ -76,9 +76,9 @@ def test_one_long_transaction_and_thousands_after_it(tmp_path):
         coordinator = broker.txn.coordinators[0]
         assert coordinator.low_watermark() == long.id.sequence
         assert len(coordinator._order) <= 2 * len(coordinator.txns) + 64
-        part = broker._partitions[broker.topic_partitions("out")[0]]
+        part = broker.topics.partition(broker.topic_partitions("out")[0])
         assert part.buffer._ongoing_seq._size <= 2 * len(part.buffer.ongoing) + 64
-        sub = broker._partitions[broker.topic_partitions("t")[0]].subscriptions["s"]
+        sub = broker.topics.partition(broker.topic_partitions("t")[0]).subscriptions["s"]
         assert sub.pending_ack._by_sequence._size <= 2 * len(sub.pending_ack.counts) + 64
         # read committed: nothing after the long one's first entry yet
         assert scanned(client, "out") == []
@@ -98,7 +98,7 @@ def test_ended_transactions_are_remembered_within_a_bound(tmp_path):
         out = client.create_producer("out", batching_enabled=False)
         long = client.new_transaction(timeout_ms=600_000)
         out.send(b"long", txn=long)
-        part = broker._partitions[broker.topic_partitions("out")[0]]
+        part = broker.topics.partition(broker.topic_partitions("out")[0])
         part.buffer.max_ended = 50
         ended = []
         for i in range(200):
@@ -163,7 +163,7 @@ def test_an_end_with_a_zero_low_watermark_on_a_new_partition(tmp_path):
         out = client.create_producer("out", batching_enabled=False)
         txn = client.new_transaction()
         out.send(b"x", txn=txn)
-        part = broker._partitions[broker.topic_partitions("out")[0]]
+        part = broker.topics.partition(broker.topic_partitions("out")[0])
         part.buffer.end_txn(txn.id, True, 0)
         assert scanned(client, "out") == [b"x"]
 

@@ -1,4 +1,4 @@
-"""Coordinators (txn/service.py): growing them within the store's limits, and opening a store
+"""Coordinators (txn/coordinators.py): growing them within the store's limits, and opening a store
 whose saved count of coordinators cannot open."""
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The broker's transaction coordinators: routing, decisions over many transactions, groups.
-
-``Coordinators`` owns ``num_coordinators`` :class:`Coordinator` objects (ids 0..n-1), the timer
-thread that drives their deadlines and finalize retries, the labelled groups, and decisions
-that end several transactions with one log record (``commit_all``, ``commit_group``,
-``abort_group``: beyond Pulsar, for Spark).
-"""
+"""The broker's transaction coordinators: ``num_coordinators`` :class:`Coordinator` objects
+(ids 0..n-1), routing to them, the timer that drives their deadlines and finalize retries, and
+their growth; decisions over many transactions are in :mod:`pulsartxn.txn.groups`."""
 
 from __future__ import annotations
 
@@ -19,24 +15,22 @@ from ..config import SHARED_DBS
 from ..errors import (
     CoordinatorNotFound,
     CoordinatorUnavailable,
-    CorruptEntry,
     InvalidConfiguration,
-    InvalidTxnStatus,
     PulsarTxnError,
     QuotaExceeded,
     StorageError,
     Timeout,
     excerpt,
 )
-from ..storage import WriteOp
 from . import log
-from .coordinator import ABORTED, COMMITTED, OPEN, Coordinator, TxnMeta, status_error
+from .coordinator import ABORTED, COMMITTED, OPEN, Coordinator, TxnMeta
+from .groups import GroupDecisions
 from .meta import COORDINATOR_BYTES
-from .state import EndReason, TxnState
+from .participant import Participants
+from .state import CoordinatorStatus, EndReason, TxnState
 from .timer import TxnTimer
 
 MAX_TIMEOUT_MS = 1 << 40  # beyond this a timeout is a mistake, not a wish (~35 years)
-_IDEM = struct.Struct("<Q")
 # meta keys: one written as the last thing a broker's close does, deleted at open; and the
 # machine's boot id at the last open. Without the first, what the broker answered survived
 # its stop only if the machine did not restart since (stored writes are on the device or in
@@ -44,23 +38,12 @@ _IDEM = struct.Struct("<Q")
 CLEAN_KEY = b"txn/closed-cleanly"
 BOOT_KEY = b"txn/boot-id"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
-MAX_APP_ID_BYTES = 255  # an idempotency key's app id: an LMDB key, at most 511 bytes
 LWM_PUSH_S = 0.1  # how often the timer tells participants a coordinator's low watermark
 _LOG = logging.getLogger("pulsartxn.txn")
 
 
-class _Stateless:
-    """Participant of a partition or subscription that holds no transaction state (yet)."""
-
-    def end_txn(self, txn_id, commit, low_watermark) -> None:
-        return None
-
-
-STATELESS = _Stateless()
-
-
 class Coordinators:
-    def __init__(self, broker, participants=None) -> None:
+    def __init__(self, broker, participants: Participants) -> None:
         cfg = broker.config
         self.broker = broker
         self.storage = broker.storage
@@ -69,19 +52,14 @@ class Coordinators:
         self.max_timeout_ms = cfg.max_txn_timeout_ms
         self.durable_begin = bool(cfg.durable_begin)
         self.operation_timeout_s = cfg.operation_timeout_ms / 1000.0
-        self._participants = participants
+        self.participants = participants  # wired by the broker
         self.closed = False
-        self._lock = threading.Lock()  # groups, decisions, the coordinator list
+        self._lock = threading.Lock()  # the coordinator list
         self._scale_lock = threading.Lock()
-        self._decision_lock = threading.Lock()  # one decision written at a time
-        self._groups: dict[str, set] = {}
-        self._decisions: dict[int, set] = {}  # decision id -> TxnIDs not yet finished
-        self._next_decision = 1
         self._round_robin = itertools.count()
-        self._decisions_db = self.storage.open_db(log.DECISIONS_DB)
-        self._group_keys_db = self.storage.open_db(log.GROUP_KEYS_DB)
-        with self.storage.read() as txn:
-            raw = txn.get(log.COORDINATORS_KEY, db=self.storage.meta)
+        self.groups = GroupDecisions(self)
+        with self.storage.read() as lmdb_txn:
+            raw = lmdb_txn.get(log.COORDINATORS_KEY, db=self.storage.meta)
         stored = struct.unpack("<I", bytes(raw))[0] if raw is not None else 0
         n = self._open_count(stored)
         self.claimed = n  # coordinators that have, or are taking, a named database each
@@ -91,11 +69,10 @@ class Coordinators:
         self._pushed: dict[int, int] = {}  # coordinator id -> low watermark last pushed
         self._push_at = 0.0
         self.timer = TxnTimer(cfg.txn_timeout_tick_ms, self._expire_all)
-        self.decision_errors: list[str] = []
         boot = _boot_id()
-        with self.storage.read() as txn:
-            closed = txn.get(CLEAN_KEY, db=self.storage.meta) is not None
-            raw = txn.get(BOOT_KEY, db=self.storage.meta)
+        with self.storage.read() as lmdb_txn:
+            closed = lmdb_txn.get(CLEAN_KEY, db=self.storage.meta) is not None
+            raw = lmdb_txn.get(BOOT_KEY, db=self.storage.meta)
             last_boot = bytes(raw) if raw is not None else None
         self.clean_start = closed or (boot is not None and last_boot == boot)
 
@@ -111,44 +88,12 @@ class Coordinators:
     # -- recovery --------------------------------------------------------------------------
 
     def _recover(self) -> None:
-        decided: dict = {}
-        pending_decisions: dict[int, set] = {}
-        corrupt = []
-        with self.storage.read() as txn:
-            for key, value in txn.cursor(db=self._decisions_db):
-                try:
-                    d = log.decode_decision(value)
-                except CorruptEntry as exc:
-                    corrupt.append((bytes(key), exc))
-                    if len(key) == 8:
-                        self._next_decision = max(
-                            self._next_decision, int.from_bytes(bytes(key), "big") + 1
-                        )
-                    continue
-                self._next_decision = max(self._next_decision, d.decision_id + 1)
-                pending_decisions[d.decision_id] = set(d.commits) | set(d.aborts)
-                for t in d.commits:
-                    decided[t] = (d.decision_id, True)
-                for t in d.aborts:
-                    decided[t] = (d.decision_id, False)
+        decided = self.groups.read()
         to_finalize: list[tuple[Coordinator, TxnMeta]] = []
         for c in self.coordinators:
             for meta in c.recover(decided, self.clean_start):
                 to_finalize.append((c, meta))
-            for meta in c.txns.values():
-                if meta.group is not None:
-                    self._groups.setdefault(meta.group, set()).add(meta.txn_id)
-        # A decision stays until every transaction it names is finished.
-        live = {m.txn_id for c in self.coordinators for m in c.txns.values()}
-        for did, ids in pending_decisions.items():
-            remaining = ids & live
-            if remaining:
-                self._decisions[did] = remaining
-            else:
-                self._delete_decision(did)
-        # A damaged decision record cannot decide anything: its transactions stay as their own
-        # logs say (OPEN ones time out). It is kept for inspection and reported.
-        self.decision_errors = [f"decision record {k.hex()}: {exc}" for k, exc in corrupt]
+        self.groups.recovered([m for c in self.coordinators for m in c.txns.values()])
         self._recovered = to_finalize
         self._reserve_ahead(self.coordinators)
 
@@ -159,7 +104,7 @@ class Coordinators:
         that never handed out an id: none has a sequence reserved, so nothing names them."""
         cfg = self.broker.config
         n = max(stored, cfg.num_coordinators)
-        in_use = SHARED_DBS + self.broker.ledgers_in_use()
+        in_use = SHARED_DBS + self.broker.topics.ledgers_in_use()
         if in_use + n <= cfg.max_dbs:
             return n
         used = self._reserved_ids()
@@ -184,8 +129,8 @@ class Coordinators:
         """Coordinators that had sequences reserved: only those ever handed out an id."""
         prefix = log.hwm_key(0)[:-1]
         ids = set()
-        with self.storage.read() as txn:
-            cursor = txn.cursor(db=self.storage.meta)
+        with self.storage.read() as lmdb_txn:
+            cursor = lmdb_txn.cursor(db=self.storage.meta)
             if cursor.set_range(prefix):
                 for key, _ in cursor:
                     key = bytes(key)
@@ -199,7 +144,7 @@ class Coordinators:
         """QuotaExceeded unless `n` coordinators fit: a named database each beside the
         broker's own and max_partitions (or the partitions there are), and the memory budget."""
         cfg = self.broker.config
-        partitions = max(self.broker.partition_count, cfg.max_partitions)
+        partitions = max(self.broker.topics.partition_count, cfg.max_partitions)
         room = cfg.max_dbs - SHARED_DBS - partitions
         if n > room:
             raise QuotaExceeded(
@@ -225,14 +170,14 @@ class Coordinators:
         marks = [
             (c, min(c.allocator.next_sequence + c.allocator.block_size, MAX_SEQUENCE + 1))
             for c in coordinators
-            if c.status == "READY" and c.allocator is not None
+            if c.status is CoordinatorStatus.READY and c.allocator is not None
         ]
         if not marks:
             return
 
-        def apply(txn) -> None:
+        def apply(lmdb_txn) -> None:
             for c, mark in marks:
-                txn.put(log.hwm_key(c.id), mark.to_bytes(16, "big"), db=self.storage.meta)
+                lmdb_txn.put(log.hwm_key(c.id), mark.to_bytes(16, "big"), db=self.storage.meta)
 
         try:
             self.storage.write(apply)
@@ -263,25 +208,6 @@ class Coordinators:
     def of(self, txn_id) -> Coordinator:
         return self.coordinator(txn_id.coordinator_id)
 
-    def participant(self, kind: str, name):
-        """The resource manager that finalizes `name`: a partition's transaction buffer, or a
-        subscription's pending acks (``name`` = (partition, subscription))."""
-        if self._participants is not None:
-            found = self._participants(kind, name)
-            if found is not None:
-                return found
-        broker = self.broker
-        if kind == "partition":
-            with broker._lock:
-                return broker._partition(name).buffer
-        if kind == "subscription":
-            partition, sub_name = name
-            with broker._lock:
-                sub = broker._partition(partition).subscriptions.get(sub_name)
-            # An unsubscribed subscription has nothing left to finalize.
-            return sub.pending_ack if sub is not None else STATELESS
-        raise ValueError(f"unknown participant kind {excerpt(kind)}")
-
     # -- single transactions ---------------------------------------------------------------
 
     def new_transaction(
@@ -306,8 +232,7 @@ class Coordinators:
             coordinator = self._pick()
         meta = coordinator.new(timeout_ms, group, owner)
         if group is not None:
-            with self._lock:
-                self._groups.setdefault(group, set()).add(meta.txn_id)
+            self.groups.joined(group, meta.txn_id)
         return meta
 
     def _pick(self) -> Coordinator:
@@ -315,7 +240,7 @@ class Coordinators:
         n = len(coords)
         for _ in range(n):
             c = coords[next(self._round_robin) % n]
-            if c.status == "READY":
+            if c.status is CoordinatorStatus.READY:
                 return c
         raise CoordinatorUnavailable("no transaction coordinator is available")
 
@@ -405,201 +330,25 @@ class Coordinators:
         with c.lock:
             return c.live(txn_id.sequence, "look up")
 
-    # -- decisions over many transactions --------------------------------------------------
+    # -- decisions over many transactions: GroupDecisions -----------------------------------
 
     def commit_all(self, txn_ids, expected=None) -> dict:
-        """`expected`: TxnID -> (acks, sends) its committer made (see end()), where known."""
-        ids = list(dict.fromkeys(txn_ids))
-        if not ids:
-            raise ValueError("commit_all needs at least one transaction")
-        return self._decide(ids, [], None, None, expected)
+        return self.groups.commit_all(txn_ids, expected)
 
     def commit_group(self, group: str, winners, idempotency_key=None, expected=None) -> dict:
-        _check_label(group)
-        winners = list(dict.fromkeys(winners))
-        key = _idempotency(idempotency_key)
-        with self._decision_lock:
-            if key is not None and self._already_decided(key):
-                return {"committed": [], "aborted": [], "duplicate": True}
-            with self._lock:
-                members = set(self._groups.get(group, ()))
-            for w in winners:
-                if w not in members:
-                    c = self.of(w)
-                    with c.lock:
-                        c.live(w.sequence, "commit")  # unknown or finished: its own error
-                    raise InvalidTxnStatus(f"transaction {w} is not in group {excerpt(group)}")
-            losers = sorted(members.difference(winners))
-            return self._decide_locked(winners, losers, group, key, expected)
-
-    def group_members(self, group: str) -> set:
-        """The live transactions labelled `group`."""
-        with self._lock:
-            return set(self._groups.get(group, ()))
+        return self.groups.commit_group(group, winners, idempotency_key, expected)
 
     def abort_group(self, group: str) -> dict:
-        _check_label(group)
-        with self._lock:
-            members = sorted(self._groups.get(group, ()))
-        return self._decide([], members, group, None)
+        return self.groups.abort_group(group)
 
-    def _decide(self, commits, aborts, group, key, expected=None) -> dict:
-        with self._decision_lock:
-            return self._decide_locked(commits, aborts, group, key, expected)
-
-    def _decide_locked(self, commits, aborts, group, key, expected=None) -> dict:
-        """One record decides every transaction named: commits must all be OPEN and able to
-        commit (else nothing is decided); aborts that are no longer OPEN are left as they
-        are. Returns once every one is finalized or has a participant retried in the
-        background (the operation timeout bounds the waits)."""
-        expected = expected or {}
-        deadline = time.monotonic() + self.operation_timeout_s
-        coords = sorted({t.coordinator_id for t in list(commits) + list(aborts)})
-        locked = [self.coordinator(cid) for cid in coords]
-        for c in locked:
-            c.check_ready()
-        decision_id = self._next_decision
-        metas_c: list[TxnMeta] = []
-        metas_a: list[TxnMeta] = []
-        for c in locked:
-            c.lock.acquire()
-        try:
-            for t in commits:
-                c = self.of(t)
-                meta = c.live(t.sequence, "commit")
-                if meta.state is not OPEN or not meta.durable:
-                    raise status_error(t, meta.state, meta.reason, meta.timeout_ms, "commit")
-                metas_c.append(meta)
-            for t in aborts:
-                meta = self.of(t).txns.get(t.sequence)
-                if meta is not None and meta.state is OPEN and meta.durable:
-                    metas_a.append(meta)
-            for meta in metas_c:
-                meta.state, meta.reason, meta.decision = (
-                    TxnState.COMMITTING,
-                    EndReason.GROUP,
-                    decision_id,
-                )
-            for meta in metas_a:
-                meta.state, meta.reason, meta.decision = (
-                    TxnState.ABORTING,
-                    EndReason.GROUP,
-                    decision_id,
-                )
-        finally:
-            for c in reversed(locked):
-                c.lock.release()
-        everyone = metas_c + metas_a
-        try:
-            for meta in everyone:
-                c = self.of(meta.txn_id)
-                with c.lock:
-                    while meta.inflight:
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            raise Timeout(
-                                f"transaction {meta.txn_id}: a write that registers its "
-                                "participants has not landed; nothing was decided"
-                            )
-                        c.cond.wait(left)
-            for meta in metas_c:
-                acks, sends = expected.get(meta.txn_id, (None, None))
-                c = self.of(meta.txn_id)
-                c._committable(meta, acks, sends)
-                c.prepare(meta, acks)
-        except BaseException:
-            for meta in everyone:
-                self.of(meta.txn_id).reopen(meta)
-            raise
-        if not everyone and key is None:
-            return {"committed": [], "aborted": [], "duplicate": False}
-        record = log.encode_decision(
-            log.Decision(
-                decision_id,
-                [m.txn_id for m in metas_c],
-                [m.txn_id for m in metas_a],
-                EndReason.GROUP,
-                group,
-            )
-        )
-        dkey = log.DECISION_KEY.pack(decision_id)
-        ddb, kdb = self._decisions_db, self._group_keys_db
-
-        def apply(txn):
-            if everyone:
-                txn.put(dkey, record, db=ddb)
-            if key is not None:
-                txn.put(key[0], _IDEM.pack(key[1]), db=kdb)
-
-        try:
-            op = WriteOp(apply, nbytes=len(record))
-            self.storage.wait(self.storage.submit(op))
-        except BaseException:
-            for meta in everyone:
-                self.of(meta.txn_id).reopen(meta)
-            raise
-        self._next_decision = decision_id + 1
-        if everyone:
-            with self._lock:
-                self._decisions[decision_id] = {m.txn_id for m in everyone}
-        for meta in everyone:
-            self.of(meta.txn_id).finalize(meta)
-        for meta in everyone:
-            self.of(meta.txn_id).wait_settled(meta, deadline)
-        return {
-            "committed": [m.txn_id for m in metas_c],
-            "aborted": [m.txn_id for m in metas_a],
-            "duplicate": False,
-        }
-
-    def _already_decided(self, key) -> bool:
-        with self.storage.read() as txn:
-            raw = txn.get(key[0], db=self._group_keys_db)
-        return raw is not None and _IDEM.unpack(bytes(raw))[0] >= key[1]
-
-    def on_finished(self, meta: TxnMeta) -> None:
-        """A transaction is COMMITTED or ABORTED: it leaves its group."""
-        if meta.group is None:
-            return
-        with self._lock:
-            members = self._groups.get(meta.group)
-            if members is not None:
-                members.discard(meta.txn_id)
-                if not members:
-                    del self._groups[meta.group]
-
-    def release_decision(self, meta: TxnMeta) -> None:
-        """A transaction's participants have all landed their part: the decision record that
-        names it is deleted once it names no other unfinished transaction."""
-        if meta.decision is None:
-            return
-        with self._lock:
-            did = meta.decision
-            if did is None:
-                return
-            remaining = self._decisions.get(did)
-            if remaining is None:
-                return
-            remaining.discard(meta.txn_id)
-            if remaining:
-                return
-            del self._decisions[did]
-        self._delete_decision(did)
-
-    def _delete_decision(self, decision_id: int) -> None:
-        key, db = log.DECISION_KEY.pack(decision_id), self._decisions_db
-        if not self.storage.closed:
-            try:
-                op = WriteOp(lambda t: t.delete(key, db=db), nbytes=8, durable=False)
-                self.storage.submit(op, lazy=True)
-            except Exception:  # noqa: BLE001 - recovery deletes it next time
-                pass
+    def group_members(self, group: str) -> set:
+        return self.groups.members(group)
 
     # -- deadlines, scaling, lifecycle -----------------------------------------------------
 
     def _expire_all(self, now: float) -> None:
         for c in self.coordinators:
-            if c.status != "READY":
+            if c.status is not CoordinatorStatus.READY:
                 continue
             for seq in c.expire(now):
                 self.timer.submit(c.timeout, seq)
@@ -607,7 +356,7 @@ class Coordinators:
             self._push_at = now + LWM_PUSH_S
             moved = []
             for c in self.coordinators:
-                if c.status == "READY":
+                if c.status is CoordinatorStatus.READY:
                     lwm = c.low_watermark()
                     if lwm > self._pushed.get(c.id, 0):
                         self._pushed[c.id] = lwm
@@ -662,7 +411,7 @@ class Coordinators:
                 raise ValueError(f"at most 65536 coordinators, not {n}")
             if n == current:
                 return
-            with self.broker._lock:  # create_topic counts the claimed databases under it
+            with self.broker.topics.lock:  # create_topic counts the claimed databases under it
                 self._check_room(n)
                 self.claimed = n
             try:
@@ -689,9 +438,9 @@ class Coordinators:
         if not puts or self.storage.closed:
             return
 
-        def apply(txn) -> None:
+        def apply(lmdb_txn) -> None:
             for db, _, (key, value) in puts:
-                txn.put(key, value, db=db)
+                lmdb_txn.put(key, value, db=db)
 
         try:
             self.storage.write(apply, nbytes=64 * len(puts))
@@ -712,7 +461,8 @@ class Coordinators:
 
     def _store_count(self, n: int) -> None:
         value = struct.pack("<I", n)
-        self.storage.write(lambda txn: txn.put(log.COORDINATORS_KEY, value, db=self.storage.meta))
+        meta = self.storage.meta
+        self.storage.write(lambda lmdb_txn: lmdb_txn.put(log.COORDINATORS_KEY, value, db=meta))
 
     def close(self) -> None:
         """Abort the open in-process transactions (nobody can end them after this), log the
@@ -744,37 +494,6 @@ def _boot_id() -> bytes | None:
             return f.read().strip() or None
     except OSError:
         return None
-
-
-def _check_label(group) -> None:
-    if not isinstance(group, str) or not group:
-        raise ValueError(f"group must be a non-empty str, not {excerpt(group)}")
-    if len(group.encode()) > log.MAX_NAME_BYTES:
-        raise ValueError(f"group label of {len(group.encode())} bytes is too long")
-
-
-def _idempotency(key):
-    if key is None:
-        return None
-    if (
-        not isinstance(key, tuple)
-        or len(key) != 2
-        or not isinstance(key[0], str)
-        or not key[0]
-        or isinstance(key[1], bool)
-        or not isinstance(key[1], int)
-        or not 0 <= key[1] < 1 << 64
-    ):
-        raise ValueError(
-            f"idempotency_key must be (app_id: str, version: int >= 0), not {excerpt(key)}"
-        )
-    app_id = key[0].encode()
-    if len(app_id) > MAX_APP_ID_BYTES:
-        raise ValueError(
-            f"idempotency_key app_id of {len(app_id)} bytes is too long: at most "
-            f"{MAX_APP_ID_BYTES} (it is a key of the store)"
-        )
-    return app_id, key[1]
 
 
 __all__ = ["Coordinators", "COMMITTED", "ABORTED", "TxnID"]

@@ -1,0 +1,41 @@
+"""Consumers parked in a receive on one subscription, woken by what they can take."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+
+class Parked:
+    """Oldest first: a wake-up for k messages rouses k of them. Its own lock, apart from the
+    subscription's: publishers never wait for a dispatch to rouse a consumer."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: OrderedDict = OrderedDict()
+
+    def __bool__(self) -> bool:
+        return bool(self._waiting)
+
+    def add(self, consumer) -> None:
+        with self._lock:
+            self._waiting[consumer] = None
+
+    def discard(self, consumer) -> None:
+        with self._lock:
+            self._waiting.pop(consumer, None)
+
+    def rouse(self, k: int | None) -> None:
+        """Wake k parked consumers (a consumer no longer waiting does not count), or every
+        one when k is None; the roused ones leave."""
+        with self._lock:
+            waiting = self._waiting
+            if k is None:
+                self._waiting = OrderedDict()
+                for consumer in waiting:
+                    consumer._wake_parked()
+                return
+            while waiting and k > 0:
+                consumer, _ = waiting.popitem(last=False)
+                if consumer._wake_parked():
+                    k -= 1
