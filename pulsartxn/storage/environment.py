@@ -22,10 +22,12 @@ from ..errors import (
     InvalidConfiguration,
     StorageError,
 )
+from .checkpoint import Checkpointer
 from .group_commit import GroupCommit
 from .headroom import Headroom
-from .journal import FILE as JOURNAL
-from .journal import Checkpointer, Journal, fsync_dir
+from .journal import Journal
+from .journal_format import FILE as JOURNAL
+from .journal_format import fsync_dir
 from .ops import WriteOp, storage_error
 
 LOCK_FILE = "broker.lock"

@@ -14,32 +14,32 @@ import mmap
 import os
 import struct
 import threading
-import time
 
-from .._native import AsyncWriter, crc32c
-from ..errors import CorruptEntry, StorageError, StorageFull
+from .._native import AsyncWriter
+from ..errors import StorageError, StorageFull
+from .journal_format import (
+    BLOCK,
+    FILE,
+    HEAD,
+    META_BYTES,
+    META_MAGIC,
+    META_MAGIC_AT,
+    META_TXNID_AT,
+    PAD_MAGIC,
+    RECORD,
+    RECORD_MAGIC,
+    SLOT,
+    ZERO_CHUNK,
+    blocks,
+    fsync_dir,
+    open_direct,
+    pack_header,
+    read_header,
+    record_crc,
+    write_zeros,
+)
 from .ops import free_bytes
 from .recording import apply_record
-
-# File: two header slots written alternately (the valid one with the highest sequence wins,
-# so a torn header write loses nothing), then a circular region of records addressed by a
-# byte sequence number (lsn): the record at lsn lives at HEAD + lsn % region and carries its
-# lsn and a CRC-32C, so a record of an earlier lap, or one a crash tore, ends the replay.
-FILE = "journal"
-HEAD = 8192  # two header slots of 4 KiB
-_SLOT = 4096
-_MAGIC = b"PTXJRNL1"
-_HEADER = struct.Struct("<8sQQQQII")  # magic, seq, region, txnid, replay lsn, psize, meta len
-_REC = struct.Struct("<IIQQI")  # magic, payload length, lsn, LMDB txnid, crc32c
-_REC_MAGIC = 0x4A525031  # "1PRJ"
-_PAD_MAGIC = 0x4A525050  # "PPRJ": the rest of the lap is empty
-# LMDB's meta page: the page header (16 bytes) and MDB_meta (magic at 16, last_pg at 136,
-# txnid at 144). A checkpoint keeps its first META_BYTES.
-META_BYTES = 256
-_META_MAGIC = 0xBEEFC0DE
-_META_MAGIC_AT, _META_TXNID_AT = 16, 144
-_ZERO_CHUNK = 1 << 20
-BLOCK = 4096  # records start on block boundaries and take whole blocks (direct I/O)
 
 
 class Journal:
@@ -61,7 +61,7 @@ class Journal:
         self._data_fd: int | None = None
         self._psize = 0
         self.failed: BaseException | None = None
-        self._direct = _open_direct(path)
+        self._direct = open_direct(path)
         self._writer = AsyncWriter(self._direct if self._direct is not None else -1)
         self._writing: tuple[int, int] | None = None  # (position, bytes) of a direct write
         self._started = 0  # blocks of the record started and not finished
@@ -85,7 +85,7 @@ class Journal:
         if os.path.exists(path):
             fd = os.open(path, os.O_RDWR)
             try:
-                header = _read_header(fd)
+                header = read_header(fd)
             except BaseException:
                 os.close(fd)
                 raise
@@ -99,13 +99,13 @@ class Journal:
             return journal
         free = free_bytes(data_dir)
         if free is not None and free < 8 * size:
-            size = min(size, (free // 8) & ~(_ZERO_CHUNK - 1))
+            size = min(size, (free // 8) & ~(ZERO_CHUNK - 1))
         size &= ~(BLOCK - 1)
-        if size < _ZERO_CHUNK:
+        if size < ZERO_CHUNK:
             return None
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            _write_zeros(fd, 0, HEAD + size)
+            write_zeros(fd, 0, HEAD + size)
             os.fsync(fd)
             fsync_dir(data_dir)
         except OSError:
@@ -119,7 +119,7 @@ class Journal:
         end = HEAD + self.region
         if self._size < end:
             try:
-                _write_zeros(self._fd, self._size, end - self._size)
+                write_zeros(self._fd, self._size, end - self._size)
                 os.fsync(self._fd)
                 self._size = end
             except OSError:
@@ -148,7 +148,7 @@ class Journal:
                 want = bytearray(meta)
                 if slot != txnid & 1:
                     struct.pack_into("<Q", want, 0, slot)
-                    struct.pack_into("<Q", want, _META_TXNID_AT, max(txnid - 1, 0))
+                    struct.pack_into("<Q", want, META_TXNID_AT, max(txnid - 1, 0))
                 if os.pread(fd, META_BYTES, slot * psize) != bytes(want):
                     os.pwrite(fd, bytes(want), slot * psize)
                     changed = True
@@ -183,19 +183,19 @@ class Journal:
             offset = lsn % self.region
             left = self.region - offset
             pos = HEAD + offset
-            if pos + _REC.size > size:
+            if pos + RECORD.size > size:
                 return
-            magic, length, at, txnid, crc = _REC.unpack(os.pread(fd, _REC.size, pos))
+            magic, length, at, txnid, crc = RECORD.unpack(os.pread(fd, RECORD.size, pos))
             if at != lsn:
                 return
-            if magic == _PAD_MAGIC and length == 0 and crc == _crc(at, txnid, b""):
+            if magic == PAD_MAGIC and length == 0 and crc == record_crc(at, txnid, b""):
                 lsn += left
                 continue
-            span = _blocks(_REC.size + length)
-            if magic != _REC_MAGIC or span > left or pos + _REC.size + length > size:
+            span = blocks(RECORD.size + length)
+            if magic != RECORD_MAGIC or span > left or pos + RECORD.size + length > size:
                 return
-            payload = os.pread(fd, length, pos + _REC.size)
-            if len(payload) != length or crc != _crc(at, txnid, payload):
+            payload = os.pread(fd, length, pos + RECORD.size)
+            if len(payload) != length or crc != record_crc(at, txnid, payload):
                 return
             lsn += span
             yield lsn, payload
@@ -237,7 +237,7 @@ class Journal:
         if self._carry:  # replayed in order: the held groups' changes, then this group's
             payload = b"".join(self._carry) + payload
         size = len(payload)
-        need = _blocks(_REC.size + size)
+        need = blocks(RECORD.size + size)
         if need > self.region // 2:
             return False
         lsn = self.lsn
@@ -247,9 +247,9 @@ class Journal:
             return False
         try:
             if pad:
-                self._write(_REC.pack(_PAD_MAGIC, 0, lsn, txnid, _crc(lsn, txnid, b"")), lsn)
+                self._write(RECORD.pack(PAD_MAGIC, 0, lsn, txnid, record_crc(lsn, txnid, b"")), lsn)
                 lsn += pad
-            header = _REC.pack(_REC_MAGIC, size, lsn, txnid, _crc(lsn, txnid, payload))
+            header = RECORD.pack(RECORD_MAGIC, size, lsn, txnid, record_crc(lsn, txnid, payload))
             self._write(header, lsn, payload, wait=False)
         except OSError as exc:
             raise self._write_error(exc) from exc
@@ -321,7 +321,7 @@ class Journal:
         if lsn is None:
             return
         try:
-            self._write(bytes(_REC.size), lsn)
+            self._write(bytes(RECORD.size), lsn)
             os.fdatasync(self._fd)
         except OSError as exc:
             self.failed = exc
@@ -336,9 +336,9 @@ class Journal:
         be running when this returns: ``_written`` waits for it."""
         pos = HEAD + lsn % self.region
         n = len(header) + len(payload)
-        end = pos + _blocks(n)
+        end = pos + blocks(n)
         if end > self._size:  # a journal that a full disk kept short: grow it here
-            _write_zeros(self._fd, self._size, end - self._size)
+            write_zeros(self._fd, self._size, end - self._size)
             self._size = end
         if self._direct is not None:
             stage = self._stage
@@ -422,7 +422,7 @@ class Journal:
                     "psize": self._psize,
                     "meta": meta,
                 }
-                os.pwrite(self._fd, _pack_header(header), (header["seq"] & 1) * _SLOT)
+                os.pwrite(self._fd, pack_header(header), (header["seq"] & 1) * SLOT)
                 os.fdatasync(self._fd)
                 self._seq = header["seq"]
                 self.header = header
@@ -443,8 +443,8 @@ class Journal:
     def _read_meta(self, txnid: int) -> bytes | None:
         for slot in (txnid & 1, 1 - (txnid & 1)):
             page = os.pread(self._data_fd, META_BYTES, slot * self._psize)
-            magic = struct.unpack_from("<I", page, _META_MAGIC_AT)[0]
-            if magic == _META_MAGIC and struct.unpack_from("<Q", page, _META_TXNID_AT)[0] == txnid:
+            magic = struct.unpack_from("<I", page, META_MAGIC_AT)[0]
+            if magic == META_MAGIC and struct.unpack_from("<Q", page, META_TXNID_AT)[0] == txnid:
                 return page
         return None
 
@@ -462,131 +462,3 @@ class Journal:
             pass  # the records before it are what a reopen replays
         self._close_direct()
         os.close(self._fd)
-
-
-class Checkpointer:
-    """A thread that checkpoints once the journal's records since the last checkpoint pass a
-    quarter of it (or `every_s` seconds have passed with some), so that a record always finds
-    room and recovery has little to replay."""
-
-    def __init__(self, journal: Journal, commit_lock: threading.Lock, every_s: float = 30.0):
-        self._journal = journal
-        self._lock = commit_lock
-        self._every = every_s
-        self._wake = threading.Event()
-        self._stopped = False
-        self._last = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name="pulsartxn-checkpoint", daemon=True)
-        self._thread.start()
-
-    def after_group(self) -> None:
-        """Group commit lock held, between groups."""
-        journal = self._journal
-        if journal.used >= journal.region // 4:
-            self._wake.set()
-
-    def _run(self) -> None:
-        journal = self._journal
-        while not self._stopped:
-            self._wake.wait(min(self._every, 1.0))
-            self._wake.clear()
-            if self._stopped or journal.failed is not None:
-                continue
-            due = journal.used >= journal.region // 4 or (
-                journal.used and time.monotonic() - self._last >= self._every
-            )
-            if not due:
-                continue
-            try:
-                with self._lock:
-                    prepared = journal.prepare()
-                journal.complete(prepared)  # the fdatasyncs, with the commit lock free
-            except StorageError:
-                continue  # journal.failed is set: later commits fail fast
-            self._last = time.monotonic()
-
-    def stop(self) -> None:
-        self._stopped = True
-        self._wake.set()
-        self._thread.join()
-
-
-def _blocks(n: int) -> int:
-    return (n + BLOCK - 1) & ~(BLOCK - 1)
-
-
-def _open_direct(path: str) -> int | None:
-    """A descriptor of the journal for direct writes, or None where the file system has none
-    (tmpfs before Linux 6.6)."""
-    flag = getattr(os, "O_DIRECT", 0)
-    if not flag:
-        return None
-    try:
-        return os.open(path, os.O_WRONLY | flag)
-    except OSError:
-        return None
-
-
-def _crc(lsn: int, txnid: int, payload) -> int:
-    return crc32c(payload, crc32c(struct.pack("<QQ", lsn, txnid)))
-
-
-def _pack_header(header: dict) -> bytes:
-    meta = header["meta"]
-    body = _HEADER.pack(
-        _MAGIC,
-        header["seq"],
-        header["region"],
-        header["txnid"],
-        header["replay_lsn"],
-        header["psize"],
-        len(meta),
-    ) + bytes(meta)
-    return body + struct.pack("<I", crc32c(body))
-
-
-def _read_header(fd: int) -> dict | None:
-    """The valid header with the highest sequence; None if neither slot was ever written.
-    A slot that holds something but fails its checks does not count; if both do, the journal
-    is damaged and the store cannot be recovered from it."""
-    best = None
-    written = False
-    for slot in (0, 1):
-        raw = os.pread(fd, _SLOT, slot * _SLOT)
-        if len(raw) < _HEADER.size or not raw.strip(b"\0"):
-            continue
-        written = True
-        magic, seq, region, txnid, lsn, psize, meta_len = _HEADER.unpack_from(raw)
-        end = _HEADER.size + meta_len
-        if magic != _MAGIC or meta_len != META_BYTES or end + 4 > len(raw):
-            continue
-        if struct.unpack_from("<I", raw, end)[0] != crc32c(raw[:end]):
-            continue
-        if best is None or seq > best["seq"]:
-            best = {
-                "seq": seq,
-                "region": region,
-                "txnid": txnid,
-                "replay_lsn": lsn,
-                "psize": psize,
-                "meta": raw[_HEADER.size : end],
-            }
-    if best is None and written:
-        raise CorruptEntry("both journal header slots are damaged: cannot recover the store")
-    return best
-
-
-def _write_zeros(fd: int, offset: int, length: int) -> None:
-    zeros = bytes(min(length, _ZERO_CHUNK))
-    end = offset + length
-    while offset < end:
-        n = os.pwrite(fd, zeros[: end - offset], offset)
-        offset += n
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

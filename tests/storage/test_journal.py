@@ -19,7 +19,8 @@ import pytest
 
 from pulsartxn.errors import CorruptEntry, StorageFull
 from pulsartxn.storage import Storage, WriteOp
-from pulsartxn.storage.journal import HEAD, Journal, _read_header
+from pulsartxn.storage.journal import Journal
+from pulsartxn.storage.journal_format import HEAD, read_header
 from tests.helpers import small_tmpfs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -363,7 +364,7 @@ def test_a_torn_or_stale_record_ends_the_replay(tmp_path):
     acked, _, _ = run_child(path, 41, len(groups), journal_bytes=1 << 20)
     assert acked == len(groups)
     with open(path / "journal", "r+b") as f:
-        header = _read_header(f.fileno())
+        header = read_header(f.fileno())
         # Walk the records after the checkpoint to the end of the last one.
         journal = Journal(str(path / "journal"), f.fileno(), header["region"], header)
         ends = [end for end, _ in journal._records(header["replay_lsn"])]
@@ -385,18 +386,18 @@ def test_a_damaged_header_slot_is_passed_over_and_two_are_refused(tmp_path):
     storage.write(lambda txn: txn.put(b"k", b"v", db=db))
     storage.close()
     with open(path / "journal", "r+b") as f:
-        header = _read_header(f.fileno())
+        header = read_header(f.fileno())
         slot = header["seq"] & 1
         f.seek(slot * 4096 + 40)
         f.write(b"\x00\x01garbage")  # the newest slot
         f.flush()
-        older = _read_header(f.fileno())
+        older = read_header(f.fileno())
         assert older is not None and older["seq"] == header["seq"] - 1
         f.seek((1 - slot) * 4096 + 40)
         f.write(b"\x00\x01garbage")
         f.flush()
         with pytest.raises(CorruptEntry):
-            _read_header(f.fileno())
+            read_header(f.fileno())
 
 
 def test_a_small_disk_gets_a_small_journal(tmp_path):
