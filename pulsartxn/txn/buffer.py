@@ -86,16 +86,16 @@ class TransactionBuffer:
         if msb == 0 and lsb == 0:
             return
         self._seq_stale = True
-        lmdb_txn = TxnID.from_halves(msb, lsb)
+        txn_id = TxnID.from_halves(msb, lsb)
         if marker_type == MarkerType.NONE:
-            self.ongoing.setdefault(lmdb_txn, entry_id)
+            self.ongoing.setdefault(txn_id, entry_id)
             return
-        self.ongoing.pop(lmdb_txn, None)
+        self.ongoing.pop(txn_id, None)
         if marker_type == MarkerType.TXN_ABORT:
-            self.aborts.add(lmdb_txn)
-            self.abort_positions[lmdb_txn] = entry_id
+            self.aborts.add(txn_id)
+            self.abort_positions[txn_id] = entry_id
             if self.snapshot is not None:
-                self.snapshot.aborted(lmdb_txn, entry_id)
+                self.snapshot.aborted(txn_id, entry_id)
 
     def replay_columns(self, ids, markers, msb, lsb) -> None:
         """``replay`` of many transactional entries at once (ascending entry ids, columns as
@@ -130,13 +130,13 @@ class TransactionBuffer:
             ongoing.setdefault(TxnID.from_halves(his[c], los[c]), int(first[c]))
         abort = MarkerType.TXN_ABORT
         for c, marker, entry_id in zip(code[m].tolist(), markers[m].tolist(), ids[m].tolist()):
-            lmdb_txn = TxnID.from_halves(his[c], los[c])
-            ongoing.pop(lmdb_txn, None)  # one the snapshot had open, ended here
+            txn_id = TxnID.from_halves(his[c], los[c])
+            ongoing.pop(txn_id, None)  # one the snapshot had open, ended here
             if marker == abort:
-                self.aborts.add(lmdb_txn)
-                self.abort_positions[lmdb_txn] = entry_id
+                self.aborts.add(txn_id)
+                self.abort_positions[txn_id] = entry_id
                 if self.snapshot is not None:
-                    self.snapshot.aborted(lmdb_txn, entry_id)
+                    self.snapshot.aborted(txn_id, entry_id)
 
     # -- appends ---------------------------------------------------------------------------
 

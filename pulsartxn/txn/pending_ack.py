@@ -192,16 +192,16 @@ class PendingAck:
         """(rows, registrations) not yet in the log, of `only` or of every transaction; a row
         is (txn, key, value), a registration (txn, apply)."""
         rows, regs = [], []
-        for lmdb_txn in [only] if only is not None else list(self.unlogged):
-            acks = self.unlogged.pop(lmdb_txn, None)
-            regs.extend((lmdb_txn, r) for r in self.registrations.pop(lmdb_txn, ()))
+        for txn_id in [only] if only is not None else list(self.unlogged):
+            acks = self.unlogged.pop(txn_id, None)
+            regs.extend((txn_id, r) for r in self.registrations.pop(txn_id, ()))
             if not acks:
                 continue
-            n = self.records.get(lmdb_txn, 0)
-            self.records[lmdb_txn] = n + 1
-            body = lmdb_txn.pack() + b"".join(acks)
-            key = self._prefix + lmdb_txn.pack() + _U32.pack(n)
-            rows.append((lmdb_txn, key, _U32.pack(crc32c(body)) + body))
+            n = self.records.get(txn_id, 0)
+            self.records[txn_id] = n + 1
+            body = txn_id.pack() + b"".join(acks)
+            key = self._prefix + txn_id.pack() + _U32.pack(n)
+            rows.append((txn_id, key, _U32.pack(crc32c(body)) + body))
         if not self.unlogged:
             self._flush_queued = False
         return rows, regs
