@@ -3,6 +3,8 @@ may deliver. Bounded, so that a ledger of large entries is not decoded all at on
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from .._native import TxnID, buffer_messages
@@ -12,6 +14,78 @@ from .._native import TxnID, buffer_messages
 READ_AHEAD_ENTRIES = 64
 READ_AHEAD_MESSAGES = 1000
 READ_AHEAD_BYTES = 8 << 20
+
+
+class ReadAhead:
+    """What a subscription has read from its partition's ledger and not yet delivered, and the
+    entry a redelivery read last. Used under the subscription's lock."""
+
+    def __init__(self, partition, cursor, filter_out) -> None:
+        """`filter_out(entry_id, count)`: a marker or an aborted transaction's entry, never
+        delivered (the subscription acknowledges it internally)."""
+        self.partition = partition
+        self.cursor = cursor
+        self._filter_out = filter_out
+        self.position = cursor.mark_delete + 1  # the next entry to read
+        # ((entry, batch_index), payload), payload as buffer_messages makes it:
+        # (data, properties or None, key, publish_time, batch_size, txn_id).
+        self.buffer: deque = deque()
+        # The entry a redelivery read last: (entry id, batch_index -> payload not yet taken).
+        self._reread: tuple[int, dict] | None = None
+
+    def fill(self, read_committed: bool) -> bool:
+        """Read the next entries after `position` into the buffer; False when none."""
+        partition = self.partition
+        end = partition.dispatch_end(read_committed)
+        while self.position < end:
+            start = max(self.position, partition.first_entry_id)
+            n = partition.entries_holding(start, end, READ_AHEAD_MESSAGES)
+            limit = max(1, min(n, READ_AHEAD_ENTRIES))
+            decoded = partition.read(start, end, limit, READ_AHEAD_BYTES)
+            if decoded.num_entries == 0:
+                self.position = end
+                return False
+            self.position = int(decoded.entry_id[-1]) + 1
+            if self._decode(decoded, self.buffer.append):
+                return True
+        return bool(self.buffer)
+
+    def rewind(self, position: int) -> None:
+        """Read again from `position`: what was read ahead is dropped."""
+        self.position = position
+        self.buffer.clear()
+
+    def rewind_to(self, entry_id: int) -> None:
+        """Read again from `entry_id` if that is behind what was read (and not delivered)."""
+        if self.buffer:
+            entry_id = min(entry_id, self.buffer[0][0][0])
+        if entry_id < self.position:
+            self.rewind(entry_id)
+
+    def reread(self, key: tuple[int, int]):
+        """The payload of the message at `key`, from its entry in the ledger (kept for the
+        next redelivery of the same entry); None if the entry no longer delivers it."""
+        entry_id, batch_index = key
+        cached = self._reread
+        # Not in the entry read last: taken from it since (and given back), or another entry.
+        if cached is None or cached[0] != entry_id or batch_index not in cached[1]:
+            items: list = []
+            decoded = self.partition.read(entry_id, entry_id + 1, 1)
+            if decoded.num_entries and int(decoded.entry_id[0]) == entry_id:
+                self._decode(decoded, items.append)
+            cached = self._reread = (entry_id, {k[1]: payload for k, payload in items})
+        return cached[1].get(batch_index)
+
+    def delivered(self, key: tuple[int, int]) -> None:
+        """The reread payload of `key` went out: a later redelivery reads its entry again."""
+        del self._reread[1][key[1]]
+
+    def forget_reread(self) -> None:
+        self._reread = None
+
+    def _decode(self, decoded, append) -> int:
+        aborted_mask = self.partition.buffer.aborted_mask
+        return buffer_entries(decoded, self.cursor, aborted_mask, append, self._filter_out)
 
 
 def buffer_entries(decoded, cursor, aborted_mask, buffer_append, filter_out) -> int:

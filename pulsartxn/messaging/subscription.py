@@ -19,7 +19,6 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections import deque
 from typing import TYPE_CHECKING
 
 from .._native import Pending, take_buffered
@@ -36,12 +35,7 @@ from .cursor import Cursor
 from .message import Message, MessageId
 from .parked import Parked
 from .partition import Partition
-from .readahead import (
-    READ_AHEAD_BYTES,
-    READ_AHEAD_ENTRIES,
-    READ_AHEAD_MESSAGES,
-    buffer_entries,
-)
+from .readahead import ReadAhead
 
 if TYPE_CHECKING:
     from .consumer import Consumer
@@ -62,18 +56,13 @@ class Subscription:
         self.active: Consumer | None = None  # the first: who receives unless Shared
         self.type: int | None = None
         self.parked = Parked()
-        self.read_position = cursor.mark_delete + 1
-        # Read ahead: ((entry, batch_index), payload), payload as buffer_messages makes it:
-        # (data, properties or None, key, publish_time, batch_size, txn).
-        self._buffer: deque = deque()
+        self.read_ahead = ReadAhead(partition, cursor, self._filter_out)
         # Past the read-ahead only positions are held: a message delivered and not yet
         # acknowledged (entry, batch_index) -> Pending, and the heaps of those to redeliver.
         self._pending: dict[tuple[int, int], Pending] = {}
         self._redeliver: list = []  # heap of (entry, batch_index)
         self._nacked: list = []  # heap of (due, (entry, batch_index))
         self._redelivery_counts: dict[tuple[int, int], int] = {}
-        # The entry a redelivery read last: (entry id, batch_index -> payload not yet taken).
-        self._reread_entry: tuple[int, dict] | None = None
         self._persist_queued = False
         self._persist_requested = 0.0
         self._last_persist = None
@@ -125,8 +114,7 @@ class Subscription:
                 self.active = consumer
             if read_committed != self.read_committed:
                 self.read_committed = read_committed
-                self._buffer.clear()
-                self.read_position = self.cursor.mark_delete + 1
+                self.read_ahead.rewind(self.cursor.mark_delete + 1)
 
     def detach(self, consumer: Consumer) -> None:
         """`consumer` leaves: what it held goes to the others, and only as many of them are
@@ -204,8 +192,8 @@ class Subscription:
         there is."""
         return bool(
             self._redeliver
-            or self._buffer
-            or self.read_position < self.partition.dispatch_end(self.read_committed)
+            or self.read_ahead.buffer
+            or self.read_ahead.position < self.partition.dispatch_end(self.read_committed)
         )
 
     # -- dispatch --------------------------------------------------------------------------
@@ -258,31 +246,22 @@ class Subscription:
             if out and nbytes + size > max_bytes:
                 return nbytes, True
             heapq.heappop(heap)
-            del self._reread_entry[1][key[1]]  # delivered: the payload is the Message's now
+            self.read_ahead.delivered(key)  # the payload is the Message's now
             count = counts.get(key, 0) + 1
             counts[key] = count
             out.append(self._deliver(consumer, key, payload, count))
             nbytes += size
         if not heap:
-            self._reread_entry = None
+            self.read_ahead.forget_reread()
         return nbytes, False
 
     def _reread(self, key: tuple[int, int]):
-        """The read-ahead payload of the message at `key`, from its entry in the ledger (lock
+        """The read-ahead payload of the message at `key`, read again from its entry (lock
         held); None when it is no longer to be delivered (acknowledged, or aborted since)."""
-        entry_id, batch_index = key
-        cached = self._reread_entry
-        # Not in the entry read last: taken from it since (and given back), or another entry.
-        if cached is None or cached[0] != entry_id or batch_index not in cached[1]:
-            items: list = []
-            decoded = self.partition.read(entry_id, entry_id + 1, 1)
-            if decoded.num_entries and int(decoded.entry_id[0]) == entry_id:
-                self._buffer_entries(decoded, items.append)
-            cached = self._reread_entry = (entry_id, {k[1]: payload for k, payload in items})
-        payload = cached[1].get(batch_index)
+        payload = self.read_ahead.reread(key)
         if payload is not None and payload[5] is not None:
             if self.partition.buffer.is_aborted(payload[5]):
-                self._ack_internally(entry_id)  # read uncommitted, aborted since
+                self._ack_internally(key[0])  # read uncommitted, aborted since
                 return None
         return payload
 
@@ -294,11 +273,11 @@ class Subscription:
         holds = pending_ack.holds if pending_ack.cumulative or len(pending_ack.index) else None
         p = self.partition
         is_aborted = p.buffer.is_aborted
-        buffer = self._buffer
+        buffer = self.read_ahead.buffer
         delivered = nbytes = 0
         full = False
         while len(out) < n:
-            if not buffer and not self._fill():
+            if not buffer and not self.read_ahead.fill(self.read_committed):
                 break
             # The cursor may move between fills (an internal ack of a filtered entry).
             d, b, stop = take_buffered(
@@ -347,33 +326,6 @@ class Subscription:
         p.bytes_out += len(data)
         mid = MessageId(p.ledger_id, entry_id, p.index, batch_index, batch_size)
         return Message(data, properties, pkey, mid, p.topic, publish_time, count)
-
-    def _fill(self) -> bool:
-        """Read the next entries after read_position into the buffer; False when none."""
-        end = self.partition.dispatch_end(self.read_committed)
-        while self.read_position < end:
-            start = max(self.read_position, self.partition.first_entry_id)
-            n = self.partition.entries_holding(start, end, READ_AHEAD_MESSAGES)
-            limit = max(1, min(n, READ_AHEAD_ENTRIES))
-            decoded = self.partition.read(start, end, limit, READ_AHEAD_BYTES)
-            if decoded.num_entries == 0:
-                self.read_position = end
-                return False
-            self.read_position = int(decoded.entry_id[-1]) + 1
-            added = self._buffer_entries(decoded, self._buffer.append)
-            if added:
-                return True
-        return bool(self._buffer)
-
-    def _buffer_entries(self, decoded, buffer_append) -> int:
-        """The deliverable messages of decoded entries to buffer_append (readahead)."""
-        return buffer_entries(
-            decoded,
-            self.cursor,
-            self.partition.buffer.aborted_mask,
-            buffer_append,
-            self._filter_out,
-        )
 
     def _filter_out(self, entry_id: int, count: int) -> None:
         """A marker or an aborted transaction's entry: never delivered, acknowledged
@@ -444,12 +396,7 @@ class Subscription:
                 self._redelivery_counts[key] = self._redelivery_counts.get(key, 0) + 1
         if lowest is None:
             return
-        if self._buffer:
-            # Read ahead but not yet delivered: dropping the buffer must not skip them.
-            lowest = min(lowest, self._buffer[0][0][0])
-        if lowest < self.read_position:
-            self.read_position = lowest
-            self._buffer.clear()
+        self.read_ahead.rewind_to(lowest)
 
     def _due_nacks(self) -> None:
         now = time.monotonic()
@@ -472,15 +419,15 @@ class Subscription:
             ):
                 return True
             while True:
-                for key, _ in self._buffer:
+                for key, _ in self.read_ahead.buffer:
                     if (
                         key not in self._pending
                         and not self.cursor.is_acked(*key)
                         and not self.pending_ack.holds(*key)
                     ):
                         return True
-                self._buffer.clear()
-                if not self._fill():
+                self.read_ahead.buffer.clear()
+                if not self.read_ahead.fill(self.read_committed):
                     return False
 
     # -- acknowledgement -------------------------------------------------------------------

@@ -490,7 +490,7 @@ def test_read_ahead_is_bounded_by_messages_not_entries(broker):
     """A ledger of large batch entries is read ahead about a receiver queue at a time (Pulsar's
     1000 messages), not 64 entries of 1000 messages at once; every message still comes once,
     in order, across entries of mixed sizes."""
-    from pulsartxn.messaging.subscription import READ_AHEAD_MESSAGES
+    from pulsartxn.messaging.readahead import READ_AHEAD_MESSAGES
 
     client = broker.client()
     producer = client.create_producer("big")
@@ -519,6 +519,6 @@ def test_read_ahead_is_bounded_by_messages_not_entries(broker):
         assert msgs
         received.extend(m.data() for m in msgs)
         # What is buffered ahead stays within one read of about a receiver queue.
-        assert len(subscription._buffer) <= max(READ_AHEAD_MESSAGES, max(sizes))
+        assert len(subscription.read_ahead.buffer) <= max(READ_AHEAD_MESSAGES, max(sizes))
         consumer.acknowledge_cumulative(msgs[-1])
     assert received == sent

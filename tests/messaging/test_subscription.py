@@ -15,7 +15,7 @@ import pytest
 
 import pulsartxn
 from pulsartxn import ConsumerType
-from pulsartxn.messaging.subscription import READ_AHEAD_BYTES
+from pulsartxn.messaging.readahead import READ_AHEAD_BYTES
 
 QUEUE = 250  # the broker's receiver_queue_size in these tests
 MAX_QUEUE = 600  # its max_receiver_queue_size
@@ -110,7 +110,7 @@ def test_read_ahead_is_bounded_in_bytes(broker):
     while len(got) < len(sent):
         got.append(consumer.receive(5000).data())
         # 64 entries of 1 MiB would be read ahead at once without the byte bound.
-        assert sum(len(payload[0]) for _, payload in sub._buffer) <= READ_AHEAD_BYTES
+        assert sum(len(payload[0]) for _, payload in sub.read_ahead.buffer) <= READ_AHEAD_BYTES
     assert got == sent
 
 
@@ -141,7 +141,7 @@ def test_a_closed_consumer_leaves_positions_not_payloads(client, broker):
     assert held < 4 << 20, f"{held / 2**20:.1f} MiB held after the consumer closed"
     sub = subscription(broker, "big")
     assert sorted(sub._redeliver) == [(e, -1) for e in range(n)]
-    assert not sub._pending and not sub._buffer
+    assert not sub._pending and not sub.read_ahead.buffer
     again = client.subscribe("big", "s", subscription_type=ConsumerType.Shared)
     msgs = [m for b in receive_all(again, n) for m in b]
     assert [m.data() for m in msgs] == [bytes([i]) * size for i in range(n)]
