@@ -14,6 +14,8 @@ import time
 import weakref
 
 from ._native import FlushTimer
+from .admin import Admin
+from .client import Client
 from .config import SHARED_DBS, BrokerConfig
 from .errors import (
     AlreadyClosed,
@@ -28,6 +30,7 @@ from .messaging.partition import Partition
 from .messaging.subscription import Subscription
 from .messaging.topic_name import TopicName
 from .storage import Storage, WriteOp
+from .txn.service import Coordinators
 
 _U64 = struct.Struct("<Q")
 MAX_PARTITIONS = 4096
@@ -149,9 +152,6 @@ class Broker:
         self._partitions: dict[str, Partition] = {}
         self._clients: weakref.WeakSet = weakref.WeakSet()
         self._flusher = _BatchFlusher(cfg.batching_max_publish_delay_ms)
-        from .admin import Admin
-        from .txn.service import Coordinators
-
         try:
             self.topic_count, self.partition_count = self._count_topics()
             self.txn = Coordinators(self, txn_participants)
@@ -172,8 +172,6 @@ class Broker:
         """An in-process client. `session`: the network session it serves (the server's):
         its transactions then outlive this process, until that session is gone."""
         self._check_open()
-        from .client import Client
-
         client = Client._embedded(self, session)
         self._clients.add(client)
         return client
