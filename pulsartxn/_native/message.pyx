@@ -20,17 +20,18 @@ cdef int64_t _I64_MIN = -0x7FFFFFFFFFFFFFFF - 1
 cdef int64_t _I64_MAX = 0x7FFFFFFFFFFFFFFF
 
 
-cdef inline int64_t _field(object value, str what, int64_t lo, int64_t hi) except? -1:
-    """A field of a MessageId: an int (bool refused: TypeError) within lo..hi, else
+cdef extern from "Python.h":
+    long long PyLong_AsLongLongAndOverflow(object value, int *overflow)  # value: an int
+
+
+cdef int64_t _checked(object value, str what, int64_t lo, int64_t hi) except? -1:
+    """A field of a MessageId: an int-like (bool refused: TypeError) within lo..hi, else
     InvalidMessageId; the same check and words as the twin's."""
+    cdef int overflow = 0
     cdef int64_t v
-    if type(value) is not int:
-        value = as_int(value, what)
-    try:
-        v = value
-    except OverflowError:
-        raise InvalidMessageId(f"{what} must be in {lo}..{hi}, not {value}") from None
-    if v < lo or v > hi:
+    value = as_int(value, what)
+    v = PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow or v < lo or v > hi:
         raise InvalidMessageId(f"{what} must be in {lo}..{hi}, not {value}")
     return v
 
@@ -44,11 +45,30 @@ cdef class MessageId:
     """
 
     def __init__(self, ledger_id, entry_id, partition=-1, batch_index=-1, batch_size=0):
-        self._ledger_id = _field(ledger_id, "ledger_id", _I64_MIN, _I64_MAX)
-        self._entry_id = _field(entry_id, "entry_id", _I64_MIN, _I64_MAX)
-        self._partition = <int32_t>_field(partition, "partition", INT32_MIN, INT32_MAX)
-        self._batch_index = <int32_t>_field(batch_index, "batch_index", INT32_MIN, INT32_MAX)
-        self._batch_size = <int32_t>_field(batch_size, "batch_size", INT32_MIN, INT32_MAX)
+        cdef int64_t ledger, entry
+        cdef int32_t part, index, size
+        if (
+            type(ledger_id) is int
+            and type(entry_id) is int
+            and type(partition) is int
+            and type(batch_index) is int
+            and type(batch_size) is int
+        ):
+            try:
+                ledger, entry, part, index, size = (
+                    ledger_id, entry_id, partition, batch_index, batch_size
+                )
+            except OverflowError:
+                pass  # the checks below name the field
+            else:
+                self._ledger_id, self._entry_id, self._partition = ledger, entry, part
+                self._batch_index, self._batch_size = index, size
+                return
+        self._ledger_id = _checked(ledger_id, "ledger_id", _I64_MIN, _I64_MAX)
+        self._entry_id = _checked(entry_id, "entry_id", _I64_MIN, _I64_MAX)
+        self._partition = <int32_t>_checked(partition, "partition", INT32_MIN, INT32_MAX)
+        self._batch_index = <int32_t>_checked(batch_index, "batch_index", INT32_MIN, INT32_MAX)
+        self._batch_size = <int32_t>_checked(batch_size, "batch_size", INT32_MIN, INT32_MAX)
 
     def ledger_id(self):
         return self._ledger_id

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 
 def txn_str(txn) -> str | None:
+    """The wire form of a `txn=` argument (a RemoteTransaction, a TxnID, its str or int)."""
     if txn is None:
         return None
     if isinstance(txn, RemoteTransaction):
@@ -32,6 +33,7 @@ def txn_str(txn) -> str | None:
 
 
 def mid_hex(msg_or_id) -> str:
+    """The wire form of the id of a Message or MessageId."""
     if isinstance(msg_or_id, Message):
         msg_or_id = msg_or_id.message_id()
     if not isinstance(msg_or_id, MessageId):
