@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .errors import PulsarTxnError, excerpt
+from .txn.transaction import as_txn_id
 
 
 class Admin:
@@ -84,8 +85,6 @@ class Admin:
     def transaction_metadata(self, txn_id) -> dict:
         """State, timeout, open time, produced partitions and acked subscriptions of a live
         transaction; state only (``{"txn_id", "state"}``) for one recently finished."""
-        from .client import as_txn_id
-
         self._broker._check_open()
         tid = as_txn_id(txn_id)
         service = self._broker.txn

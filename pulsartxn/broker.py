@@ -12,6 +12,8 @@ import time
 import weakref
 
 from ._native import FlushTimer
+from .admin import Admin
+from .client import Client
 from .config import BrokerConfig
 from .errors import (
     AlreadyClosed,
@@ -20,6 +22,8 @@ from .errors import (
 from .messaging.partition import Partition
 from .messaging.topics import Topics
 from .storage import Storage, WriteOp
+from .txn.coordinators import Coordinators
+from .txn.participant import Participants
 
 
 class _BatchFlusher:
@@ -133,10 +137,6 @@ class Broker:
         self._closed = False
         self._clients: weakref.WeakSet = weakref.WeakSet()
         self._flusher = _BatchFlusher(cfg.batching_max_publish_delay_ms)
-        from .admin import Admin
-        from .txn.coordinators import Coordinators
-        from .txn.participant import Participants
-
         try:
             self.topics = Topics(self.storage, cfg, self._wire, lambda: self.txn.claimed)
             participants = Participants(
@@ -160,8 +160,6 @@ class Broker:
         """An in-process client. `session`: the network session it serves (the server's):
         its transactions then outlive this process, until that session is gone."""
         self._check_open()
-        from .client import Client
-
         client = Client._embedded(self, session)
         self._clients.add(client)
         return client

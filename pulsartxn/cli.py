@@ -4,8 +4,15 @@ Spark when PySpark is installed), ``serve`` serves a broker over Arrow Flight.""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+
+from pulsartxn import perf
+from pulsartxn.demo import run_demo
+from pulsartxn.errors import PulsarTxnError
+from pulsartxn.server.serve import serve
+from pulsartxn.server.sessions import SessionLimits
 
 DEFAULT_DATA_DIR = os.environ.get("PULSARTXN_DATA_DIR", "pulsartxn-data")
 
@@ -13,7 +20,7 @@ DEFAULT_DATA_DIR = os.environ.get("PULSARTXN_DATA_DIR", "pulsartxn-data")
 def _demo(args: argparse.Namespace) -> int:
     if not args.no_spark:
         try:
-            import pyspark  # noqa: F401
+            import pyspark  # noqa: F401 - the optional extra: is it installed?
         except ImportError:
             print(
                 "pyspark is not installed (pip install -e '.[spark]'): running the pipeline "
@@ -21,14 +28,12 @@ def _demo(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         else:
-            from pulsartxn.spark.demo import run_spark_demo
+            from pulsartxn.spark.demo import run_spark_demo  # needs pyspark, an optional extra
 
             lines = run_spark_demo(args.data_dir, events=args.orders, log=print)
             for line in lines:
                 print(line)
             return 0 if lines[-1].startswith("check: ok") else 1
-    from pulsartxn.demo import run_demo
-
     report = run_demo(
         args.data_dir,
         orders=args.orders,
@@ -52,10 +57,6 @@ def _read_secret(path: str | None, what: str) -> str | None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import logging
-
-    from pulsartxn.server.service import SessionLimits, serve
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together")
@@ -97,8 +98,6 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pulsartxn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    from pulsartxn import perf
-
     perf.add_parser(sub)
     srv = sub.add_parser("serve", help="serve a broker over Arrow Flight (pulsartxn://)")
     srv.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
@@ -182,8 +181,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from pulsartxn.errors import PulsarTxnError
-
     try:
         return args.func(args)
     except (ValueError, TypeError, OSError, PulsarTxnError) as exc:

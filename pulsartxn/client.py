@@ -8,14 +8,14 @@ import weakref
 
 import numpy as np
 
-from ._native import TxnID
-from .errors import AlreadyClosed, excerpt
+from .errors import AlreadyClosed, ProducerBusy, excerpt
 from .messaging.consumer import Consumer, ConsumerType, InitialPosition, Isolation
 from .messaging.message import MessageId
 from .messaging.producer import Producer
 from .messaging.topic_name import check_keyed_name
+from .remote import RemoteClient
 from .txn.log import IN_PROCESS
-from .txn.transaction import Transaction
+from .txn.transaction import Transaction, as_txn_id
 
 SCAN_ENTRIES = 1024
 
@@ -28,8 +28,6 @@ class Client:
         the network service); ``broker.client()`` gives the in-process one."""
         if service_url is None:
             return super().__new__(cls)
-        from .server.remote import RemoteClient
-
         return RemoteClient(service_url, token, **kwargs)
 
     @classmethod
@@ -83,8 +81,6 @@ class Client:
         full, partitions = self.broker.topics.resolve(topic)
         if producer_name is not None:
             check_keyed_name("producer_name", producer_name, [p.topic for p in partitions])
-        from .errors import ProducerBusy
-
         with self.broker.topics.lock:
             name = producer_name
             if name is not None:
@@ -310,19 +306,6 @@ def _flush_for_commit(txns) -> dict:
             if counts is not None:
                 expected[t.id] = counts
     return expected
-
-
-def as_txn_id(value) -> TxnID:
-    """A TxnID from a TxnID, a Transaction, its str ("<coordinator>:<sequence>") or its int."""
-    if isinstance(value, TxnID):
-        return value
-    if isinstance(value, Transaction):
-        return value.id
-    if isinstance(value, str):
-        return TxnID.parse(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return TxnID.from_int(value)
-    raise TypeError(f"expected a TxnID, Transaction, str or int, not {type(value).__name__}")
 
 
 def _entry_bound(bound, part, default: int) -> int:

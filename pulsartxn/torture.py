@@ -27,6 +27,9 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 
+import pulsartxn
+from pulsartxn import TxnID
+
 IN, OUT, OUT2 = "in", "out", "out2"
 PARTITIONS = {IN: 2, OUT: 3, OUT2: 2}
 SUB = "proc"
@@ -59,8 +62,6 @@ class Journal:
 
 
 def _worker(broker, journal: Journal, w: int, seed: int) -> None:
-    import pulsartxn
-
     rng = random.Random(seed * 1000 + w)
     client = broker.client()
     consumer = client.subscribe(
@@ -125,8 +126,6 @@ def _worker(broker, journal: Journal, w: int, seed: int) -> None:
 
 def child(data: str, journal_path: str, seed: int) -> None:
     """The workload: runs until it is killed; any unexpected error exits with status 3."""
-    import pulsartxn
-
     journal = Journal(journal_path)
     broker = pulsartxn.Broker(
         data,
@@ -203,8 +202,6 @@ def _wait_finalized(broker, timeout_s: float = 30.0) -> None:
 
 
 def _open(data: str):
-    import pulsartxn
-
     return pulsartxn.Broker(data, num_coordinators=COORDINATORS, sync=True)
 
 
@@ -225,8 +222,6 @@ def add_inputs(broker, history: History, round_: int) -> None:
 
 
 def _drain(consumer) -> list[str]:
-    import pulsartxn
-
     out: list[str] = []
     while True:
         msgs = consumer.batch_receive(max_num_messages=1000, timeout_millis=100)
@@ -240,8 +235,6 @@ def _drain(consumer) -> list[str]:
 
 def check(data: str, history: History, round_: int) -> dict:
     """Reopen the data directory and check every invariant (raises TortureFailure)."""
-    import pulsartxn
-    from pulsartxn import TxnID
 
     def fail(msg: str):
         raise TortureFailure(f"round {round_}: {msg}")

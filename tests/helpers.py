@@ -55,7 +55,7 @@ class Served:
         """Stop the server as a restart does: its clients' sessions, and their transactions,
         outlive it (a client that closed would end its session's). The clients are dropped
         once what their producers hold is sent."""
-        from pulsartxn.server.handles import RemoteProducer
+        from pulsartxn.remote import RemoteProducer
 
         for c in self._clients:
             for obj in list(c._objects):

@@ -20,6 +20,8 @@ import struct
 from collections import namedtuple
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..errors import excerpt
 
@@ -137,8 +139,6 @@ def arrow_binary(values):
     module = type(values).__module__ or ""
     if not module.startswith("pyarrow"):
         return None
-    import pyarrow as pa
-
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
     if not isinstance(values, pa.Array):
@@ -250,9 +250,6 @@ class DecodedEntries:
         batch_index is -1 for a message alone in its entry (as in its MessageId). `mask`
         (bool per message) selects rows.
         """
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
         n = self.num_messages
         counts = self.message_count[self.msg_entry] if n else np.zeros(0, dtype=np.uint32)
         batch_index = np.where(counts > 1, self.batch_index, -1).astype(np.int32)
@@ -278,8 +275,6 @@ class DecodedEntries:
 
 
 def _binary(offsets, data, valid, type_=None):
-    import pyarrow as pa
-
     n = len(offsets) - 1
     large = offsets[-1] >= (1 << 31)
     if type_ is None:
@@ -302,8 +297,6 @@ def _binary(offsets, data, valid, type_=None):
 
 def READ_SCHEMA():
     """API.md's schema of a read (scan, Spark reads)."""
-    import pyarrow as pa
-
     return pa.schema(
         [
             ("topic", pa.string()),

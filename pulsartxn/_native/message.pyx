@@ -5,15 +5,35 @@
 The twin is ``reference/message.py``.
 """
 
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport INT32_MAX, INT32_MIN, int32_t, int64_t
 
 import struct
 
 from pulsartxn.errors import InvalidMessageId
 
+from .checks import as_int
+
 _ID = struct.Struct("<2sQQiii")
 _ID_MAGIC = b"M1"
 _MAX = (1 << 63) - 1
+cdef int64_t _I64_MIN = -0x7FFFFFFFFFFFFFFF - 1
+cdef int64_t _I64_MAX = 0x7FFFFFFFFFFFFFFF
+
+
+cdef extern from "Python.h":
+    long long PyLong_AsLongLongAndOverflow(object value, int *overflow)  # value: an int
+
+
+cdef int64_t _checked(object value, str what, int64_t lo, int64_t hi) except? -1:
+    """A field of a MessageId: an int-like (bool refused: TypeError) within lo..hi, else
+    InvalidMessageId; the same check and words as the twin's."""
+    cdef int overflow = 0
+    cdef int64_t v
+    value = as_int(value, what)
+    v = PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow or v < lo or v > hi:
+        raise InvalidMessageId(f"{what} must be in {lo}..{hi}, not {value}")
+    return v
 
 
 cdef class MessageId:
@@ -24,13 +44,31 @@ cdef class MessageId:
     batch index, partition), hashable, picklable. The twin is ``reference/message.py``.
     """
 
-    def __init__(self, int64_t ledger_id, int64_t entry_id, int32_t partition=-1,
-                 int32_t batch_index=-1, int32_t batch_size=0):
-        self._ledger_id = ledger_id
-        self._entry_id = entry_id
-        self._partition = partition
-        self._batch_index = batch_index
-        self._batch_size = batch_size
+    def __init__(self, ledger_id, entry_id, partition=-1, batch_index=-1, batch_size=0):
+        cdef int64_t ledger, entry
+        cdef int32_t part, index, size
+        if (
+            type(ledger_id) is int
+            and type(entry_id) is int
+            and type(partition) is int
+            and type(batch_index) is int
+            and type(batch_size) is int
+        ):
+            try:
+                ledger, entry, part, index, size = (
+                    ledger_id, entry_id, partition, batch_index, batch_size
+                )
+            except OverflowError:
+                pass  # the checks below name the field
+            else:
+                self._ledger_id, self._entry_id, self._partition = ledger, entry, part
+                self._batch_index, self._batch_size = index, size
+                return
+        self._ledger_id = _checked(ledger_id, "ledger_id", _I64_MIN, _I64_MAX)
+        self._entry_id = _checked(entry_id, "entry_id", _I64_MIN, _I64_MAX)
+        self._partition = <int32_t>_checked(partition, "partition", INT32_MIN, INT32_MAX)
+        self._batch_index = <int32_t>_checked(batch_index, "batch_index", INT32_MIN, INT32_MAX)
+        self._batch_size = <int32_t>_checked(batch_size, "batch_size", INT32_MIN, INT32_MAX)
 
     def ledger_id(self):
         return self._ledger_id

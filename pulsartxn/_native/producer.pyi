@@ -1,4 +1,5 @@
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -38,7 +39,9 @@ class PartitionProducer:
     inflight: list[Batch]
     closed: bool
     dropped: deque[tuple[int, int]]
-    def __init__(self, producer: Any, partition: Any) -> None: ...
+    def __init__(
+        self, producer: Any, partition: Any, flusher: Any, is_local_txn: Callable[[Any], bool]
+    ) -> None: ...
     def send_async(
         self,
         content: Any,

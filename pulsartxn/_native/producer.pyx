@@ -141,13 +141,12 @@ cdef class PartitionProducer:
     cdef Py_ssize_t max_messages, max_bytes, max_message_size
     cdef bint batching
     cdef double publish_delay
-    cdef object flusher
-    cdef object txn_type     # the embedded Transaction class
-    cdef object txn_service  # this broker's coordinators
+    cdef object flusher       # watch(container): flushes batches past their publish delay
+    cdef object is_local_txn  # txn -> whether this container may batch it (this broker's)
     cdef object txn_last     # the transaction whose open batch here is txn_batch
     cdef TxnBatch txn_batch
 
-    def __init__(self, producer, partition):
+    def __init__(self, producer, partition, flusher, is_local_txn):
         self.producer = producer
         self.partition = partition
         self.lock = Lock()
@@ -162,11 +161,8 @@ cdef class PartitionProducer:
         self.max_message_size = producer.max_message_size
         self.batching = producer.batching_enabled
         self.publish_delay = producer.publish_delay
-        self.flusher = producer.client.broker._flusher
-        from ..txn.transaction import Transaction
-
-        self.txn_type = Transaction
-        self.txn_service = producer.client.broker.txn
+        self.flusher = flusher
+        self.is_local_txn = is_local_txn
         self.txn_last = None
         self.txn_batch = None
 
@@ -232,7 +228,7 @@ cdef class PartitionProducer:
         """The producer's path opened `batch` for `txn` here (lock held): the send path appends
         the transaction's next plain messages to it while it stays open. A producer with
         batching off opens none."""
-        if self.batching and type(txn) is self.txn_type and txn._service is self.txn_service:
+        if self.batching and self.is_local_txn(txn):
             self.txn_last = txn
             self.txn_batch = batch
 

@@ -14,6 +14,7 @@ import itertools
 import time
 import zlib
 from concurrent.futures import Future
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +23,7 @@ from .._native import PartitionProducer, value_sizes
 from .._native.types import MAX_SEQUENCE_ID, sequences_used_up
 from ..errors import AlreadyClosed, MessageTooBig, excerpt
 from ..txn.log import IN_PROCESS
+from ..txn.transaction import Transaction
 from .message import MessageId
 from .partition import Partition
 from .txn_batches import TransactionBatches
@@ -43,6 +45,12 @@ def check_sequence_id(sequence_id) -> None:
             "sequence_id must be an int in 0..2^62-1 (those above are the headroom of the "
             f"ids assigned after it), not {excerpt(sequence_id)}"
         )
+
+
+def _is_local_txn(service, txn) -> bool:
+    """`txn` is a Transaction of `service` (this broker's coordinators): one whose messages a
+    partition's container may batch as they come."""
+    return type(txn) is Transaction and txn._service is service
 
 
 def _route(key: str | bytes, n: int) -> int:
@@ -93,9 +101,12 @@ class Producer(TransactionBatches):
         self._closed = False
         self._round_robin = itertools.count()
         self._init_txn_batches()
-        self._parts: list[PartitionProducer] = []
-        for partition in partitions:
-            self._parts.append(PartitionProducer(self, partition))
+        broker = client.broker
+        is_local = partial(_is_local_txn, broker.txn)
+        self._parts: list[PartitionProducer] = [
+            PartitionProducer(self, partition, broker._flusher, is_local)
+            for partition in partitions
+        ]
         if len(self._parts) == 1:
             self.send_async = self._parts[0].send_async
 

@@ -1,1 +1,2 @@
-"""The network service (Arrow Flight) and the remote client."""
+"""The network service (Arrow Flight): ``pulsartxn serve``; the wire protocol it shares with
+the remote client (``pulsartxn.remote``) is ``protocol``."""

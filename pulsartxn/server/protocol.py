@@ -14,6 +14,7 @@ import json
 import struct
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.flight as flight
 
@@ -35,9 +36,21 @@ ADMIN_METHODS = (
 _LEN = struct.Struct("<I")
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
+
+class SessionLost(errors.PulsarTxnError):
+    """The session named by a call is unknown here (expired, or the server restarted)."""
+
+
 # Exceptions that may cross the wire, by name (anything else becomes PulsarTxnError).
 _ERRORS = {name: getattr(errors, name) for name in errors.__all__}
-_ERRORS.update({"ValueError": ValueError, "TypeError": TypeError, "KeyError": KeyError})
+_ERRORS.update(
+    {
+        "ValueError": ValueError,
+        "TypeError": TypeError,
+        "KeyError": KeyError,
+        "SessionLost": SessionLost,
+    }
+)
 
 
 def frame(args: dict, payload: bytes = b"") -> bytes:
@@ -81,11 +94,15 @@ def from_flight_error(exc: flight.FlightError) -> BaseException:
     if info:
         try:
             data = json.loads(info)
-            cls = _ERRORS.get(data.get("type"), errors.PulsarTxnError)
-            return cls(data.get("message", ""))
+            return error_named(data.get("type"), data.get("message", ""))
         except (ValueError, TypeError):
             pass
     return errors.PulsarTxnError(str(exc))
+
+
+def error_named(name, message: str) -> BaseException:
+    """The exception an error's name and message stand for (PulsarTxnError if unknown)."""
+    return _ERRORS.get(name, errors.PulsarTxnError)(message)
 
 
 def encode_message(msg: Message) -> bytes:
@@ -140,8 +157,6 @@ DISPATCH_SCHEMA = None
 
 def dispatch_schema():
     """Messages handed to a consumer, as a DoGet stream (one row per message)."""
-    import pyarrow as pa
-
     global DISPATCH_SCHEMA
     if DISPATCH_SCHEMA is None:
         DISPATCH_SCHEMA = pa.schema(
@@ -159,8 +174,6 @@ def dispatch_schema():
 
 
 def messages_to_batch(msgs):
-    import pyarrow as pa
-
     return pa.RecordBatch.from_pydict(
         {
             "message_id": [m.message_id().serialize() for m in msgs],

@@ -13,6 +13,11 @@ import os
 import sys
 import threading
 
+from ..broker import Broker
+from ..errors import PulsarTxnError
+from ..remote import RemoteClient
+from ..server.service import BrokerServer
+
 DEFAULT_DATA_DIR = "pulsartxn-data"
 DATA_DIR_CONF = "spark.pulsartxn.dataDir"
 SYNC_CONF = "spark.pulsartxn.sync"
@@ -26,9 +31,6 @@ class _Embedded:
     """A broker and its network service, started in the driver, closed at exit."""
 
     def __init__(self, data_dir: str, sync: bool = True) -> None:
-        from ..broker import Broker
-        from ..server.service import BrokerServer
-
         self.data_dir = data_dir
         self.broker = Broker(data_dir, sync=sync)
         try:
@@ -103,9 +105,6 @@ def service_url_for(spark, service_url: str | None) -> str:
 def driver_client(service_url: str, token: str | None, connect_timeout_s: float):
     """A client for the driver's side of a job; an unreachable broker fails within
     ``connect_timeout_s`` with an error that names the URL."""
-    from ..errors import PulsarTxnError
-    from ..server.remote import RemoteClient
-
     try:
         return RemoteClient(service_url, token, reconnect_timeout_s=connect_timeout_s)
     except PulsarTxnError as exc:
@@ -114,8 +113,6 @@ def driver_client(service_url: str, token: str | None, connect_timeout_s: float)
 
 def executor_client(service_url: str, token: str | None):
     """One client per Python worker process and broker (workers are reused across tasks)."""
-    from ..server.remote import RemoteClient
-
     key = (service_url, token)
     with _lock:
         client = _executor_clients.get(key)

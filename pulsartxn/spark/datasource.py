@@ -22,12 +22,13 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from ..errors import NotAuthorized
+from ._service import driver_client, executor_client, service_url_for
 from .read import DEFAULT_ROWS_PER_SPLIT, READ_DDL, plan_splits, scan_ahead
 from .write import DEFAULT_TXN_TIMEOUT_MS, write_attempt
 
 
 def _client(options):
-    from ._service import driver_client
 
     return driver_client(options["service_url"], options.get("token"), 10.0)
 
@@ -96,8 +97,6 @@ class _Split(InputPartition):
 
 
 def _read_split(options, split):
-    from ._service import executor_client
-
     client = executor_client(options["service_url"], options.get("token"))
     yield from scan_ahead(client, split.partition, split.start, split.end)
 
@@ -212,8 +211,6 @@ class _Writer(DataSourceArrowWriter):
     def write(self, iterator):
         from pyspark import TaskContext
 
-        from ._service import executor_client
-
         client = executor_client(self.options["service_url"], self.options.get("token"))
         txn, rows = write_attempt(
             client,
@@ -284,8 +281,6 @@ class _StreamWriter(_Writer, DataSourceStreamWriter):
 def _claim(client, label: str):
     """The writer's claim on its label (None when another session holds it: then a server
     with tokens refuses its decision, and says so)."""
-    from ..errors import NotAuthorized
-
     try:
         return client.group_capability(label)
     except NotAuthorized:
@@ -295,8 +290,6 @@ def _claim(client, label: str):
 def register(spark, service_url: str | None = None) -> None:
     """Register the ``pulsartxn`` format on `spark`; without `service_url`, the embedded default
     broker (started now) is the URL used when a read or write gives none."""
-    from ._service import service_url_for
-
     url = service_url_for(spark, service_url)
     # A class made here (not importable by name) travels by value to the Python workers,
     # defaults included.

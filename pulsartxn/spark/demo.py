@@ -12,19 +12,24 @@ import os
 import sys
 import time
 
+import pyarrow as pa
+
+import pulsartxn
+
+from . import process_exactly_once, read_topic, start_embedded, stop_embedded
+
 EVENTS, RESULTS, SUBSCRIPTION = "demo-spark-events", "demo-spark-results", "demo-spark"
 
 
 def _transform_failing_once(marker_dir: str):
     """value = {"event": id, "amount": amount * 2}; the first attempt of task 0 dies midway
     (leaving a file in marker_dir, so the driver can tell that it happened)."""
-    import pyarrow as pa
 
     def transform(df):
         return df.select("value").mapInArrow(double, "value string")
 
     def double(batches):
-        from pyspark import TaskContext
+        from pyspark import TaskContext  # the optional extra: where a task runs, not at import
 
         ctx = TaskContext.get()
         fail = ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0
@@ -46,10 +51,6 @@ def _transform_failing_once(marker_dir: str):
 
 def run_spark_demo(data_dir: str, events: int = 20_000, partitions: int = 4, log=print) -> list:
     from pyspark.sql import SparkSession
-
-    import pulsartxn
-
-    from . import process_exactly_once, read_topic, start_embedded, stop_embedded
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     package_root = os.path.dirname(os.path.dirname(pulsartxn.__file__))

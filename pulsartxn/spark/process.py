@@ -10,6 +10,10 @@ decision leaves no output and the inputs available again.
 
 from __future__ import annotations
 
+import pyarrow as pa
+
+from ..messaging.consumer import ConsumerType
+from ._service import driver_client, service_url_for
 from .write import DEFAULT_TXN_TIMEOUT_MS, WriteJob, prepare
 
 INPUT_DDL = (
@@ -37,8 +41,6 @@ def _drain(consumer, max_messages: int | None, receive_timeout_ms: int):
 
 
 def _input_table(msgs):
-    import pyarrow as pa
-
     return pa.table(
         {
             "topic": pa.array([m.topic_name() for m in msgs], pa.string()),
@@ -74,9 +76,6 @@ def process_exactly_once(
     """Process the subscription's available input once (API.md, "Spark"). `transform` takes a
     DataFrame of ``INPUT_DDL`` and returns one with a ``value`` column (binary or string) and
     optionally ``key``. Returns ``{"input", "output", "committed", "aborted", "label"}``."""
-    from ..messaging.consumer import ConsumerType
-    from ._service import driver_client, service_url_for
-
     if max_messages is not None and max_messages < 1:
         raise ValueError(f"max_messages must be at least 1, not {max_messages}")
     url = service_url_for(spark, service_url)

@@ -7,6 +7,13 @@ later commits do not show.
 
 from __future__ import annotations
 
+import queue
+import threading
+
+import pyarrow as pa
+
+from ._service import driver_client, executor_client, service_url_for
+
 READ_DDL = (
     "topic string, partition int, ledger_id long, entry_id long, batch_index int, "
     "key binary, value binary, properties map<string,string>, publish_time timestamp"
@@ -52,9 +59,6 @@ def scan_ahead(client, part: str, start: int, end: int, rows: int = SCAN_AHEAD_R
     """The committed batches of entries [start, end) of `part`, as Spark's Arrow types, read
     by a helper thread in calls of about `rows` messages (sized from what earlier calls
     returned) while the caller hands the previous ones to Spark."""
-    import queue
-    import threading
-
     out: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
     done = object()
@@ -103,8 +107,6 @@ def scan_ahead(client, part: str, start: int, end: int, rows: int = SCAN_AHEAD_R
 
 def to_spark_arrow(batch):
     """A scan batch as Spark's Arrow types (Spark takes timestamps in microseconds)."""
-    import pyarrow as pa
-
     i = batch.schema.get_field_index("publish_time")
     col = batch.column(i).cast(pa.timestamp("us", tz="UTC"))
     return batch.set_column(i, "publish_time", col)
@@ -112,8 +114,6 @@ def to_spark_arrow(batch):
 
 def _task(service_url, token, splits):
     def run(batches):
-        from ._service import executor_client
-
         client = executor_client(service_url, token)
         for batch in batches:
             for split_id in batch.column(0).to_pylist():
@@ -134,8 +134,6 @@ def read_topic(
 ):
     """The committed messages of `topic` as of now, as a DataFrame of API.md's read schema.
     The positions are fixed by this call: every action on the result reads the same messages."""
-    from ._service import driver_client, service_url_for
-
     url = service_url_for(spark, service_url)
     client = driver_client(url, token, connect_timeout_s)
     try:

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import uuid
 
+import pyarrow as pa
+
 from .._native import TxnID
+from ..messaging.topic_name import TopicName
+from ._service import driver_client, executor_client, service_url_for
 
 REPORT_SCHEMA = "partition_id int, attempt int, txn_msb long, txn_lsb long, rows long"
 DEFAULT_TXN_TIMEOUT_MS = 600_000  # a task attempt must finish writing within this
@@ -115,14 +119,10 @@ def write_attempt(
 
 
 def _as_binary(col):
-    import pyarrow as pa
-
     return col if col.type == pa.binary() else col.cast(pa.binary())
 
 
 def _as_string(col):
-    import pyarrow as pa
-
     return col if col.type == pa.string() else col.cast(pa.string())
 
 
@@ -133,10 +133,7 @@ def _task(
     attempt, batches_sent)` runs after each batch is sent (tests inject failures with it)."""
 
     def run(batches):
-        import pyarrow as pa
-        from pyspark import TaskContext
-
-        from ._service import executor_client
+        from pyspark import TaskContext  # the optional extra: where a task runs, not at import
 
         ctx = TaskContext.get()
         client = executor_client(service_url, token)
@@ -191,8 +188,6 @@ class WriteJob:
         label: str | None = None,
         inject=None,
     ) -> None:
-        from ..messaging.topic_name import TopicName
-
         TopicName.parse(topic)  # InvalidTopicName now, not in every task
         self.client = client
         self.service_url = service_url
@@ -277,8 +272,6 @@ def write_topic(
 ) -> dict:
     """Write every row of `df` to `topic` exactly once (API.md, "Spark"); returns counts:
     ``{"topic", "label", "rows", "partitions", "committed", "aborted", "duplicate"}``."""
-    from ._service import driver_client, service_url_for
-
     prepared = prepare(df, value_column, key_column)
     url = service_url_for(df.sparkSession, service_url)
     client = driver_client(url, token, connect_timeout_s)

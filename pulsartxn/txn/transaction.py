@@ -199,3 +199,16 @@ class Transaction(TransactionContext):
 
     def __hash__(self) -> int:
         return hash(self.id)
+
+
+def as_txn_id(value) -> TxnID:
+    """A TxnID from a TxnID, a Transaction, its str ("<coordinator>:<sequence>") or its int."""
+    if isinstance(value, TxnID):
+        return value
+    if isinstance(value, Transaction):
+        return value.id
+    if isinstance(value, str):
+        return TxnID.parse(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return TxnID.from_int(value)
+    raise TypeError(f"expected a TxnID, Transaction, str or int, not {type(value).__name__}")

@@ -6,14 +6,14 @@ from __future__ import annotations
 import time
 
 import pulsartxn
-from pulsartxn.server import service
+from pulsartxn.server import sessions
 from pulsartxn.server.service import BrokerServer
 from pulsartxn.txn.state import FINAL
 from tests.helpers import scanned
 
 
 def test_a_long_session_keeps_only_the_open_transactions(tmp_path, monkeypatch):
-    monkeypatch.setattr(service, "_PRUNE_TXNS_AT", 64)  # pruned at 64 handles, not 1024
+    monkeypatch.setattr(sessions, "_PRUNE_TXNS_AT", 64)  # pruned at 64 handles, not 1024
     with pulsartxn.Broker(tmp_path / "d", sync=False) as broker:
         server = BrokerServer(broker, "127.0.0.1", 0)
         client = pulsartxn.Client(f"pulsartxn://127.0.0.1:{server.port}")
@@ -30,7 +30,7 @@ def test_a_long_session_keeps_only_the_open_transactions(tmp_path, monkeypatch):
                     txn.abort()
                 # else: left to its 100 ms timeout, never ended by the client
             time.sleep(0.5)  # every left one has timed out now
-            (session,) = server._sessions.values()
+            (session,) = server.sessions.live()
             # Begins (left open) until the next pruning: it comes before the handles pass
             # twice what the last pruning left, and drops the 150 timed out ones. How many
             # were still open at the last pruning depends on the loop's speed against their

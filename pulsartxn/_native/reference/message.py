@@ -6,10 +6,23 @@ import struct
 from functools import total_ordering
 
 from ...errors import InvalidMessageId
+from ..checks import as_int
 
 _ID = struct.Struct("<2sQQiii")
 _ID_MAGIC = b"M1"
 _MAX = (1 << 63) - 1
+_I64 = (-(1 << 63), _MAX)
+_I32 = (-(1 << 31), (1 << 31) - 1)
+
+
+def _field(value, what: str, bounds: tuple[int, int]) -> int:
+    """A field of a MessageId: an int (bool refused: TypeError) within `bounds`, else
+    InvalidMessageId; the same check and words as the native one's."""
+    if type(value) is not int:
+        value = as_int(value, what)
+    if not bounds[0] <= value <= bounds[1]:
+        raise InvalidMessageId(f"{what} must be in {bounds[0]}..{bounds[1]}, not {value}")
+    return value
 
 
 @total_ordering
@@ -30,11 +43,11 @@ class MessageId:
         batch_index: int = -1,
         batch_size: int = 0,
     ) -> None:
-        self._ledger_id = ledger_id
-        self._entry_id = entry_id
-        self._partition = partition
-        self._batch_index = batch_index
-        self._batch_size = batch_size
+        self._ledger_id = _field(ledger_id, "ledger_id", _I64)
+        self._entry_id = _field(entry_id, "entry_id", _I64)
+        self._partition = _field(partition, "partition", _I32)
+        self._batch_index = _field(batch_index, "batch_index", _I32)
+        self._batch_size = _field(batch_size, "batch_size", _I32)
 
     def ledger_id(self) -> int:
         return self._ledger_id

@@ -110,7 +110,7 @@ class TxnBatch(Batch):
 class PartitionProducer:
     """A producer's state on one partition: its batch container and sequence ids."""
 
-    def __init__(self, producer, partition) -> None:
+    def __init__(self, producer, partition, flusher, is_local_txn) -> None:
         self.producer = producer
         self.partition = partition
         self.lock = threading.Lock()
@@ -121,6 +121,8 @@ class PartitionProducer:
         # (first, end) of sequence ids of aborted sends never written
         self.dropped: deque[tuple[int, int]] = deque(maxlen=MAX_DROPPED)
         self.watched = False  # the broker's flusher will look at this container again
+        self._flusher = flusher  # watch(container): flushes batches past their publish delay
+        self._is_local_txn = is_local_txn  # txn -> whether this container may batch it
         self._txn_last = None  # the transaction whose open batch here is _txn_batch
         self._txn_batch: TxnBatch | None = None
 
@@ -188,14 +190,7 @@ class PartitionProducer:
         """The producer's path opened `batch` for `txn` here (lock held): the send path appends
         the transaction's next plain messages to it while it stays open. A producer with
         batching off opens none."""
-        from ...txn.transaction import Transaction
-
-        producer = self.producer
-        if (
-            producer.batching_enabled
-            and type(txn) is Transaction
-            and txn._service is producer.client.broker.txn
-        ):
+        if self.producer.batching_enabled and self._is_local_txn(txn):
             self._txn_last = txn
             self._txn_batch = batch
 
@@ -232,7 +227,7 @@ class PartitionProducer:
                 batch = self.batch = Batch(sequence_id)
                 if not self.watched:
                     self.watched = True
-                    producer.client.broker._flusher.watch(self)
+                    self._flusher.watch(self)
             n = batch.append(content, properties, key)
             fut = MessageFuture(batch.outcome, n)
             if resent:

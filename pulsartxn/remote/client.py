@@ -21,19 +21,13 @@ from .. import errors
 from .._native import TxnID
 from ..messaging.consumer import ConsumerType, InitialPosition, Isolation
 from ..messaging.message import MessageId
-from . import protocol
-from .handles import BatchStream, RemoteConsumer, RemoteProducer, RemoteTransaction, _txn_str
-from .protocol import frame, unframe
-from .service import SessionLost
+from ..server import protocol
+from ..server.protocol import SessionLost, frame, unframe
+from .consumer import RemoteConsumer
+from .handles import RemoteTransaction, txn_str
+from .producer import RemoteProducer
 
-__all__ = [
-    "BatchStream",
-    "RemoteAdmin",
-    "RemoteClient",
-    "RemoteConsumer",
-    "RemoteProducer",
-    "RemoteTransaction",
-]
+__all__ = ["RemoteAdmin", "RemoteClient"]
 
 
 def _flush_handles(txns) -> None:
@@ -246,7 +240,7 @@ class RemoteClient:
     def transaction(self, txn_id, capability: str | None = None):
         """A handle on a transaction by id; one of another session needs its `capability`
         to be used or ended (its state can always be read)."""
-        key = _txn_str(txn_id)
+        key = txn_str(txn_id)
         if capability is not None:
             self._capabilities[key] = capability
         t = RemoteTransaction(
@@ -258,7 +252,7 @@ class RemoteClient:
     def commit_all(self, txns) -> None:
         txns = list(txns)
         _flush_handles(txns)
-        keys = [_txn_str(t) for t in txns]
+        keys = [txn_str(t) for t in txns]
         self._json(
             "commit_all",
             {"txns": keys, "capabilities": [self._capability_of(k) for k in keys]},
@@ -273,7 +267,7 @@ class RemoteClient:
             "commit_group",
             {
                 "group": group,
-                "winners": [_txn_str(t) for t in winners],
+                "winners": [txn_str(t) for t in winners],
                 "idempotency_key": list(idempotency_key) if idempotency_key else None,
                 "group_capability": group_capability or self._group_capabilities.get(group),
             },

@@ -1,5 +1,5 @@
 """Message (native and twin): the accessors of API.md, an id given as its five fields made
-into a MessageId when first asked for, repr and pickling."""
+into a MessageId when first asked for, repr and pickling; MessageId native == twin on any input."""
 
 from __future__ import annotations
 
@@ -91,3 +91,50 @@ def test_a_message_id_refuses_what_is_not_one(impl):
     with pytest.raises(TypeError):
         impl.MessageId.deserialize("M1")
     assert impl.MessageId(1, 2) != (1, 2, -1, -1)
+
+
+def _outcome(call):
+    """What a call answers: ("ok", value) or ("raised", its type and message)."""
+    try:
+        return ("ok", call())
+    except Exception as exc:  # noqa: BLE001 - the outcome is compared, whatever it is
+        return ("raised", type(exc), str(exc))
+
+
+field = st.one_of(
+    st.integers(-(2**64), 2**64),
+    st.sampled_from([2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 2**31 - 1, 2**31, -(2**31) - 1]),
+    st.booleans(),
+    st.floats(allow_nan=False),
+    st.none(),
+    st.text(max_size=3),
+)
+
+
+@given(st.lists(field, min_size=0, max_size=6))
+def test_native_and_twin_message_ids_check_their_fields_alike(fields):
+    """Any arguments: the same MessageId from both, or the same error (TypeError for what is
+    not an int, InvalidMessageId for an int out of its field's range)."""
+    native, twin = (load("native").MessageId, load("reference").MessageId)
+    n, t = _outcome(lambda: native(*fields)), _outcome(lambda: twin(*fields))
+    if 2 <= len(fields) <= 5:
+        assert n == t
+        assert n[0] == "ok" or n[1] in (TypeError, InvalidMessageId)
+    else:  # the arity error: Python's words differ between the two
+        assert n[:2] == t[:2] == ("raised", TypeError)
+
+
+@given(
+    st.one_of(
+        st.binary(max_size=40),
+        st.binary(min_size=30, max_size=30).map(lambda b: b"M1" + b[2:]),
+    )
+)
+def test_native_and_twin_deserialize_any_bytes_alike(data):
+    native, twin = (load("native").MessageId, load("reference").MessageId)
+    n, t = _outcome(lambda: native.deserialize(data)), _outcome(lambda: twin.deserialize(data))
+    assert n == t
+    if n[0] == "raised":
+        assert n[1] is InvalidMessageId
+    else:
+        assert n[1].serialize() == data

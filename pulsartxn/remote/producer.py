@@ -1,93 +1,22 @@
-"""The remote client's handles: producers, consumers and transactions that live on the broker.
-
-A producer or consumer is a server-side object of the client's session; when the session is
-lost (the broker restarted) it is created again under the same name in the new one.
-"""
+"""The remote client's producers: messages batched client-side, sent with explicit
+sequence ids (a re-send after a reconnect is stored once), bulk sends as DoPut streams."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
-import weakref
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
 from .. import errors
-from .._native import TxnID
-from ..messaging.consumer import check_count
-from ..messaging.message import Message, MessageId
+from ..messaging.message import MessageId
 from ..messaging.producer import check_sequence_id
-from ..txn.state import TxnState
-from ..txn.transaction import TransactionContext
-from . import protocol
-from .protocol import frame, unframe
-from .service import SessionLost
-
-if TYPE_CHECKING:
-    from .remote import RemoteClient
-
-
-def _txn_str(txn) -> str | None:
-    if txn is None:
-        return None
-    if isinstance(txn, RemoteTransaction):
-        return str(txn.id)
-    if isinstance(txn, TxnID):
-        return str(txn)
-    if isinstance(txn, str):
-        return str(TxnID.parse(txn))
-    if isinstance(txn, int) and not isinstance(txn, bool):
-        return str(TxnID.from_int(txn))
-    raise TypeError(f"txn must be a Transaction or TxnID, not {type(txn).__name__}")
-
-
-def _mid_hex(msg_or_id) -> str:
-    if isinstance(msg_or_id, Message):
-        msg_or_id = msg_or_id.message_id()
-    if not isinstance(msg_or_id, MessageId):
-        raise TypeError(f"expected a Message or MessageId, not {type(msg_or_id).__name__}")
-    return msg_or_id.serialize().hex()
-
-
-class _Handle:
-    """A server-side object re-created in a new session when the old one is lost."""
-
-    def __init__(self, client: RemoteClient) -> None:
-        self._client = client
-        self._handle = None
-        self._generation = -1
-        self._closed = False
-
-    def _ensure(self) -> int:
-        if self._closed:
-            raise errors.AlreadyClosed(f"{type(self).__name__} is closed")
-        if self._generation != self._client._generation or self._handle is None:
-            generation = self._client._generation
-            self._handle = self._create()
-            self._generation = generation
-        return self._handle
-
-    # Subclasses define close(), which a with-block calls on exit.
-
-    def _close_remote(self, action: str, handle) -> None:
-        """Close the server-side object, if it belongs to the live session (one of a lost
-        session went with it); the server's errors are not the caller's concern here."""
-        if handle is not None and self._generation == self._client._generation:
-            try:
-                self._client._raw(action, {"handle": handle})
-            except errors.PulsarTxnError:
-                pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
+from ..server import protocol
+from ..server.protocol import frame, unframe
+from .handles import Handle, RemoteTransaction, txn_str
 
 SEND_BATCH_BYTES = 8 << 20  # a send_batch goes out in record batches of about this many bytes
 
@@ -97,7 +26,7 @@ class BatchStream:
 
     def __init__(self, producer: RemoteProducer, txn) -> None:
         self._producer = producer
-        self._txn = _txn_str(txn)
+        self._txn = txn_str(txn)
         self._capability = producer._client._capability_of(self._txn)
         self._handle = txn if isinstance(txn, RemoteTransaction) else None
         self._writer = self._reader = None
@@ -169,7 +98,7 @@ class BatchStream:
             self.cancel()
 
 
-class RemoteProducer(_Handle):
+class RemoteProducer(Handle):
     def __init__(self, client, topic, producer_name, options) -> None:
         super().__init__(client)
         self._topic = topic
@@ -233,8 +162,7 @@ class RemoteProducer(_Handle):
         results = []
         for mid, err in zip(out["ids"], out["errors"]):
             if err is not None:
-                cls = protocol._ERRORS.get(err[0], errors.PulsarTxnError)
-                results.append(cls(err[1]))
+                results.append(protocol.error_named(err[0], err[1]))
             else:
                 results.append(MessageId.deserialize(bytes.fromhex(mid)))
         return results
@@ -253,7 +181,7 @@ class RemoteProducer(_Handle):
         seq = self._next_seq(sequence_id)
         handle = txn if isinstance(txn, RemoteTransaction) else None
         (result,) = self._send_many(
-            [(content, properties, partition_key, seq)], _txn_str(txn), handle
+            [(content, properties, partition_key, seq)], txn_str(txn), handle
         )
         if isinstance(result, BaseException):
             raise result
@@ -286,7 +214,7 @@ class RemoteProducer(_Handle):
             self._queue.append(
                 (
                     (content, properties, partition_key, seq),
-                    _txn_str(txn),
+                    txn_str(txn),
                     fut,
                     time.monotonic(),
                     handle,
@@ -369,8 +297,8 @@ class RemoteProducer(_Handle):
         command = frame(
             {
                 "handle": self._ensure(),
-                "txn": _txn_str(txn),
-                "capability": self._client._capability_of(_txn_str(txn)),
+                "txn": txn_str(txn),
+                "capability": self._client._capability_of(txn_str(txn)),
                 "session": self._client._session,
             }
         )
@@ -418,182 +346,3 @@ class RemoteProducer(_Handle):
             self._closed = True
             self._cond.notify_all()
         self._close_remote("close_producer", handle)
-
-
-class RemoteConsumer(_Handle):
-    def __init__(self, client, topic, subscription, options) -> None:
-        super().__init__(client)
-        self._topic = topic
-        self._subscription = subscription
-        self._options = options
-        self._ensure()
-
-    def _create(self) -> int:
-        out = self._client._raw(
-            "subscribe",
-            {"topic": self._topic, "subscription": self._subscription, "options": self._options},
-        )
-        info = unframe(out[0], 1 << 62)[0]
-        # A reconnect subscribes again under the same name.
-        self._options = {**self._options, "consumer_name": info["name"]}
-        return info["handle"]
-
-    def topic(self) -> str:
-        return self._topic
-
-    def consumer_name(self) -> str:
-        return self._options["consumer_name"]
-
-    def subscription_name(self) -> str:
-        return self._subscription
-
-    def receive(self, timeout_millis=None) -> Message:
-        """The server waits at most its MAX_WAIT_MS a call: a longer wait asks again."""
-        check_count("timeout_millis", timeout_millis, least=0, optional=True)
-        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
-        while True:
-            left = None if deadline is None else max(int((deadline - time.monotonic()) * 1000), 0)
-            try:
-                (body,) = self._client._call("receive", {"timeout_millis": left}, owner=self)
-            except errors.Timeout:
-                if deadline is None or time.monotonic() < deadline:
-                    continue  # the server's wait ended before ours
-                raise
-            return protocol.decode_message(body)
-
-    def batch_receive(self, max_num_messages=1000, timeout_millis=100) -> list[Message]:
-        """Dispatch as a DoGet stream of record batches of about 4 MiB each."""
-        check_count("max_num_messages", max_num_messages, least=1)
-        check_count("timeout_millis", timeout_millis, least=0)
-        client = self._client
-        for attempt in (0, 1):
-            ticket = frame(
-                {
-                    "op": "receive",
-                    "handle": self._ensure(),
-                    "max_num_messages": max_num_messages,
-                    "timeout_millis": timeout_millis,
-                    "session": client._session,
-                }
-            )
-            try:
-                table = client._flight.do_get(flight.Ticket(ticket), client._options).read_all()
-            except flight.FlightError as exc:
-                err = protocol.from_flight_error(exc)
-                if isinstance(err, SessionLost) and not attempt:
-                    client._reopen()
-                    continue
-                raise err from None
-            out = []
-            for batch in table.to_batches():
-                out.extend(protocol.batch_to_messages(batch))
-            return out
-        raise AssertionError("unreachable")
-
-    def _ack(self, msg_or_id, txn, cumulative: bool) -> None:
-        out = self._client._json(
-            "ack",
-            {
-                "id": _mid_hex(msg_or_id),
-                "txn": _txn_str(txn),
-                "capability": self._client._capability_of(_txn_str(txn)),
-                "cumulative": cumulative,
-            },
-            owner=self,
-        )
-        if isinstance(txn, RemoteTransaction) and out.get("participant"):
-            key = tuple(out["participant"])
-            txn.ack_counts[key] = txn.ack_counts.get(key, 0) + 1
-
-    def acknowledge(self, msg_or_id, txn=None) -> None:
-        self._ack(msg_or_id, txn, False)
-
-    def acknowledge_cumulative(self, msg_or_id, txn=None) -> None:
-        self._ack(msg_or_id, txn, True)
-
-    def negative_acknowledge(self, msg_or_id) -> None:
-        self._client._call("nack", {"id": _mid_hex(msg_or_id)}, owner=self)
-
-    def redeliver_unacknowledged_messages(self) -> None:
-        self._client._call("redeliver", {}, owner=self)
-
-    def has_message_available(self) -> bool:
-        return self._client._json("has_message_available", {}, owner=self)["value"]
-
-    def get_last_message_id(self) -> MessageId:
-        out = self._client._json("get_last_message_id", {}, owner=self)
-        return MessageId(*out["id"])
-
-    def unsubscribe(self) -> None:
-        self._client._call("unsubscribe", {}, owner=self)
-        self._closed = True
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        handle = self._handle
-        self._closed = True
-        self._close_remote("close_consumer", handle)
-
-
-class RemoteTransaction(TransactionContext):
-    def __init__(
-        self, client: RemoteClient, txn_id: TxnID, counted: bool = True, capability=None
-    ) -> None:
-        self._client = client
-        self.id = txn_id
-        # The secret that lets another session end or use it: give it, with the id, to the
-        # process that is to (client.transaction(id, capability=...)).
-        self.capability = capability
-        # Acks per (partition, subscription) and messages per partition made through this
-        # handle; `counted`: it opened the transaction, so they are all of them (its commit
-        # states them, and the broker checks it still holds them).
-        self.ack_counts: dict = {}
-        self.send_counts: dict = {}
-        self.counted = counted
-        self.producers: weakref.WeakSet = weakref.WeakSet()  # with queued sends of this txn
-
-    def _stored(self, partitions) -> None:
-        for name, n in partitions:
-            self.send_counts[name] = self.send_counts.get(name, 0) + n
-
-    @property
-    def state(self) -> TxnState:
-        out = self._client._json("txn_state", {"txn": str(self.id), "capability": self.capability})
-        return TxnState(out["state"])
-
-    def flush_for_commit(self) -> None:
-        for producer in list(self.producers):
-            producer.flush()  # everything sent in the transaction lands before its end
-
-    def _end(self, commit: bool, timeout_ms) -> None:
-        if commit:
-            self.flush_for_commit()
-        retries = self._client._retries
-        try:
-            self._client._json(
-                "end",
-                {
-                    "txn": str(self.id),
-                    "capability": self.capability,
-                    "commit": commit,
-                    "timeout_ms": timeout_ms,
-                    "counted": self.counted,
-                    "expected_acks": [[list(k), n] for k, n in self.ack_counts.items()],
-                    "expected_sends": sorted(self.send_counts.items()),
-                },
-            )
-        except errors.InvalidTxnStatus:
-            # Re-sent after a lost connection, the first attempt may have gone through.
-            wanted = TxnState.COMMITTED if commit else TxnState.ABORTED
-            if self._client._retries == retries or self.state is not wanted:
-                raise
-
-    def commit(self, timeout_ms=None) -> None:
-        self._end(True, timeout_ms)
-
-    def abort(self, timeout_ms=None) -> None:
-        self._end(False, timeout_ms)
-
-    def __repr__(self) -> str:
-        return f"RemoteTransaction({self.id})"

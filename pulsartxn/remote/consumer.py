@@ -1,0 +1,130 @@
+"""The remote client's consumers: receives, batch receives as DoGet streams, acks."""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow.flight as flight
+
+from .. import errors
+from ..messaging.consumer import check_count
+from ..messaging.message import Message, MessageId
+from ..server import protocol
+from ..server.protocol import SessionLost, frame, unframe
+from .handles import Handle, RemoteTransaction, mid_hex, txn_str
+
+
+class RemoteConsumer(Handle):
+    def __init__(self, client, topic, subscription, options) -> None:
+        super().__init__(client)
+        self._topic = topic
+        self._subscription = subscription
+        self._options = options
+        self._ensure()
+
+    def _create(self) -> int:
+        out = self._client._raw(
+            "subscribe",
+            {"topic": self._topic, "subscription": self._subscription, "options": self._options},
+        )
+        info = unframe(out[0], 1 << 62)[0]
+        # A reconnect subscribes again under the same name.
+        self._options = {**self._options, "consumer_name": info["name"]}
+        return info["handle"]
+
+    def topic(self) -> str:
+        return self._topic
+
+    def consumer_name(self) -> str:
+        return self._options["consumer_name"]
+
+    def subscription_name(self) -> str:
+        return self._subscription
+
+    def receive(self, timeout_millis=None) -> Message:
+        """The server waits at most its MAX_WAIT_MS a call: a longer wait asks again."""
+        check_count("timeout_millis", timeout_millis, least=0, optional=True)
+        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
+        while True:
+            left = None if deadline is None else max(int((deadline - time.monotonic()) * 1000), 0)
+            try:
+                (body,) = self._client._call("receive", {"timeout_millis": left}, owner=self)
+            except errors.Timeout:
+                if deadline is None or time.monotonic() < deadline:
+                    continue  # the server's wait ended before ours
+                raise
+            return protocol.decode_message(body)
+
+    def batch_receive(self, max_num_messages=1000, timeout_millis=100) -> list[Message]:
+        """Dispatch as a DoGet stream of record batches of about 4 MiB each."""
+        check_count("max_num_messages", max_num_messages, least=1)
+        check_count("timeout_millis", timeout_millis, least=0)
+        client = self._client
+        for attempt in (0, 1):
+            ticket = frame(
+                {
+                    "op": "receive",
+                    "handle": self._ensure(),
+                    "max_num_messages": max_num_messages,
+                    "timeout_millis": timeout_millis,
+                    "session": client._session,
+                }
+            )
+            try:
+                table = client._flight.do_get(flight.Ticket(ticket), client._options).read_all()
+            except flight.FlightError as exc:
+                err = protocol.from_flight_error(exc)
+                if isinstance(err, SessionLost) and not attempt:
+                    client._reopen()
+                    continue
+                raise err from None
+            out = []
+            for batch in table.to_batches():
+                out.extend(protocol.batch_to_messages(batch))
+            return out
+        raise AssertionError("unreachable")
+
+    def _ack(self, msg_or_id, txn, cumulative: bool) -> None:
+        out = self._client._json(
+            "ack",
+            {
+                "id": mid_hex(msg_or_id),
+                "txn": txn_str(txn),
+                "capability": self._client._capability_of(txn_str(txn)),
+                "cumulative": cumulative,
+            },
+            owner=self,
+        )
+        if isinstance(txn, RemoteTransaction) and out.get("participant"):
+            key = tuple(out["participant"])
+            txn.ack_counts[key] = txn.ack_counts.get(key, 0) + 1
+
+    def acknowledge(self, msg_or_id, txn=None) -> None:
+        self._ack(msg_or_id, txn, False)
+
+    def acknowledge_cumulative(self, msg_or_id, txn=None) -> None:
+        self._ack(msg_or_id, txn, True)
+
+    def negative_acknowledge(self, msg_or_id) -> None:
+        self._client._call("nack", {"id": mid_hex(msg_or_id)}, owner=self)
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        self._client._call("redeliver", {}, owner=self)
+
+    def has_message_available(self) -> bool:
+        return self._client._json("has_message_available", {}, owner=self)["value"]
+
+    def get_last_message_id(self) -> MessageId:
+        out = self._client._json("get_last_message_id", {}, owner=self)
+        return MessageId(*out["id"])
+
+    def unsubscribe(self) -> None:
+        self._client._call("unsubscribe", {}, owner=self)
+        self._closed = True
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        handle = self._handle
+        self._closed = True
+        self._close_remote("close_consumer", handle)

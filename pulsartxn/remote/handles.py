@@ -1,0 +1,140 @@
+"""The remote client's handles on what lives on the broker: the base of producers and
+consumers (re-created in a new session when the old one is lost) and transactions.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING
+
+from .. import errors
+from .._native import TxnID
+from ..messaging.message import Message, MessageId
+from ..txn.state import TxnState
+from ..txn.transaction import TransactionContext
+
+if TYPE_CHECKING:
+    from .client import RemoteClient
+
+
+def txn_str(txn) -> str | None:
+    """The wire form of a `txn=` argument (a RemoteTransaction, a TxnID, its str or int)."""
+    if txn is None:
+        return None
+    if isinstance(txn, RemoteTransaction):
+        return str(txn.id)
+    if isinstance(txn, TxnID):
+        return str(txn)
+    if isinstance(txn, str):
+        return str(TxnID.parse(txn))
+    if isinstance(txn, int) and not isinstance(txn, bool):
+        return str(TxnID.from_int(txn))
+    raise TypeError(f"txn must be a Transaction or TxnID, not {type(txn).__name__}")
+
+
+def mid_hex(msg_or_id) -> str:
+    """The wire form of the id of a Message or MessageId."""
+    if isinstance(msg_or_id, Message):
+        msg_or_id = msg_or_id.message_id()
+    if not isinstance(msg_or_id, MessageId):
+        raise TypeError(f"expected a Message or MessageId, not {type(msg_or_id).__name__}")
+    return msg_or_id.serialize().hex()
+
+
+class Handle:
+    """A server-side object re-created in a new session when the old one is lost."""
+
+    def __init__(self, client: RemoteClient) -> None:
+        self._client = client
+        self._handle = None
+        self._generation = -1
+        self._closed = False
+
+    def _ensure(self) -> int:
+        if self._closed:
+            raise errors.AlreadyClosed(f"{type(self).__name__} is closed")
+        if self._generation != self._client._generation or self._handle is None:
+            generation = self._client._generation
+            self._handle = self._create()
+            self._generation = generation
+        return self._handle
+
+    # Subclasses define close(), which a with-block calls on exit.
+
+    def _close_remote(self, action: str, handle) -> None:
+        """Close the server-side object, if it belongs to the live session (one of a lost
+        session went with it); the server's errors are not the caller's concern here."""
+        if handle is not None and self._generation == self._client._generation:
+            try:
+                self._client._raw(action, {"handle": handle})
+            except errors.PulsarTxnError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class RemoteTransaction(TransactionContext):
+    def __init__(
+        self, client: RemoteClient, txn_id: TxnID, counted: bool = True, capability=None
+    ) -> None:
+        self._client = client
+        self.id = txn_id
+        # The secret that lets another session end or use it: give it, with the id, to the
+        # process that is to (client.transaction(id, capability=...)).
+        self.capability = capability
+        # Acks per (partition, subscription) and messages per partition made through this
+        # handle; `counted`: it opened the transaction, so they are all of them (its commit
+        # states them, and the broker checks it still holds them).
+        self.ack_counts: dict = {}
+        self.send_counts: dict = {}
+        self.counted = counted
+        self.producers: weakref.WeakSet = weakref.WeakSet()  # with queued sends of this txn
+
+    def _stored(self, partitions) -> None:
+        for name, n in partitions:
+            self.send_counts[name] = self.send_counts.get(name, 0) + n
+
+    @property
+    def state(self) -> TxnState:
+        out = self._client._json("txn_state", {"txn": str(self.id), "capability": self.capability})
+        return TxnState(out["state"])
+
+    def flush_for_commit(self) -> None:
+        for producer in list(self.producers):
+            producer.flush()  # everything sent in the transaction lands before its end
+
+    def _end(self, commit: bool, timeout_ms) -> None:
+        if commit:
+            self.flush_for_commit()
+        retries = self._client._retries
+        try:
+            self._client._json(
+                "end",
+                {
+                    "txn": str(self.id),
+                    "capability": self.capability,
+                    "commit": commit,
+                    "timeout_ms": timeout_ms,
+                    "counted": self.counted,
+                    "expected_acks": [[list(k), n] for k, n in self.ack_counts.items()],
+                    "expected_sends": sorted(self.send_counts.items()),
+                },
+            )
+        except errors.InvalidTxnStatus:
+            # Re-sent after a lost connection, the first attempt may have gone through.
+            wanted = TxnState.COMMITTED if commit else TxnState.ABORTED
+            if self._client._retries == retries or self.state is not wanted:
+                raise
+
+    def commit(self, timeout_ms=None) -> None:
+        self._end(True, timeout_ms)
+
+    def abort(self, timeout_ms=None) -> None:
+        self._end(False, timeout_ms)
+
+    def __repr__(self) -> str:
+        return f"RemoteTransaction({self.id})"

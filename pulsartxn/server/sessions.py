@@ -1,0 +1,310 @@
+"""The network service's sessions: what each may hold, who may call what, and the secrets
+(capabilities) that let one session use another's transactions and groups.
+
+A session that stops sending keep-alives (the client died or was cut off), or that its client
+closes, is closed: its consumers' unacknowledged messages go back to be redelivered, its
+producers are closed, and the open transactions only it held are aborted (nobody else could end
+them), but those in a group, which their group's decision or their timeout ends. A server that
+stops keeps its sessions' transactions: clients reconnect under the same session id and go on;
+those whose session does not come back within the session timeout are aborted as above.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+
+import pyarrow.flight as flight
+
+from .. import errors
+from ..txn.log import IN_PROCESS
+from ..txn.state import FINAL
+from .protocol import SessionLost
+
+log = logging.getLogger(__name__)
+
+MAX_SESSIONS = 4096  # clients connected at once (each may hold SessionLimits)
+# A session's transaction handles are pruned of ended ones when they exceed this (and twice
+# what was left after the last pruning).
+_PRUNE_TXNS_AT = 1024
+CAPABILITY_KEY = b"server/capability-key"
+ADMIN, CLIENT = "admin", "client"
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """What one session may hold at once: past them, a typed QuotaExceeded, never memory or
+    threads taken from the others."""
+
+    consumers: int = 1024
+    producers: int = 1024
+    transactions: int = 10_000  # open transactions it opened or holds
+    waiting_receives: int = 256  # receives parked on the server, each holding a thread
+
+
+def room(count: int, limit: int, what: str) -> None:
+    if count >= limit:
+        raise errors.QuotaExceeded(f"a session may hold at most {limit} {what}")
+
+
+class Session:
+    """One remote client's session: its in-process client and the handles it holds."""
+
+    def __init__(self, sid: str, client) -> None:
+        self.id = sid
+        self.client = client
+        self.producers: dict[int, object] = {}
+        self.consumers: dict[int, object] = {}
+        self.txns: dict[str, object] = {}
+        self.groups: set[str] = set()  # labels whose capability it holds
+        self.waiting = 0  # receives parked on the server
+        self._prune_at = _PRUNE_TXNS_AT
+        self.last_seen = time.monotonic()
+        self.lock = threading.Lock()
+
+    def remember(self, key: str, txn) -> None:
+        """Keep the handle of a transaction this session uses (its acks and pending sends are
+        counted there). Those that have ended are dropped once they pile up: a long session
+        runs millions of transactions, and one that timed out is never ended by its client.
+        Not those in ERROR (not in FINAL): a coordinator that cannot answer now may hold one
+        open."""
+        with self.lock:
+            self.txns[key] = txn
+            if len(self.txns) > self._prune_at:
+                self.txns = {k: t for k, t in self.txns.items() if t.state not in FINAL}
+                self._prune_at = max(_PRUNE_TXNS_AT, 2 * len(self.txns))
+
+    def prune(self) -> None:
+        """Drop the handles of transactions that have ended."""
+        with self.lock:
+            self.txns = {k: t for k, t in self.txns.items() if t.state not in FINAL}
+
+    def forget(self, key: str) -> None:
+        with self.lock:
+            self.txns.pop(key, None)
+
+    def close(self) -> None:
+        for c in list(self.consumers.values()):
+            try:
+                c.close()  # unacknowledged messages are redelivered to others
+            except errors.PulsarTxnError:
+                pass
+        try:
+            self.client.close()
+        except errors.PulsarTxnError:
+            pass
+
+
+class Role(flight.ServerMiddleware):
+    """What the call's credentials allow: ADMIN (every call) or CLIENT (no admin call)."""
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+
+
+class AuthFactory(flight.ServerMiddlewareFactory):
+    """Bearer tokens, as Pulsar's roles: the admin token allows every call, the client token
+    every call but the admin ones. A kind without a token is open to all (no token at all:
+    development on loopback)."""
+
+    def __init__(self, token: str | None, admin_token: str | None) -> None:
+        self._client = b"Bearer " + token.encode() if token else None
+        self._admin = b"Bearer " + admin_token.encode() if admin_token else None
+
+    def start_call(self, info, headers):
+        values = headers.get("authorization") or headers.get("Authorization") or []
+        got = values[0].encode() if values else b""
+        # Both compared, in constant time, whatever the first says.
+        is_admin = self._admin is not None and hmac.compare_digest(got, self._admin)
+        is_client = self._client is not None and hmac.compare_digest(got, self._client)
+        if is_admin or (self._admin is None and self._client is None):
+            return Role(ADMIN)
+        if is_client or self._client is None:
+            return Role(CLIENT)
+        raise flight.FlightUnauthenticatedError("missing or wrong bearer token")
+
+
+class Sessions:
+    """The server's sessions (opened by hello, reaped when silent) and the capabilities that
+    let a session use what another opened. The role of the call in this thread decides
+    whether capabilities are needed (an admin's call needs none)."""
+
+    def __init__(self, broker, timeout_s: float, limits: SessionLimits, max_sessions: int) -> None:
+        self.broker = broker
+        self.timeout_s = timeout_s
+        self.limits = limits
+        self.max_sessions = max_sessions
+        self._sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+        self._local = threading.local()  # the call's role
+        self._key = _capability_key(broker)
+        self._reserved: dict[str, float] = {}  # group label -> when its capability was given
+        self._stopped = threading.Event()
+        self._started = time.monotonic()
+        self._swept = False  # the transactions of sessions gone with a previous server
+        self._reaper = threading.Thread(target=self._reap, name="pulsartxn-sessions", daemon=True)
+        self._reaper.start()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def open(self, sid) -> None:
+        """Open session `sid` (a hello), or keep the one of that id (a reconnect)."""
+        if not isinstance(sid, str) or not 8 <= len(sid) <= 64:
+            raise ValueError("hello needs a session id of 8..64 characters")
+        with self._lock:
+            if sid not in self._sessions:
+                if len(self._sessions) >= self.max_sessions:
+                    raise errors.QuotaExceeded(
+                        f"the server holds its limit of {self.max_sessions} sessions "
+                        "(pulsartxn serve --max-sessions)"
+                    )
+                self._sessions[sid] = Session(sid, self.broker.client(session=sid))
+
+    def get(self, args: dict) -> Session:
+        """The session a call names (it is alive: its last call is now)."""
+        sid = args.get("session")
+        with self._lock:
+            s = self._sessions.get(sid) if isinstance(sid, str) else None
+        if s is None:
+            raise SessionLost(f"unknown session {errors.excerpt(sid)}")
+        s.last_seen = time.monotonic()
+        return s
+
+    def live(self) -> list[Session]:
+        with self._lock:
+            return list(self._sessions.values())
+
+    def close(self, sid) -> None:
+        """Close session `sid` (its client said so), if it is open."""
+        with self._lock:
+            s = self._sessions.pop(sid, None)
+        if s is not None:
+            s.close()
+            self.abort_orphans(s)
+
+    def shutdown(self) -> None:
+        self._stopped.set()
+        with self._lock:
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
+        for s in sessions:
+            s.close()
+
+    def _reap(self) -> None:
+        while not self._stopped.wait(min(1.0, self.timeout_s / 4)):
+            now = time.monotonic()
+            with self._lock:
+                dead = [s for s in self._sessions.values() if now - s.last_seen > self.timeout_s]
+                for s in dead:
+                    del self._sessions[s.id]
+            for s in dead:
+                log.info("a session expired: closing its consumers and producers")
+                s.close()
+                self.abort_orphans(s)
+            if not self._swept and now - self._started > self.timeout_s:
+                self._swept = True
+                self.abort_orphans(None)
+
+    def abort_orphans(self, gone: Session | None) -> None:
+        """Abort the open transactions no live session holds (opened, or used by id) and no
+        group claims: those of the session `gone`, or (None) those of sessions that did not
+        come back after a restart."""
+        live = self.live()
+        sids = {s.id for s in live}
+        held = {key for s in live for key in list(s.txns)}
+        mine = set(gone.txns) if gone is not None else set()
+
+        def orphan(meta) -> bool:
+            if meta.group is not None or meta.owner is None or meta.owner == IN_PROCESS:
+                return False
+            key = str(meta.txn_id)
+            if meta.owner in sids or key in held:
+                return False
+            return gone is None or meta.owner == gone.id or key in mine
+
+        try:
+            self.broker.txn.abort_orphans(self.broker.txn.owned(orphan))
+        except errors.PulsarTxnError:
+            pass  # the broker is closing
+
+    @contextlib.contextmanager
+    def waiting(self, s: Session):
+        """A receive parked on the server for `s` (each holds a server thread)."""
+        with s.lock:
+            room(s.waiting, self.limits.waiting_receives, "receives waiting at once")
+            s.waiting += 1
+        try:
+            yield
+        finally:
+            with s.lock:
+                s.waiting -= 1
+
+    # -- roles and capabilities: a secret per transaction and per group label --------------
+
+    def set_role(self, admin: bool) -> None:
+        """The role of the call this thread serves."""
+        self._local.admin = admin
+
+    def admin(self) -> bool:
+        return getattr(self._local, "admin", True)
+
+    def capability(self, what: bytes) -> str:
+        return hmac.new(self._key, what, "sha256").hexdigest()[:32]
+
+    def _holds(self, what: bytes, capability) -> bool:
+        return isinstance(capability, str) and hmac.compare_digest(
+            capability.encode(), self.capability(what).encode()
+        )
+
+    def txn(self, s: Session, value, required: bool = False, capability=None):
+        """The session's handle on a transaction: one it opened or was given the capability
+        of (an admin's call needs none)."""
+        if value is None and not required:
+            return None
+        if not isinstance(value, str):
+            raise TypeError(f"txn must be a TxnID string, not {errors.excerpt(value)}")
+        txn = s.txns.get(value)
+        if txn is None:
+            if not self.admin() and not self._holds(b"txn:" + value.encode(), capability):
+                raise errors.NotAuthorized(
+                    f"transaction {errors.excerpt(value)} belongs to another session: "
+                    "present its capability"
+                )
+            txn = s.client.transaction(value)
+            s.remember(value, txn)
+        return txn
+
+    def group(self, s: Session, label, capability, claim: bool) -> str | None:
+        """The capability of group `label` for session `s`: it holds it, presents it, or (with
+        `claim`) takes it while nobody else does (no live member, not given out lately)."""
+        if not isinstance(label, str):
+            return None  # the call refuses the label itself
+        what = b"group:" + label.encode()
+        if self.admin() or label in s.groups or self._holds(what, capability):
+            s.groups.add(label)
+            return self.capability(what)
+        if claim and not self.broker.txn.group_members(label) and label not in self._reserved:
+            s.groups.add(label)
+            self._reserved[label] = time.monotonic()
+            return self.capability(what)
+        raise errors.NotAuthorized(
+            f"group {errors.excerpt(label)} belongs to another session: present its capability"
+        )
+
+
+def _capability_key(broker) -> bytes:
+    """The server's secret for capabilities, kept in the broker's store (a restarted server
+    honours those it gave out): made at the first start."""
+    storage = broker.storage
+    with storage.read() as txn:
+        raw = txn.get(CAPABILITY_KEY, db=storage.meta)
+        if raw is not None:
+            return bytes(raw)
+    key = secrets.token_bytes(32)  # the data directory is this process's alone (locked)
+    storage.write(lambda t: t.put(CAPABILITY_KEY, key, db=storage.meta))
+    return key
