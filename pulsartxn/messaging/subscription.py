@@ -1,18 +1,7 @@
-"""Subscriptions: a durable cursor and the dispatch of a partition's messages to consumers.
-
-Dispatch is pull-based: a consumer's ``receive`` takes the next message from its subscription
-(redeliveries first, in position order, then new entries read from the ledger). A message
-handed to a consumer stays pending until it is acknowledged; it goes back to be delivered
-again (``redelivery_count`` + 1) on a negative ack (after the delay), on
-``redeliver_unacknowledged_messages`` and when its consumer closes. Exclusive allows one
-consumer; Failover delivers to the first connected and the next takes over on close; Shared
-spreads messages over all of them.
-
-What one consumer makes the broker hold is bounded: a take materializes at most its count and
-byte budget, the read-ahead at most READ_AHEAD_* of a ledger, and a message delivered and not
-acknowledged is held by its position only (a redelivery reads its entry again). A consumer
-parked in a receive is woken by what it can take, not by every change of the subscription.
-"""
+"""Subscriptions (Exclusive, Failover, Shared): a durable cursor and the pull-based dispatch of
+a partition's messages, redeliveries first. What one consumer makes the broker hold is
+bounded: a take by its count and byte budget, the read-ahead by READ_AHEAD_*, a delivered and
+unacknowledged message by its position only. See docs/API.md, "Consuming"."""
 
 from __future__ import annotations
 

@@ -1,21 +1,8 @@
-"""The transaction buffer of a partition (Pulsar's TopicTransactionBuffer).
-
-Transactional entries go into the partition's ledger like any other, with the TxnID in their
-header. The buffer remembers which transactions are ongoing here (from the position of their
-first entry), which are aborted (an ``AbortSet``, probed in bulk by dispatch and scans) and the
-max read position: the first entry of the oldest ongoing transaction, or the end of the ledger
-when none is ongoing. Nothing at or past it is dispatched to read-committed readers, plain
-messages included, so order is kept (the seeds call this expected).
-
-The end of a transaction here is a marker entry (commit or abort) written through the group
-commit; then the transaction leaves the ongoing set (and an aborted one enters the abort set),
-and the max read position moves on. A repeated end is a no-op; so is the end of a transaction
-that never wrote here. An end that carries a low watermark also aborts transactions of that
-coordinator below it that are still ongoing here, and appends of a transaction that has ended
-here or lies below its coordinator's low watermark are refused.
-
-All state is guarded by the partition's lock; appends and markers publish under it.
-"""
+"""The transaction buffer of a partition (Pulsar's TopicTransactionBuffer): which transactions
+are ongoing here and which aborted, and the max read position that read-committed readers stop
+at (the first entry of the oldest ongoing transaction). An end is a marker entry; repeated or
+for a transaction that never wrote here, a no-op. State under the partition's lock. See
+docs/internals.md, "Markers: what readers see"."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""One transaction coordinator: its transactions, log, deadlines and low watermark.
-
-Every operation is in the log before it is answered: the caller builds a record, the group
-commit writes it (with the records of other callers and other coordinators, one LMDB write
-transaction per group) and only then is the in-memory state published. Locks are never held
-while waiting for a write, except for the rare reservation of a block of sequences.
-
-States (seeds, TC deep dive): OPEN -> COMMITTING -> COMMITTED, OPEN -> ABORTING -> ABORTED,
-OPEN -> (deadline) -> ABORTING -> ABORTED. COMMITTED/ABORTED are not records: the end of a
-transaction is the deletion of its records, so the log holds only live transactions. The end
-itself (decision and finalize) is in :mod:`pulsartxn.txn.decision`.
-"""
+"""One transaction coordinator: its transactions, log, deadlines and low watermark. Every
+operation is in the log before it is answered, and no lock is held while waiting for a write
+(but to reserve a block of sequences). The log holds only live transactions: an end deletes
+their records. The end itself is in :mod:`pulsartxn.txn.decision` and
+:mod:`pulsartxn.txn.finalize`."""
 
 from __future__ import annotations
 

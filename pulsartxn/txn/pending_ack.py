@@ -1,19 +1,8 @@
-"""Pending acknowledgements of a subscription (Pulsar's PendingAckHandle).
-
-An acknowledgement inside a transaction does not move the cursor: it holds the message (down
-to its batch index) for that transaction until the transaction ends. Another transaction's
-ack of a held message, an ack of a message already acknowledged, and a plain ack of a held
-message are refused with TransactionConflict and change nothing. Held messages are not
-redelivered. Commit applies the held acks to the cursor; abort releases them and they are
-delivered again with their redelivery count increased.
-
-The pending acks are logged (database ``pendingack``, key ``<partition>\\0<subscription>\\0
-<TxnID><u32 record>``) in batches: acks wait in memory and are written together by the
-broker's flusher (Pulsar #19084: a write per ack costs the broker its CPU), and before a commit
-is decided the transaction's acks are made durable (``prepare``). Ending a transaction writes
-the cursor and deletes its records in one LMDB transaction, so the log holds only the acks of
-live transactions and replaying it after a crash is exact.
-"""
+"""Pending acknowledgements of a subscription (Pulsar's PendingAckHandle): an ack in a
+transaction holds the message for it until it ends (conflicting acks are refused and change
+nothing); commit applies the held acks to the cursor, abort releases them. Logged in batches
+(database ``pendingack``; Pulsar #19084), made durable before a commit is decided, deleted by
+the end's own write: replay after a crash is exact."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""Snapshots of a partition's transaction buffer, the aborted TxnIDs stored in segments.
-
-A snapshot says: up to ledger position P (exclusive) these transactions were ongoing (with
-their first entries) and these were aborted (with their abort markers' entries). Recovery
-loads it and replays only the ledger from P on. The aborted TxnIDs are written in segments, as
-Pulsar 3.0 does: each snapshot adds one segment holding the aborts since the previous one, and
-rewrites only the small head (position, ongoing transactions, the list of segments), so a
-snapshot costs O(changes since the last), not O(aborted set). Segments whose aborts all lie
-before the first entry still in the ledger are deleted, and those TxnIDs dropped from the set.
-
-Database ``tbsnapshot``: ``<partition>\\0h`` -> head, ``<partition>\\0s<u64 id>`` -> segment.
-Both carry a CRC-32C; a damaged snapshot is ignored and the state rebuilt from the ledger.
-"""
+"""Snapshots of a partition's transaction buffer (database ``tbsnapshot``): up to a ledger
+position, the ongoing transactions and the aborted ones, the aborts stored in segments as
+Pulsar 3.0 does, so a snapshot costs what changed since the last. Each record carries a
+CRC-32C; a damaged snapshot is ignored and the state rebuilt from the ledger."""
 
 from __future__ import annotations
 
