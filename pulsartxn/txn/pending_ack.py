@@ -18,6 +18,7 @@ from ..errors import (
     TransactionConflict,
 )
 from ..storage import WriteOp
+from .ack_conflicts import check_cumulative, check_individual, check_plain_cumulative
 from .meta import abort_only
 from .watermark import BySequence
 
@@ -78,17 +79,7 @@ class PendingAck:
                 "held by a transaction's pending acknowledgement"
             )
         if cumulative and (len(self.index) or self.cumulative):
-            lowest = self._lowest_held()
-            if lowest is not None and lowest <= entry_id:
-                raise TransactionConflict(
-                    f"cumulative acknowledgement up to entry {entry_id} covers entry {lowest}, "
-                    "held by a transaction"
-                )
-
-    def _lowest_held(self) -> int | None:
-        entries = [e for t in self.index.transactions() for _, e, _ in self.index.entries_of(t)]
-        entries += [e for e, _, _ in self.cumulative.values()]
-        return min(entries) if entries else None
+            check_plain_cumulative(self.index, self.cumulative, entry_id)
 
     def ack(
         self,
@@ -123,34 +114,13 @@ class PendingAck:
                         "cumulative acknowledgement in a transaction needs an Exclusive or "
                         f"Failover subscription, not {sub.name}'s"
                     )
-                for other, (e, _, _) in self.cumulative.items():
-                    if other != txn_id:
-                        raise TransactionConflict(
-                            f"transaction {other} holds a cumulative acknowledgement up to entry "
-                            f"{e} on {sub.name}"
-                        )
-                for other in self.index.transactions():
-                    if other == txn_id:
-                        continue
-                    for _, e, _ in self.index.entries_of(other):
-                        if e <= entry_id:
-                            raise TransactionConflict(
-                                f"transaction {other} holds entry {e}, at or below the "
-                                f"cumulative acknowledgement of entry {entry_id}"
-                            )
+                check_cumulative(self.index, self.cumulative, txn_id, entry_id, sub.name)
                 prev = self.cumulative.get(txn_id)
                 if prev is None or (entry_id, batch_index) > prev[:2]:
                     self.cumulative[txn_id] = (entry_id, batch_index, batch_size)
                 kind = 1
             else:
-                for other, (e, bi, _size) in self.cumulative.items():
-                    if other != txn_id and (
-                        entry_id < e or (entry_id == e and (bi < 0 or batch_index <= bi))
-                    ):
-                        raise TransactionConflict(
-                            f"entry {entry_id} is held by transaction {other}'s cumulative "
-                            "acknowledgement"
-                        )
+                check_individual(self.cumulative, txn_id, entry_id, batch_index)
                 ack_set = None
                 if batched:
                     ack_set = AckSet(batch_size)
