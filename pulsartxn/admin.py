@@ -57,7 +57,7 @@ class Admin:
 
     def coordinators(self) -> list[dict]:
         """One line per coordinator: id, state, active transactions, low watermark."""
-        self._broker._check_open()
+        self._broker.check_open()
         out = []
         for c in self._broker.txn.coordinators:
             st = c.stats()
@@ -76,7 +76,7 @@ class Admin:
     def coordinator_stats(self, coordinator_id: int) -> dict:
         """Counters (created, committed, aborted, timed out, active), the begin-to-end latency
         histogram, transactions still being finalized, recovery time and counts."""
-        self._broker._check_open()
+        self._broker.check_open()
         service = self._broker.txn
         stats = service.coordinator(coordinator_id).stats()
         stats["decision_errors"] = list(service.groups.errors)
@@ -85,7 +85,7 @@ class Admin:
     def transaction_metadata(self, txn_id) -> dict:
         """State, timeout, open time, produced partitions and acked subscriptions of a live
         transaction; state only (``{"txn_id", "state"}``) for one recently finished."""
-        self._broker._check_open()
+        self._broker.check_open()
         tid = as_txn_id(txn_id)
         service = self._broker.txn
         c = service.of(tid)
@@ -97,7 +97,7 @@ class Admin:
 
     def slow_transactions(self, min_open_ms: float) -> list[dict]:
         """Live transactions open for at least min_open_ms, oldest first."""
-        self._broker._check_open()
+        self._broker.check_open()
         if isinstance(min_open_ms, bool) or not isinstance(min_open_ms, (int, float)):
             raise TypeError(f"min_open_ms must be a number, not {excerpt(min_open_ms)}")
         if min_open_ms < 0:
@@ -106,7 +106,7 @@ class Admin:
 
     def scale_coordinators(self, n: int) -> None:
         """Grow the number of coordinators on a live broker (shrinking is refused)."""
-        self._broker._check_open()
+        self._broker.check_open()
         self._broker.txn.scale(n)
 
     # -- transaction buffers and pending acks ----------------------------------------------
@@ -114,7 +114,7 @@ class Admin:
     def transaction_buffer_stats(self, topic: str) -> dict:
         """Max read position, ongoing and aborted transactions, last snapshot; per partition
         for a partitioned topic (``{"partitions": {name: stats}}``)."""
-        self._broker._check_open()
+        self._broker.check_open()
         full, partitions = self._broker.topics.resolve(topic, create=False)
         if len(partitions) == 1:
             return {"topic": full, **partitions[0].buffer.stats()}
@@ -122,7 +122,7 @@ class Admin:
 
     def pending_ack_stats(self, topic: str, subscription: str) -> dict:
         """Transactions holding acks, held entries, acks, log records and writes."""
-        self._broker._check_open()
+        self._broker.check_open()
         full, partitions = self._broker.topics.resolve(topic, create=False)
         out = {"topic": full, "subscription": subscription}
         per = {}

@@ -159,12 +159,13 @@ class Broker:
     def client(self, *, session: str | None = None):
         """An in-process client. `session`: the network session it serves (the server's):
         its transactions then outlive this process, until that session is gone."""
-        self._check_open()
+        self.check_open()
         client = Client._embedded(self, session)
         self._clients.add(client)
         return client
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """AlreadyClosed once the broker is closed."""
         if self._closed:
             raise AlreadyClosed("the broker is closed")  # no data dir: this may cross the wire
 
@@ -215,11 +216,11 @@ class Broker:
 
     def create_topic(self, topic: str, partitions: int = 0) -> None:
         """Create a topic: partitioned with `partitions` > 0, else non-partitioned."""
-        self._check_open()
+        self.check_open()
         self.topics.create(topic, partitions)
 
     def topic_partitions(self, topic: str) -> list[str]:
-        self._check_open()
+        self.check_open()
         return self.topics.partitions_of(topic)
 
     def _wire(self, part: Partition) -> None:

@@ -49,7 +49,7 @@ class Client:
     def _check_open(self) -> None:
         if self._closed:
             raise AlreadyClosed("client is closed")
-        self.broker._check_open()
+        self.broker.check_open()
 
     def _txn_for(self, txn) -> Transaction | None:
         """The Transaction a `txn=` argument names (a Transaction, or a TxnID / its str / int

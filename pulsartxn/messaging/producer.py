@@ -104,7 +104,7 @@ class Producer(TransactionBatches):
         broker = client.broker
         is_local = partial(_is_local_txn, broker.txn)
         self._parts: list[PartitionProducer] = [
-            PartitionProducer(self, partition, broker._flusher, is_local)
+            PartitionProducer(self, partition, partition.broker_flusher, is_local)
             for partition in partitions
         ]
         if len(self._parts) == 1:

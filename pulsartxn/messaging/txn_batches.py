@@ -218,7 +218,7 @@ class _SendNow:
         if block:
             self.flush_if_older(0.0, wait=True)
         else:
-            self.producer.client.broker._flusher.watch(self)
+            self.batch.part.partition.broker_flusher.watch(self)
 
     def flush_if_older(self, seconds: float, wait: bool = False) -> bool:
         producer, batch = self.producer, self.batch
