@@ -31,6 +31,7 @@ __all__ = [
     "CoordinatorUnavailable",
     "NotAuthorized",
     "QuotaExceeded",
+    "BrokerUnavailable",
 ]
 
 
@@ -149,3 +150,8 @@ class Unrecordable(PulsarTxnError):
     """Internal: a write of a synced store's group that its journal could not replay exactly
     (a put that must not overwrite, a partial putmulti, a dropped database): the group fails
     instead of being journaled without it."""
+
+
+class BrokerUnavailable(PulsarTxnError):
+    """The broker that owns a bundle or a coordinator is not live (its data lives with it):
+    retry; it takes them back when it returns."""

@@ -25,6 +25,7 @@ LAYERS = (
     ("storage", ("pulsartxn.storage",)),
     ("txn", ("pulsartxn.txn", "pulsartxn.config")),
     ("messaging", ("pulsartxn.messaging",)),
+    ("cluster", ("pulsartxn.cluster",)),
     ("protocol", ("pulsartxn.server.protocol",)),
     ("remote", ("pulsartxn.remote",)),
     ("api", ("pulsartxn.client", "pulsartxn.admin", "pulsartxn.broker", "pulsartxn")),

@@ -1,0 +1,188 @@
+"""The cluster's metadata in ZooKeeper, through kazoo. Under the cluster's root:
+
+    brokers/<broker id>       ephemeral: the broker is live; its data is its address
+    owners/<kind>/<id>        persistent: the broker whose data directory holds it
+
+Ownership sticks: a partition's data lives in its owner's store (there is no replication), so
+a bundle or coordinator is served by that broker only, and is unavailable while it is down.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
+
+from ..errors import BrokerUnavailable, InvalidConfiguration, excerpt
+
+KINDS = ("bundle", "coordinator")
+_FORM = "a cluster URL is zk://HOST:PORT[,HOST:PORT...]/ROOT"
+_HOST = re.compile(r"^[A-Za-z0-9.\-]+:\d{1,5}$")
+_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,200}$")
+
+
+def parse_cluster_url(url: str) -> tuple[str, str]:
+    """``zk://HOST:PORT[,HOST:PORT...]/ROOT`` -> (kazoo's hosts string, root path)."""
+    if not isinstance(url, str) or not url.startswith("zk://"):
+        raise InvalidConfiguration(
+            f"a cluster URL is zk://HOST:PORT[,...]/ROOT, not {excerpt(url)}"
+        )
+    rest = url[len("zk://") :]
+    hosts, slash, root = rest.partition("/")
+    parts = hosts.split(",")
+    if not slash or not root or not all(_HOST.match(h) for h in parts):
+        raise InvalidConfiguration(
+            f"a cluster URL is zk://HOST:PORT[,...]/ROOT, not {excerpt(url)}"
+        )
+    if not all(_ID.match(p) for p in root.split("/")):
+        raise InvalidConfiguration(f"cluster root {excerpt(root)}: names of [A-Za-z0-9._:-]")
+    return ",".join(parts), "/" + root
+
+
+def _check_id(what: str, value: object) -> str:
+    if not isinstance(value, str) or not _ID.match(value):
+        raise InvalidConfiguration(f"{what} must be 1-200 of [A-Za-z0-9._:-], not {excerpt(value)}")
+    return value
+
+
+class ClusterMetadata:
+    """One broker's or client's connection to the cluster's metadata."""
+
+    def __init__(self, url: str, session_timeout_s: float = 10.0) -> None:
+        hosts, self.root = parse_cluster_url(url)
+        self._zk = KazooClient(hosts=hosts, timeout=session_timeout_s)
+        self._registered: tuple[str, bytes] | None = None
+        self._lock = threading.Lock()
+        self._zk.add_listener(self._on_state)
+
+    def start(self, timeout_s: float = 15.0) -> ClusterMetadata:
+        try:
+            self._zk.start(timeout=timeout_s)
+        except KazooTimeoutError:
+            self._zk.close()
+            raise BrokerUnavailable(f"ZooKeeper did not answer within {timeout_s} s") from None
+        for kind in KINDS:
+            self._zk.ensure_path(f"{self.root}/owners/{kind}")
+        self._zk.ensure_path(f"{self.root}/brokers")
+        return self
+
+    def close(self) -> None:
+        self._zk.stop()
+        self._zk.close()
+
+    def __enter__(self) -> ClusterMetadata:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- brokers ---------------------------------------------------------------------------
+
+    def register(self, broker_id: str, address: str) -> None:
+        """This broker is live at `address` for as long as its session lasts; registered again
+        after a session expires (ZooKeeper restarted, a long pause)."""
+        _check_id("broker_id", broker_id)
+        data = json.dumps({"address": address}).encode()
+        with self._lock:
+            self._registered = (broker_id, data)
+        self._create_registration()
+
+    def _create_registration(self) -> None:
+        with self._lock:
+            registered = self._registered
+        if registered is None:
+            return
+        broker_id, data = registered
+        path = f"{self.root}/brokers/{broker_id}"
+        try:
+            self._zk.create(path, data, ephemeral=True)
+        except NodeExistsError:
+            # Ours from a session still closing, or another process with the same id.
+            _, stat = self._zk.get(path)
+            if stat.ephemeralOwner != self._zk.client_id[0]:
+                raise InvalidConfiguration(
+                    f"broker {broker_id} is already registered by another live process"
+                ) from None
+
+    def _on_state(self, state) -> None:
+        # Kazoo's thread: nothing blocking here. A new session lost the ephemeral node.
+        if state == KazooState.CONNECTED and self._registered is not None:
+            self._zk.handler.spawn(self._reregister)
+
+    def _reregister(self) -> None:
+        try:
+            self._create_registration()
+        except Exception:  # noqa: BLE001 - the next reconnection tries again
+            pass
+
+    def live_brokers(self) -> dict[str, str]:
+        """broker id -> address of every live broker."""
+        out = {}
+        for broker_id in self._zk.get_children(f"{self.root}/brokers"):
+            try:
+                data, _ = self._zk.get(f"{self.root}/brokers/{broker_id}")
+            except NoNodeError:
+                continue  # gone meanwhile
+            out[broker_id] = json.loads(data)["address"]
+        return out
+
+    # -- ownership -------------------------------------------------------------------------
+
+    def _path(self, kind: str, ident: str) -> str:
+        if kind not in KINDS:
+            raise InvalidConfiguration(f"kind must be one of {KINDS}, not {excerpt(kind)}")
+        return f"{self.root}/owners/{kind}/{_check_id(kind, ident)}"
+
+    def owner(self, kind: str, ident: str) -> str | None:
+        """The broker that holds `ident`, live or not; None if nobody took it yet."""
+        try:
+            data, _ = self._zk.get(self._path(kind, ident))
+        except NoNodeError:
+            return None
+        return data.decode()
+
+    def owned(self, kind: str) -> dict[str, list[str]]:
+        """broker id -> the idents of `kind` it holds."""
+        out: dict[str, list[str]] = {}
+        base = f"{self.root}/owners/{kind}"
+        for ident in self._zk.get_children(base):
+            try:
+                data, _ = self._zk.get(f"{base}/{ident}")
+            except NoNodeError:
+                continue
+            out.setdefault(data.decode(), []).append(ident)
+        return out
+
+    def claim(self, kind: str, ident: str) -> str:
+        """The owner of `ident`: the broker holding it, else (new) the live broker holding
+        the fewest of `kind`, recorded once for good (the first claim wins a race)."""
+        path = self._path(kind, ident)
+        found = self.owner(kind, ident)
+        if found is not None:
+            return found
+        live = self.live_brokers()
+        if not live:
+            raise BrokerUnavailable(f"no live broker to own {kind} {ident}")
+        load = {b: 0 for b in live}
+        for broker_id, idents in self.owned(kind).items():
+            if broker_id in load:
+                load[broker_id] = len(idents)
+        chosen = min(sorted(load), key=lambda b: load[b])
+        try:
+            self._zk.create(path, chosen.encode())
+        except NodeExistsError:
+            return self.owner(kind, ident)
+        return chosen
+
+    def lookup(self, kind: str, ident: str) -> tuple[str, str]:
+        """(owner, address) of `ident`, claiming it if new; BrokerUnavailable while its owner
+        is down (retry: it takes it back when it returns)."""
+        owner = self.claim(kind, ident)
+        address = self.live_brokers().get(owner)
+        if address is None:
+            raise BrokerUnavailable(f"{kind} {ident} is owned by broker {owner}, which is down")
+        return owner, address
