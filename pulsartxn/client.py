@@ -9,7 +9,13 @@ import weakref
 import numpy as np
 
 from .errors import AlreadyClosed, ProducerBusy, excerpt
-from .messaging.consumer import Consumer, ConsumerType, InitialPosition, Isolation
+from .messaging.consumer import (
+    Consumer,
+    ConsumerType,
+    InitialPosition,
+    Isolation,
+    check_subscribe_enums,
+)
 from .messaging.message import MessageId
 from .messaging.producer import Producer
 from .messaging.topic_name import check_keyed_name
@@ -135,16 +141,11 @@ class Client:
         check_keyed_name("subscription_name", subscription_name)
         if consumer_name is not None:
             check_keyed_name("consumer_name", consumer_name)
-        if not isinstance(subscription_type, ConsumerType):
-            raise TypeError(
-                f"subscription_type must be a ConsumerType, not {excerpt(subscription_type)}"
-            )
-        if not isinstance(initial_position, InitialPosition):
-            raise TypeError(
-                f"initial_position must be an InitialPosition, not {excerpt(initial_position)}"
-            )
-        if not isinstance(isolation, Isolation):
-            raise TypeError(f"isolation must be an Isolation, not {excerpt(isolation)}")
+        check_subscribe_enums(
+            subscription_type=subscription_type,
+            initial_position=initial_position,
+            isolation=isolation,
+        )
         cfg = self.broker.config
         if receiver_queue_size is None:
             receiver_queue_size = cfg.receiver_queue_size

@@ -47,6 +47,23 @@ class Isolation(enum.Enum):
     READ_UNCOMMITTED = 1
 
 
+# subscribe's enum arguments, checked alike by both clients and sent by name over the wire.
+SUBSCRIBE_ENUMS = (
+    ("subscription_type", ConsumerType),
+    ("initial_position", InitialPosition),
+    ("isolation", Isolation),
+)
+
+
+def check_subscribe_enums(**values) -> None:
+    """TypeError unless each of SUBSCRIBE_ENUMS given is a member of its enum."""
+    for name, kind in SUBSCRIBE_ENUMS:
+        value = values[name]
+        if not isinstance(value, kind):
+            article = "an" if kind.__name__[0] in "AEIOU" else "a"
+            raise TypeError(f"{name} must be {article} {kind.__name__}, not {excerpt(value)}")
+
+
 _names = itertools.count()
 
 

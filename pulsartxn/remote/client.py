@@ -19,7 +19,12 @@ import pyarrow.flight as flight
 
 from .. import errors
 from .._native import TxnID
-from ..messaging.consumer import ConsumerType, InitialPosition, Isolation
+from ..messaging.consumer import (
+    ConsumerType,
+    InitialPosition,
+    Isolation,
+    check_subscribe_enums,
+)
 from ..messaging.message import MessageId
 from ..server import protocol
 from ..server.protocol import SessionLost, frame, unframe
@@ -185,13 +190,11 @@ class RemoteClient:
         negative_ack_redelivery_delay_ms: int = 60_000,
         receiver_queue_size: int | None = None,
     ):
-        for name, value, kind in (
-            ("subscription_type", subscription_type, ConsumerType),
-            ("initial_position", initial_position, InitialPosition),
-            ("isolation", isolation, Isolation),
-        ):
-            if not isinstance(value, kind):
-                raise TypeError(f"{name} must be a {kind.__name__}, not {errors.excerpt(value)}")
+        check_subscribe_enums(
+            subscription_type=subscription_type,
+            initial_position=initial_position,
+            isolation=isolation,
+        )
         opts = {
             "subscription_type": subscription_type.name,
             "initial_position": initial_position.name,

@@ -8,6 +8,7 @@ gets an error and changes nothing.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 
@@ -16,7 +17,8 @@ import pyarrow.flight as flight
 
 from .. import errors
 from .._native.entryformat import READ_SCHEMA
-from ..messaging.consumer import ConsumerType, InitialPosition, Isolation
+from ..client import Client
+from ..messaging.consumer import SUBSCRIBE_ENUMS
 from ..messaging.message import MessageId
 from ..txn.state import FINAL
 from ..txn.transaction import as_txn_id
@@ -266,11 +268,7 @@ class BrokerServer(flight.FlightServerBase):
     def _on_subscribe(self, args, payload):
         s = self.sessions.get(args)
         opts = _options(args, _CONSUMER_OPTIONS)
-        for key, enum in (
-            ("subscription_type", ConsumerType),
-            ("initial_position", InitialPosition),
-            ("isolation", Isolation),
-        ):
+        for key, enum in SUBSCRIBE_ENUMS:
             if key in opts:
                 name = opts[key]
                 if not isinstance(name, str) or name not in enum.__members__:
@@ -474,25 +472,14 @@ class BrokerServer(flight.FlightServerBase):
             raise protocol.to_flight_error(exc) from None
 
 
-_PRODUCER_OPTIONS = frozenset(
-    {
-        "producer_name",
-        "batching_enabled",
-        "batching_max_messages",
-        "batching_max_allowed_size_in_bytes",
-        "batching_max_publish_delay_ms",
-    }
-)
-_CONSUMER_OPTIONS = frozenset(
-    {
-        "subscription_type",
-        "initial_position",
-        "isolation",
-        "consumer_name",
-        "negative_ack_redelivery_delay_ms",
-        "receiver_queue_size",
-    }
-)
+def _keywords(method, *positional: str) -> frozenset:
+    """The option names a request may carry: the client method's keywords."""
+    return frozenset(inspect.signature(method).parameters) - {"self", *positional}
+
+
+# The embedded client's signatures are the list: a new option there is one here too.
+_PRODUCER_OPTIONS = _keywords(Client.create_producer, "topic")
+_CONSUMER_OPTIONS = _keywords(Client.subscribe, "topic", "subscription_name")
 
 
 def _options(args, known: frozenset) -> dict:

@@ -149,3 +149,27 @@ def test_a_sequence_id_at_the_top_does_not_break_the_name_through_a_server(serve
     values = [v for b in client.scan("t") for v in b.column("value").to_pylist()]
     assert values == [b"a", b"b"]
     client.close()
+
+
+def test_a_request_with_unknown_or_bad_options_is_refused_with_an_excerpt(server):
+    """A client other than ours may send any option map: unknown names and enum names that
+    are no member are refused, echoed short, and nothing is created."""
+    s = server()
+    client = pulsartxn.Client(s.url)
+    client.create_producer("t")
+    for action, args in (
+        ("create_producer", {"topic": "t", "options": {HUGE: 1}}),
+        ("subscribe", {"topic": "t", "subscription": "s", "options": {"bogus": 1}}),
+        ("subscribe", {"topic": "t", "subscription": "s", "options": [1]}),
+    ):
+        with pytest.raises(TypeError) as info:
+            client._raw(action, args)
+        assert len(str(info.value)) < 300
+    for bad in (HUGE, 7, "Nope"):
+        with pytest.raises(ValueError, match="subscription_type must name a ConsumerType"):
+            client._raw(
+                "subscribe",
+                {"topic": "t", "subscription": "s", "options": {"subscription_type": bad}},
+            )
+    assert client.admin.topic_stats("t")["subscriptions"] == {}
+    client.close()
