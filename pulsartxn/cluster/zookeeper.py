@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import socket
@@ -25,7 +24,7 @@ def _classpath() -> str:
             "ZooKeeper is not installed: `apt-get install zookeeper` (or set "
             "PULSARTXN_ZOOKEEPER_CLASSPATH to its jars)"
         )
-    return os.pathsep.join([os.path.join(JARS, "zookeeper.jar"), *glob.glob(f"{JARS}/*.jar")])
+    return os.path.join(JARS, "zookeeper.jar")  # its manifest names its dependencies
 
 
 def free_port() -> int:
