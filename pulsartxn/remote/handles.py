@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from .. import errors
 from .._native import TxnID
 from ..messaging.message import Message, MessageId
+from ..server.protocol import SessionLost
 from ..txn.state import TxnState
 from ..txn.transaction import TransactionContext
 
@@ -55,7 +56,12 @@ class Handle:
             raise errors.AlreadyClosed(f"{type(self).__name__} is closed")
         if self._generation != self._client._generation or self._handle is None:
             generation = self._client._generation
-            self._handle = self._create()
+            try:
+                self._handle = self._create()
+            except SessionLost:  # the server restarted before the client noticed
+                self._client._reopen()
+                generation = self._client._generation
+                self._handle = self._create()
             self._generation = generation
         return self._handle
 

@@ -173,3 +173,22 @@ def test_a_request_with_unknown_or_bad_options_is_refused_with_an_excerpt(server
             )
     assert client.admin.topic_stats("t")["subscriptions"] == {}
     client.close()
+
+
+def test_a_consumer_keeps_its_name_across_a_server_restart(server):
+    """The name the server gave a consumer (or the one asked for) is the one it subscribes
+    under again when the client reconnects after a restart."""
+    s = server()
+    client = pulsartxn.Client(s.url)
+    for _ in range(2):  # a restarted server counts its names from 0 again
+        client.subscribe("t", "other").close()
+    given = client.subscribe("t", "s")
+    asked = client.subscribe("t", "s2", consumer_name="mine")
+    name = given.consumer_name()
+    assert name.startswith("consumer-") and asked.consumer_name() == "mine"
+    s.kill9()
+    s.start()
+    client.create_producer("t").send(b"after")  # reconnects the session
+    assert given.receive(10_000).data() == b"after"  # re-subscribed
+    assert given.consumer_name() == name and asked.consumer_name() == "mine"
+    client.close()
