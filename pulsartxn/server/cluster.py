@@ -22,7 +22,7 @@ from .._native import TxnID
 from ..cluster.metadata import ClusterMetadata, bundle_of
 from ..messaging.topic_name import TopicName
 from ..txn.participant import PARTITION, SUBSCRIPTION
-from ..txn.state import FINAL, TxnState
+from ..txn.state import FINAL, CoordinatorStatus, TxnState
 from . import protocol
 from .protocol import frame, unframe
 
@@ -30,6 +30,7 @@ BROKER_ID_KEY = b"cluster/broker-id"
 CLUSTER_KEY = b"cluster/url"
 PEER_TIMEOUT_S = 10.0  # one call between brokers (an end is retried after it)
 ZK_SESSION_S = 4.0  # a killed broker's bundles are shown down this long after
+RECONCILE_S = 2.0  # how often held transactions of other brokers' coordinators are checked
 _LOG = logging.getLogger("pulsartxn.cluster")
 
 
@@ -60,6 +61,8 @@ class ClusterNode:
         self._peers: dict[str, flight.FlightClient] = {}
         self._lock = threading.Lock()
         self.foreign = ForeignTxns(self)
+        self._stop = threading.Event()
+        self._reconciler: threading.Thread | None = None
 
     # -- identity and ownership --------------------------------------------------------------
 
@@ -89,7 +92,68 @@ class ClusterNode:
         return broker_id
 
     def bind(self, broker) -> None:
+        """Serve `broker` (open on this node): its participants ask from now on after the
+        transactions of other brokers' coordinators they hold (after a restart, nobody
+        may be left to tell them)."""
         self.broker = broker
+        self._reconciler = threading.Thread(
+            target=self._reconcile_loop, name="pulsartxn-reconcile", daemon=True
+        )
+        self._reconciler.start()
+
+    def _reconcile_loop(self) -> None:
+        while not self._stop.wait(RECONCILE_S):
+            try:
+                self.reconcile()
+            except errors.AlreadyClosed:
+                return
+            except Exception:  # noqa: BLE001 - the next round asks again
+                _LOG.exception("reconciling held transactions failed")
+
+    def _held(self) -> dict:
+        """Transactions of coordinators elsewhere that participants here hold and that this
+        broker does not know to be open: txn id -> those participants."""
+        coords = self.broker.txn.coordinators
+        known = self.foreign.known()
+
+        def foreign(t: TxnID) -> bool:
+            cid = t.coordinator_id
+            return cid < len(coords) and coords[cid].status is CoordinatorStatus.ELSEWHERE
+
+        held: dict = {}
+        for part in self.broker.topics.loaded():
+            buffer = part.buffer
+            with buffer.lock:
+                ids = list(buffer.ongoing)
+            for t in ids:
+                if t not in known and foreign(t):
+                    held.setdefault(t, []).append(buffer)
+            for sub in list(part.subscriptions.values()):
+                pending = sub.pending_ack
+                with pending.lock:
+                    ids = list(pending.counts)
+                for t in ids:
+                    if t not in known and foreign(t):
+                        held.setdefault(t, []).append(pending)
+        return held
+
+    def reconcile(self) -> None:
+        """Ask the coordinators of the transactions held here that this broker does not
+        know to be open (those recovered after a restart): an ended one ends here too, one
+        its coordinator does not know was never decided (it aborts); an open one is known
+        open from now on; one being ended is told by its coordinator."""
+        for t, parts in self._held().items():
+            try:
+                state = TxnState(self.call_coordinator(t, "peer_state", {})["state"])
+            except errors.TransactionNotFound:
+                state = TxnState.ABORTED
+            except errors.PulsarTxnError:
+                continue  # its coordinator is down: asked again next round
+            if state is TxnState.OPEN:
+                self.foreign.known_open(t)
+            elif state in FINAL:
+                for participant in parts:
+                    participant.end_txn(t, state is TxnState.COMMITTED, 0)
 
     def owns(self, coordinator_id: int, has_txns: bool) -> bool:
         """Placement: whether this broker serves the coordinator. One whose log here holds
@@ -110,7 +174,14 @@ class ClusterNode:
         self.address = address
         self.meta.register(self.broker_id, address)
 
+    def stop(self) -> None:
+        """Stop asking after held transactions (before the broker closes)."""
+        self._stop.set()
+        if self._reconciler is not None:
+            self._reconciler.join()
+
     def close(self) -> None:
+        self.stop()
         with self._lock:
             peers, self._peers = list(self._peers.values()), {}
         for client in peers:
@@ -220,6 +291,55 @@ class ClusterNode:
             "brokers": self.meta.live_brokers(),
         }
 
+    # -- admin views (client.admin on a cluster) ----------------------------------------------
+
+    def cluster(self) -> dict:
+        """Live brokers, and which broker owns each bundle and coordinator."""
+        live = self.meta.live_brokers(fresh=True)
+        return {
+            "brokers": {b: {"address": a, "live": True} for b, a in live.items()},
+            "bundles": self.meta.owned("bundle"),
+            "coordinators": {
+                b: sorted(int(i) for i in ids) for b, ids in self.meta.owned("coordinator").items()
+            },
+            "coordinator_count": self.coordinators,
+            "bundle_count": self.bundles,
+        }
+
+    def _each_broker(self, method: str, *args) -> dict:
+        """An admin call on every live broker: broker id -> its answer (or its error)."""
+        out = {}
+        for broker_id, address in sorted(self.meta.live_brokers(fresh=True).items()):
+            try:
+                out[broker_id] = self.call(address, "peer_admin", {"method": method, "args": args})[
+                    "result"
+                ]
+            except errors.PulsarTxnError as exc:
+                out[broker_id] = {"error": f"{type(exc).__name__}: {exc}"}
+        return out
+
+    def cluster_transactions(self, min_open_ms: float = 0) -> list[dict]:
+        """Every live broker's transactions open at least min_open_ms, oldest first."""
+        rows = []
+        for broker_id, answer in self._each_broker("slow_transactions", min_open_ms).items():
+            if isinstance(answer, dict):  # that broker could not answer
+                continue
+            rows.extend({**row, "broker": broker_id} for row in answer)
+        rows.sort(key=lambda r: -r.get("open_ms", 0))
+        return rows
+
+    def cluster_coordinators(self) -> list[dict]:
+        """The coordinators each broker serves (ELSEWHERE ones left out)."""
+        rows = []
+        for broker_id, answer in self._each_broker("coordinators").items():
+            if isinstance(answer, dict):
+                continue
+            rows.extend(
+                {**row, "broker": broker_id} for row in answer if row.get("state") != "ELSEWHERE"
+            )
+        rows.sort(key=lambda r: r.get("coordinator_id", 0))
+        return rows
+
     # -- calls to other brokers --------------------------------------------------------------
 
     def call(self, address: str, action: str, args: dict) -> dict:
@@ -254,7 +374,16 @@ class ClusterNode:
             "peer_fail": self._on_fail,
             "peer_prepare": self._on_prepare,
             "peer_end": self._on_end,
+            "peer_admin": self._on_admin,
         }
+
+    _READ_ONLY = ("slow_transactions", "coordinators")
+
+    def _on_admin(self, args, payload) -> dict:
+        method = args.get("method")
+        if method not in self._READ_ONLY:
+            raise ValueError(f"unknown peer admin call {errors.excerpt(method)}")
+        return {"result": protocol.jsonable(getattr(self.broker.admin, method)(*args["args"]))}
 
     def _on_register(self, args, payload) -> dict:
         txn_id = TxnID.parse(args["txn"])
@@ -393,6 +522,14 @@ class ForeignTxns:
         if state in FINAL:
             self.ended(txn_id)
         return state
+
+    def known(self) -> set:
+        with self._lock:
+            return set(self._open)
+
+    def known_open(self, txn_id: TxnID) -> None:
+        with self._lock:
+            self._open.setdefault(txn_id, set())
 
     def ending(self, txn_id: TxnID) -> None:
         """Its commit is being decided: later ops are asked of the coordinator."""

@@ -112,6 +112,8 @@ def serve(
     finally:
         server.shutdown_sessions()
         server.shutdown()
+        if node is not None:
+            node.stop()
         broker.close()
         if node is not None:
             node.close()

@@ -475,9 +475,14 @@ class BrokerServer(flight.FlightServerBase):
     def _on_admin(self, args, payload):
         self.sessions.get(args)
         method = args.get("method")
+        call_args = args.get("args", [])
+        if not isinstance(call_args, list):
+            raise TypeError(f"admin args must be a list, not {errors.excerpt(call_args)}")
+        if self.cluster is not None and method in protocol.CLUSTER_ADMIN_METHODS:
+            return {"result": jsonable(getattr(self.cluster, method)(*call_args))}
         if method not in self._ADMIN:
             raise ValueError(f"unknown admin call {errors.excerpt(method)}")
-        return {"result": jsonable(getattr(self.broker.admin, method)(*args.get("args", [])))}
+        return {"result": jsonable(getattr(self.broker.admin, method)(*call_args))}
 
     def do_get(self, context, ticket):
         try:
