@@ -16,12 +16,14 @@ import threading
 import time
 
 from ..errors import InvalidConfiguration
+from .metadata import ClusterMetadata
 from .zookeeper import LocalZooKeeper, free_port
 
 HOST = "127.0.0.1"
 _SERVING = re.compile(rb"^pulsartxn serving .* on pulsartxn(?:\+ssl)?://\S+$", re.M)
 _BROKER_ID = re.compile(rb"^pulsartxn broker (\S+) of cluster ", re.M)
-_STATE = "cluster.json"  # the ports a data directory's cluster was given, reused at restart
+_STATE = "cluster.json"  # a data directory's ports (reused at restart) and broker ids
+STALE_WAIT_S = 15.0  # the longest a start waits for a dead process's registration to expire
 
 
 def _ephemeral_low() -> int:
@@ -34,6 +36,8 @@ def _ephemeral_low() -> int:
 
 def _bindable(port: int) -> bool:
     with socket.socket() as s:
+        # As the servers bind (ZooKeeper, gRPC): a port in TIME_WAIT after a stop is free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((HOST, port))
         except OSError:
@@ -108,7 +112,9 @@ class LocalCluster:
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.extra_args = tuple(extra_args)
-        self.env = dict(os.environ, **(env or {}))
+        # faulthandler: a crash, or the SIGABRT of a broker that does not stop, writes every
+        # thread's stack to its log.
+        self.env = {"PYTHONFAULTHANDLER": "1", **os.environ, **(env or {})}
         saved = self._load_state()
         self._zk_address = zookeeper
         self.zookeeper: LocalZooKeeper | None = None
@@ -128,6 +134,8 @@ class LocalCluster:
             )
             for i, port in enumerate(ports)
         ]
+        for b, broker_id in zip(self._brokers, saved.get("broker_ids", [])):
+            b.broker_id = broker_id
         self._save_state()
 
     def _ports(self, n: int, base_port: int, saved: list[int]) -> list[int]:
@@ -150,6 +158,7 @@ class LocalCluster:
         state = {
             "zk_port": self.zookeeper.port if self.zookeeper else None,
             "ports": [b.port for b in self._brokers],
+            "broker_ids": [b.broker_id for b in self._brokers],
         }
         path = os.path.join(self.data_dir, _STATE)
         with open(path + ".tmp", "w") as f:
@@ -198,13 +207,16 @@ class LocalCluster:
         returns once each serves and is registered, or raises with its log's tail (and
         stops what this call started when it starts the whole cluster)."""
         if i is not None:
-            self._spawn(self._brokers[i])
-            self._wait_up(self._brokers[i])
+            b = self._brokers[i]
+            self._wait_unregistered([b])
+            self._spawn(b)
+            self._wait_up(b)
             return self
         try:
             if self.zookeeper is not None and self.zookeeper.proc is None:
                 self.start_zookeeper()
             todo = [b for b in self._brokers if not self.is_running(b.index)]
+            self._wait_unregistered(todo)
             for b in todo:  # all at once: they start in parallel
                 self._spawn(b)
             for b in todo:
@@ -249,7 +261,18 @@ class LocalCluster:
                 env=self.env,
                 start_new_session=True,
             )
-        b.broker_id = None
+
+    def _wait_unregistered(self, brokers: list[_Broker]) -> None:
+        """A broker refuses to start while its id is registered by a live ZooKeeper session:
+        after a kill or a crash, the dead process's, until it times out (4 s; ZooKeeper keeps
+        sessions across its own restarts). Past STALE_WAIT_S the broker says what holds it."""
+        ids = {b.broker_id for b in brokers if b.broker_id and not self.is_running(b.index)}
+        if not ids:
+            return
+        deadline = time.monotonic() + min(self.start_timeout_s, STALE_WAIT_S)
+        with ClusterMetadata(self.zk_url) as meta:
+            while ids & set(meta.live_brokers(fresh=True)) and time.monotonic() < deadline:
+                time.sleep(0.1)
 
     def _wait_up(self, b: _Broker) -> None:
         deadline = time.monotonic() + self.start_timeout_s
@@ -257,7 +280,9 @@ class LocalCluster:
             out = b.output()
             if _SERVING.search(out):
                 found = _BROKER_ID.search(out)
-                b.broker_id = found.group(1).decode() if found else None
+                if found:
+                    b.broker_id = found.group(1).decode()
+                    self._save_state()
                 return
             code = b.proc.poll()
             if code is not None:
@@ -287,21 +312,27 @@ class LocalCluster:
             proc.wait()
 
     def stop(self, i: int) -> int | None:
-        """SIGTERM broker i and wait for it (SIGKILL past stop_timeout_s); its exit code,
-        None if it was not started."""
+        """SIGTERM broker i and wait for it (past stop_timeout_s: SIGABRT, its stacks to its
+        log, then SIGKILL); its exit code, None if it was not started."""
         return self._stop([self._brokers[i]])[0]
 
     def _stop(self, brokers: list[_Broker]) -> list[int | None]:
         for b in brokers:
             if b.proc is not None and b.proc.poll() is None:
                 b.proc.terminate()
+        deadline = time.monotonic() + self.stop_timeout_s
         codes = []
         for b in brokers:
             if b.proc is None:
                 codes.append(None)
                 continue
             try:
-                codes.append(b.proc.wait(self.stop_timeout_s))
+                codes.append(b.proc.wait(max(0.0, deadline - time.monotonic())))
+                continue
+            except subprocess.TimeoutExpired:
+                b.proc.send_signal(signal.SIGABRT)
+            try:
+                codes.append(b.proc.wait(5))
             except subprocess.TimeoutExpired:
                 b.proc.kill()
                 codes.append(b.proc.wait())

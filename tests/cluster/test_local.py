@@ -15,8 +15,9 @@ import time
 
 import pytest
 
+import pulsartxn
 from pulsartxn.cluster import ClusterMetadata, LocalCluster
-from pulsartxn.errors import InvalidConfiguration
+from pulsartxn.errors import InvalidConfiguration, PulsarTxnError, TopicAlreadyExists
 
 
 def _until(check, seconds: float, what: str):
@@ -44,6 +45,23 @@ def _processes_of(path: str) -> list[int]:
         except OSError:
             continue  # gone meanwhile
     return found
+
+
+def _partitions(address: str, topic: str) -> list[str]:
+    """What the broker at `address` knows of `topic` (topics are cluster-wide)."""
+    client = pulsartxn.Client(f"pulsartxn://{address}")
+    try:
+        return client.topic_partitions(topic)
+    finally:
+        client.close()
+
+
+def _create(address: str, topic: str, partitions: int) -> None:
+    client = pulsartxn.Client(f"pulsartxn://{address}")
+    try:
+        client.create_topic(topic, partitions=partitions)
+    finally:
+        client.close()
 
 
 def _accepts(address: str) -> bool:
@@ -106,7 +124,7 @@ SERVING = r"^pulsartxn cluster serving (pulsartxn://\S+) \(metadata (zk://\S+), 
 def test_the_cluster_command_serves_until_sigterm_and_comes_back_the_same(tmp_path):
     data = str(tmp_path / "c")
     runs = []
-    for _ in range(2):  # the second run on the same data directory: the same brokers
+    for run in range(2):  # the second run on the same data directory: the same brokers
         cmd = _Command("--brokers", "2", "--data-dir", data, "--no-sync")
         try:
             found = cmd.line(SERVING)
@@ -115,14 +133,17 @@ def test_the_cluster_command_serves_until_sigterm_and_comes_back_the_same(tmp_pa
             assert len(addresses) == 2 and all(_accepts(a) for a in addresses)
             live = _live(zk_url)
             assert sorted(live.values()) == sorted(addresses)
+            if run == 0:
+                _create(addresses[0], "orders", 2)
+            assert len(_partitions(addresses[1], "orders")) == 2  # and still in the second
             assert cmd.terminate() == 0, cmd.seen
         finally:
             cmd.kill()
         assert cmd.seen[-1] == "pulsartxn cluster stopped"
         assert _processes_of(data) == []  # no broker, no ZooKeeper left
         assert not any(_accepts(a) for a in addresses)
-        runs.append((url, live))
-    assert runs[0] == runs[1]  # same broker ids, same ports
+        runs.append((url, zk_url, live))
+    assert runs[0] == runs[1]  # the same broker ids, the same ports
 
 
 def test_the_cluster_command_reports_a_broker_that_cannot_start(tmp_path):
@@ -150,9 +171,11 @@ def test_a_broker_killed_and_restarted_registers_again_with_its_id(local_cluster
     cluster.kill(0)
     assert not cluster.is_running(0) and cluster.process(0).returncode == -signal.SIGKILL
     assert not _accepts(cluster.addresses[0])
+    _create(cluster.addresses[1], "made-meanwhile", 3)
     cluster.start(0)  # at once: its old session may not have expired yet
     assert cluster.broker_id(0) == ids[0]
     assert _live(cluster.zk_url) == dict(zip(ids, cluster.addresses))
+    assert len(_partitions(cluster.addresses[0], "made-meanwhile")) == 3  # it serves
     assert cluster.is_running(1)  # the other broker never noticed
 
 
@@ -180,8 +203,27 @@ def test_brokers_are_live_again_after_zookeeper_is_killed_and_restarted(tmp_path
         time.sleep(5.0)  # past the brokers' 4 s sessions
         assert cluster.is_running(0) and cluster.is_running(1)
         cluster.start_zookeeper()
+        restarted = time.monotonic()
+
+        def serving() -> bool:  # each broker's metadata works again (a topic, cluster-wide)
+            try:
+                for i, address in enumerate(cluster.addresses):
+                    try:
+                        _create(address, f"again-{i}", 2)
+                    except TopicAlreadyExists:
+                        pass  # made by an earlier try
+                return True
+            except PulsarTxnError:
+                return False
+
+        _until(serving, 20, "both brokers serve metadata again")
+        # ZooKeeper brings its sessions back with it and expires those that do not return
+        # within their timeout: past it, what is registered is live.
+        time.sleep(max(0.0, restarted + 4.5 - time.monotonic()))
         with ClusterMetadata(cluster.zk_url) as watcher:
-            _until(lambda: watcher.live_brokers(fresh=True) == expected, 20, "both live again")
+            _until(lambda: watcher.live_brokers(fresh=True) == expected, 10, "both live")
+        assert len(_partitions(cluster.addresses[1], "again-0")) == 2
+        assert len(_partitions(cluster.addresses[0], "again-1")) == 2
         assert cluster.is_running(0) and cluster.is_running(1)
         codes = cluster.close()
     assert codes == {0: 0, 1: 0}
@@ -195,3 +237,16 @@ def test_a_broker_that_does_not_come_up_in_time_is_killed(zookeeper, tmp_path):
         cluster.start()
     assert not cluster.is_running(0)
     assert _processes_of(str(tmp_path)) == []
+
+
+def test_a_cluster_comes_back_on_its_data_directory_after_a_broker_was_killed(tmp_path):
+    with LocalCluster(tmp_path, 2, sync=False) as cluster:
+        before = (cluster.service_url, cluster.zk_url, [cluster.broker_id(i) for i in (0, 1)])
+        cluster.kill(1)
+        codes = cluster.close()
+    assert codes == {0: 0}
+    # ZooKeeper kept the killed broker's session across its restart: the new one waits it out.
+    with LocalCluster(tmp_path, 2, sync=False) as cluster:
+        after = (cluster.service_url, cluster.zk_url, [cluster.broker_id(i) for i in (0, 1)])
+        assert _live(cluster.zk_url) == dict(zip(after[2], cluster.addresses))
+    assert after == before
