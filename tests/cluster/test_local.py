@@ -82,6 +82,7 @@ class _Command:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,  # a process group of its own, as a terminal's job
         )
         self.lines: queue.Queue = queue.Queue()
         self.seen: list[str] = []
@@ -105,8 +106,12 @@ class _Command:
             if found:
                 return found
 
-    def terminate(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
+    def terminate(self, ctrl_c: bool = False) -> int:
+        """SIGTERM; `ctrl_c`: SIGINT to its whole process group, as a terminal sends it."""
+        if ctrl_c:
+            os.killpg(self.proc.pid, signal.SIGINT)
+        else:
+            self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(60)
         while (line := self.lines.get(timeout=10)) is not None:
             self.seen.append(line)
@@ -121,7 +126,7 @@ class _Command:
 SERVING = r"^pulsartxn cluster serving (pulsartxn://\S+) \(metadata (zk://\S+), logs in "
 
 
-def test_the_cluster_command_serves_until_sigterm_and_comes_back_the_same(tmp_path):
+def test_the_cluster_command_serves_until_stopped_and_comes_back_the_same(tmp_path):
     data = str(tmp_path / "c")
     runs = []
     for run in range(2):  # the second run on the same data directory: the same brokers
@@ -136,10 +141,14 @@ def test_the_cluster_command_serves_until_sigterm_and_comes_back_the_same(tmp_pa
             if run == 0:
                 _create(addresses[0], "orders", 2)
             assert len(_partitions(addresses[1], "orders")) == 2  # and still in the second
-            assert cmd.terminate() == 0, cmd.seen
+            assert cmd.terminate(ctrl_c=run == 1) == 0, cmd.seen
         finally:
             cmd.kill()
         assert cmd.seen[-1] == "pulsartxn cluster stopped"
+        for i in range(2):  # ZooKeeper outlived its brokers, even when Ctrl-C reached it too
+            with open(os.path.join(data, f"broker-{i}.log")) as f:
+                last = f.read().rpartition("pulsartxn serving ")[2]
+            assert "pulsartxn server stopped" in last and "Connection dropped" not in last
         assert _processes_of(data) == []  # no broker, no ZooKeeper left
         assert not any(_accepts(a) for a in addresses)
         runs.append((url, zk_url, live))
