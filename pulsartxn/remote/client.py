@@ -98,8 +98,10 @@ class RemoteClient:
 
     # -- calls -----------------------------------------------------------------------------
 
-    def _hello(self) -> None:
-        self._raw("hello", {"version": protocol.VERSION})
+    def _hello(self) -> bool:
+        """Open the session (or keep it, after a reconnect); whether it is new there."""
+        (out,) = self._raw("hello", {"version": protocol.VERSION})
+        return unframe(out, 1 << 62)[0].get("new", True)
 
     def _raw(self, action: str, args: dict, payload: bytes = b"") -> list[bytes]:
         """One call, retried while the broker is unreachable (with backoff)."""
@@ -142,9 +144,11 @@ class RemoteClient:
         return unframe(out, 1 << 62)[0]
 
     def _reopen(self) -> None:
+        """After SessionLost: open the session again. Handles are made again only if it is
+        new there (two threads that both saw it lost reopen it once)."""
         with self._lock:
-            self._hello()
-            self._generation += 1
+            if self._hello():
+                self._generation += 1
 
     def _keep_alive(self, every: float) -> None:
         while not self._stop.wait(every):
@@ -341,7 +345,7 @@ class RemoteClient:
 
 
 class RemoteAdmin:
-    _METHODS = protocol.ADMIN_METHODS
+    _METHODS = protocol.ADMIN_METHODS + protocol.CLUSTER_ADMIN_METHODS
 
     def __init__(self, client: RemoteClient) -> None:
         self._client = client

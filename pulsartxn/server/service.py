@@ -142,8 +142,9 @@ class BrokerServer(flight.FlightServerBase):
             raise errors.InvalidConfiguration(
                 f"protocol version {errors.excerpt(args.get('version'))} is not {protocol.VERSION}"
             )
-        self.sessions.open(args.get("session"))
+        new = self.sessions.open(args.get("session"))
         return {
+            "new": new,
             "version": protocol.VERSION,
             "broker": self.broker.broker_id,
             "cluster": self.cluster is not None,

@@ -243,25 +243,21 @@ class TransactionEnd(Finalize):
 
     def _prepare_elsewhere(self, meta, expected_acks, expected_sends, deadline) -> None:
         """Participants on other brokers make the transaction's part durable there and check
-        they hold what its committer made, all at once, before the decision: one that is
-        down is asked again until `deadline` (Timeout: nothing is decided); one that lost
-        part of it makes the commit abort."""
-        remote = []
+        they hold what its committer made, all at once, before the decision."""
+        prepares = self.remote_prepares(meta, expected_acks, expected_sends)
+        prepare_all(self.service, prepares, deadline)
+
+    def remote_prepares(self, meta, expected_acks, expected_sends) -> list:
+        """(participant, txn id, expected count) of each participant on another broker."""
+        out = []
         for kind, name in sorted(meta.participants()):
             participant, here = self.service.participants.find(kind, name)
             if not here and hasattr(participant, "prepare_commit"):
                 counts = expected_acks if kind == SUBSCRIPTION else expected_sends
                 key = tuple(name) if kind == SUBSCRIPTION else name
-                remote.append((participant, None if counts is None else counts.get(key, 0)))
-        if not remote:
-            return
-        if deadline is None:
-            deadline = time.monotonic() + self.service.operation_timeout_s
-        futures = [
-            self.service.pool.submit(_prepare, p, meta.txn_id, n, deadline) for p, n in remote
-        ]
-        for fut in futures:
-            fut.result()
+                n = None if counts is None else counts.get(key, 0)
+                out.append((participant, meta.txn_id, n))
+        return out
 
     def _riding(self, riding, taken, commit: bool) -> tuple[dict, int]:
         """Of the transaction's lazily submitted batches: wait for those not taken back (they
@@ -386,6 +382,19 @@ class TransactionEnd(Finalize):
 
     def _write(self, apply, nbytes: int, durable: bool = True) -> None:
         self.storage.write(apply, nbytes=nbytes, durable=durable)
+
+
+def prepare_all(service, prepares: list, deadline: float | None) -> None:
+    """Ask every remote participant to prepare (`prepares`: see remote_prepares), side by
+    side: one that is down is asked again until `deadline` (Timeout: nothing is decided);
+    one that lost part of its transaction makes the commit abort (an abort_only error)."""
+    if not prepares:
+        return
+    if deadline is None:
+        deadline = time.monotonic() + service.operation_timeout_s
+    futures = [service.pool.submit(_prepare, p, t, n, deadline) for p, t, n in prepares]
+    for fut in futures:
+        fut.result()
 
 
 def _prepare(participant, txn_id, expected, deadline) -> None:
