@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Collection
 
 from ..errors import InvalidConfiguration
 from .metadata import ClusterMetadata
@@ -45,7 +46,7 @@ def _bindable(port: int) -> bool:
     return True
 
 
-def pick_ports(n: int, avoid: set[int] = frozenset()) -> list[int]:
+def pick_ports(n: int, avoid: Collection[int] = ()) -> list[int]:
     """`n` free ports, below the kernel's ephemeral range when it leaves room: a port kept for
     a broker's restarts must not be handed meanwhile to some outgoing connection."""
     low, out = _ephemeral_low(), []
@@ -134,8 +135,11 @@ class LocalCluster:
             )
             for i, port in enumerate(ports)
         ]
-        for b, broker_id in zip(self._brokers, saved.get("broker_ids", [])):
+        saved_ids = saved.get("broker_ids", [])
+        for b, broker_id in zip(self._brokers, saved_ids):
             b.broker_id = broker_id
+        # Brokers of an earlier run beyond this one's count: kept for a run that has them.
+        self._beyond = (saved.get("ports", [])[brokers:], saved_ids[brokers:])
         self._save_state()
 
     def _ports(self, n: int, base_port: int, saved: list[int]) -> list[int]:
@@ -157,8 +161,8 @@ class LocalCluster:
     def _save_state(self) -> None:
         state = {
             "zk_port": self.zookeeper.port if self.zookeeper else None,
-            "ports": [b.port for b in self._brokers],
-            "broker_ids": [b.broker_id for b in self._brokers],
+            "ports": [b.port for b in self._brokers] + self._beyond[0],
+            "broker_ids": [b.broker_id for b in self._brokers] + self._beyond[1],
         }
         path = os.path.join(self.data_dir, _STATE)
         with open(path + ".tmp", "w") as f:
@@ -184,7 +188,8 @@ class LocalCluster:
         return len(self._brokers)
 
     def broker_id(self, i: int) -> str | None:
-        """Broker i's cluster id, as it printed at its last start."""
+        """Broker i's cluster id, as it printed at its last start (in this data directory:
+        None until its first)."""
         return self._brokers[i].broker_id
 
     def data_dir_of(self, i: int) -> str:
