@@ -316,6 +316,15 @@ class LocalCluster:
             proc.kill()
             proc.wait()
 
+    def pause(self, i: int) -> None:
+        """SIGSTOP broker i: a process that is alive but silent (a long GC pause, a stopped
+        VM); its ZooKeeper session expires past its timeout."""
+        self._brokers[i].proc.send_signal(signal.SIGSTOP)
+
+    def resume(self, i: int) -> None:
+        """SIGCONT broker i."""
+        self._brokers[i].proc.send_signal(signal.SIGCONT)
+
     def stop(self, i: int) -> int | None:
         """SIGTERM broker i and wait for it (past stop_timeout_s: SIGABRT, its stacks to its
         log, then SIGKILL); its exit code, None if it was not started."""
@@ -325,6 +334,7 @@ class LocalCluster:
         for b in brokers:
             if b.proc is not None and b.proc.poll() is None:
                 b.proc.terminate()
+                b.proc.send_signal(signal.SIGCONT)  # a paused one too
         deadline = time.monotonic() + self.stop_timeout_s
         codes = []
         for b in brokers:
