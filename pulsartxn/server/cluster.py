@@ -11,6 +11,7 @@ broker (markers, acks) over the network, retried until done. See docs/cluster.md
 
 from __future__ import annotations
 
+import itertools
 import logging
 import secrets
 import threading
@@ -62,6 +63,8 @@ class ClusterNode:
         self._lock = threading.Lock()
         self.foreign = ForeignTxns(self)
         self._stop = threading.Event()
+        self._mine: list[int] = []  # coordinators this broker owns, once it knows any
+        self._picks = itertools.count()
         self._reconciler: threading.Thread | None = None
 
     # -- identity and ownership --------------------------------------------------------------
@@ -172,13 +175,14 @@ class ClusterNode:
     def local_coordinator(self) -> int:
         """A coordinator this broker serves, for a transaction that names none: one it owns,
         else one nobody owns yet, taken (NotOwner when every one is another broker's)."""
-        owned = self.meta.owned("coordinator").get(self.broker_id, [])
-        if owned:
-            ids = sorted(int(i) for i in owned)
-            self._next_pick = (getattr(self, "_next_pick", -1) + 1) % len(ids)
-            return ids[self._next_pick]
+        if not self._mine:  # owners stick: once known, never read again
+            owned = self.meta.owned("coordinator").get(self.broker_id, [])
+            self._mine = sorted(int(i) for i in owned)
+        if self._mine:
+            return self._mine[next(self._picks) % len(self._mine)]
         for cid in range(self.coordinators):
             if self.meta.take("coordinator", str(cid), self.broker_id) == self.broker_id:
+                self._mine = [cid]
                 return cid
         raise errors.NotOwner(
             "this broker serves no transaction coordinator: look one up (lookup coordinator)"
