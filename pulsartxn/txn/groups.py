@@ -13,7 +13,6 @@ from ..errors import CorruptEntry, InvalidTxnStatus, Timeout, excerpt
 from ..storage import WriteOp
 from . import log
 from .coordinator import OPEN, TxnMeta, status_error
-from .decision import prepare_all
 from .state import EndReason, TxnState
 
 if TYPE_CHECKING:
@@ -177,14 +176,11 @@ class GroupDecisions:
                                 "participants has not landed; nothing was decided"
                             )
                         c.cond.wait(left)
-            remote = []
             for meta in metas_c:
                 acks, sends = expected.get(meta.txn_id, (None, None))
                 c = self.coordinators.of(meta.txn_id)
                 c._committable(meta, acks, sends)
                 c.prepare(meta, acks)
-                remote.extend(c.remote_prepares(meta, acks, sends))
-            prepare_all(self.coordinators, remote, deadline)
         except BaseException:
             for meta in everyone:
                 self.coordinators.of(meta.txn_id).reopen(meta)
