@@ -285,9 +285,8 @@ class LocalCluster:
             out = b.output()
             if _SERVING.search(out):
                 found = _BROKER_ID.search(out)
-                if found:
-                    b.broker_id = found.group(1).decode()
-                    self._save_state()
+                b.broker_id = found.group(1).decode() if found else None
+                self._save_state()
                 return
             code = b.proc.poll()
             if code is not None:
