@@ -12,7 +12,6 @@ import sys
 import threading
 
 from pulsartxn import perf
-from pulsartxn.cluster import LocalCluster
 from pulsartxn.demo import run_demo
 from pulsartxn.errors import InvalidConfiguration, PulsarTxnError
 from pulsartxn.server.serve import serve
@@ -53,6 +52,8 @@ def _demo(args: argparse.Namespace) -> int:
 def _cluster(args: argparse.Namespace) -> int:
     if args.brokers < 1:
         raise ValueError(f"--brokers must be at least 1, not {args.brokers}")
+    from pulsartxn.cluster import LocalCluster  # kazoo: only a cluster needs it
+
     stop = threading.Event()
 
     def on_signal(signum, frame_):
