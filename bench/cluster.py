@@ -127,7 +127,7 @@ def pipeline(brokers: int, workers: int, batch: int, seconds: float, sync: bool)
         c = RemoteClient(f"pulsartxn://{cluster.addresses[0]}")
         c.create_topic("in", workers)
         c.create_topic("out", workers)
-        for i, part in enumerate(c.topic_partitions("in")):
+        for part in c.topic_partitions("in"):
             p = RemoteClient(f"pulsartxn://{_owner(c, 'partition', part)}")
             producer = p.create_producer(part)
             for k in range(0, per_worker, 5000):
