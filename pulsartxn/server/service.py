@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import json
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -25,15 +24,14 @@ from ..txn.transaction import as_txn_id
 from . import protocol
 from .protocol import SessionLost, frame, jsonable, unframe
 from .sessions import ADMIN, MAX_SESSIONS, AuthFactory, Session, SessionLimits, Sessions, room
+from .streams import Streams, capped_wait
 
-STREAM_INFLIGHT = 4  # send_batch writes of one DoPut stream in flight before the next waits
-STREAM_BATCH_BYTES = 4 << 20  # payload bytes per record batch of a dispatch stream
 # The longest a call waits on the server by default (a receive for ever would hold a server
 # thread for ever): a client that waits longer asks again.
 MAX_WAIT_MS = 10_000
 
 
-class BrokerServer(flight.FlightServerBase):
+class BrokerServer(Streams, flight.FlightServerBase):
     def __init__(
         self,
         broker,
@@ -265,51 +263,6 @@ class BrokerServer(flight.FlightServerBase):
             p.close()
         return {}
 
-    def do_put(self, context, descriptor, reader, writer):
-        try:
-            self._role(context)
-            args, _ = unframe(descriptor.command, self.max_request_bytes)
-            s = self.sessions.get(args)
-            p = self._producer(s, args)
-            txn = self.sessions.txn(s, args.get("txn"), capability=args.get("capability"))
-            total = 0
-            size = 0
-            stored: dict = {}
-            # A stream's batches are written as they come (the writer thread commits one while
-            # the next is read), and the answer waits until all are durable; a few in flight.
-            inflight: list = []
-            try:
-                for chunk in reader:
-                    batch = chunk.data
-                    if batch.nbytes > self.max_request_bytes:
-                        raise ValueError(
-                            f"a send_batch batch of {batch.nbytes} bytes exceeds the limit of "
-                            f"{self.max_request_bytes}: send smaller batches"
-                        )
-                    size += batch.nbytes
-                    if size > self.max_request_bytes * 16:
-                        raise ValueError("send_batch stream exceeds the server's limit")
-                    if "value" not in batch.schema.names:
-                        raise ValueError("send_batch batches need a 'value' column")
-                    keys = batch.column("key") if "key" in batch.schema.names else None
-                    n, futures, t, parts = p._submit_batch(batch.column("value"), keys, txn, False)
-                    total += n
-                    for topic, k in parts.items():
-                        stored[topic] = stored.get(topic, 0) + k
-                    inflight.append((futures, t))
-                    while len(inflight) > STREAM_INFLIGHT:
-                        p._wait_batches(*inflight.pop(0))
-            finally:
-                for futures, t in inflight:
-                    p._wait_batches(futures, t)
-            self._settle(txn)
-            out = {"count": total, "partitions": sorted(stored.items()) if txn else []}
-            writer.write(pa.py_buffer(json.dumps(out).encode()))
-        except flight.FlightError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise protocol.to_flight_error(exc) from None
-
     # -- consumers -------------------------------------------------------------------------
 
     def _on_subscribe(self, args, payload):
@@ -339,7 +292,7 @@ class BrokerServer(flight.FlightServerBase):
 
     def _on_receive(self, args, payload):
         s = self.sessions.get(args)
-        wait = _capped_wait(args.get("timeout_millis"), self.max_wait_ms)
+        wait = capped_wait(args.get("timeout_millis"), self.max_wait_ms)
         consumer = self._consumer(s, args)
         with self.sessions.waiting(s):
             msg = consumer.receive(wait)
@@ -497,38 +450,6 @@ class BrokerServer(flight.FlightServerBase):
             raise ValueError(f"unknown admin call {errors.excerpt(method)}")
         return {"result": jsonable(getattr(self.broker.admin, method)(*call_args))}
 
-    def do_get(self, context, ticket):
-        try:
-            self._role(context)
-            args, _ = unframe(ticket.ticket, self.max_request_bytes)
-            s = self.sessions.get(args)
-            if args.get("op") == "receive":
-                # Dispatch to a consumer: what batch_receive gives, as one record batch.
-                consumer = self._consumer(s, args)
-                with self.sessions.waiting(s):
-                    msgs = consumer.batch_receive(
-                        args.get("max_num_messages", 1000),
-                        _capped_wait(args.get("timeout_millis", 100), self.max_wait_ms),
-                    )
-                # Streamed in batches of a bounded size (a message past it goes alone).
-                return flight.GeneratorStream(
-                    protocol.dispatch_schema(), protocol.message_batches(msgs, STREAM_BATCH_BYTES)
-                )
-            if args.get("op") != "scan":
-                raise ValueError(f"unknown stream {errors.excerpt(args.get('op'))}")
-            start, end = args.get("start"), args.get("end")
-            if isinstance(start, str):
-                start = MessageId.deserialize(bytes.fromhex(start))
-            if isinstance(end, str):
-                end = MessageId.deserialize(bytes.fromhex(end))
-            self._serve_topic(args["topic"], create=False)
-            batches = s.client.scan(args["topic"], start, end)
-            return flight.GeneratorStream(READ_SCHEMA(), batches)
-        except flight.FlightError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise protocol.to_flight_error(exc) from None
-
 
 def _keywords(method, *positional: str) -> frozenset:
     """The option names a request may carry: the client method's keywords."""
@@ -549,13 +470,3 @@ def _options(args, known: frozenset) -> dict:
         if key not in known:
             raise TypeError(f"unknown option {errors.excerpt(key)}")
     return dict(opts)
-
-
-def _capped_wait(timeout_millis, cap: int):
-    """A wait asked for (None: for ever), at most `cap` ms (bad values are the callee's to
-    refuse)."""
-    if timeout_millis is None:
-        return cap
-    if isinstance(timeout_millis, int) and not isinstance(timeout_millis, bool):
-        return min(timeout_millis, cap)
-    return timeout_millis

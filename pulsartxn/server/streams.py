@@ -1,0 +1,109 @@
+"""The server's streams: bulk produce (DoPut: record batches written as they come) and
+dispatch and scans (DoGet: record batches of a bounded size). Part of ``BrokerServer``."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from .. import errors
+from .._native.entryformat import READ_SCHEMA
+from ..messaging.message import MessageId
+from . import protocol
+from .protocol import unframe
+
+STREAM_INFLIGHT = 4  # send_batch writes of one DoPut stream in flight before the next waits
+STREAM_BATCH_BYTES = 4 << 20  # payload bytes per record batch of a dispatch stream
+
+
+class Streams:
+    """DoPut and DoGet of ``BrokerServer`` (which defines the helpers they call)."""
+
+    def do_put(self, context, descriptor, reader, writer):
+        try:
+            self._role(context)
+            args, _ = unframe(descriptor.command, self.max_request_bytes)
+            s = self.sessions.get(args)
+            p = self._producer(s, args)
+            txn = self.sessions.txn(s, args.get("txn"), capability=args.get("capability"))
+            total = 0
+            size = 0
+            stored: dict = {}
+            # A stream's batches are written as they come (the writer thread commits one while
+            # the next is read), and the answer waits until all are durable; a few in flight.
+            inflight: list = []
+            try:
+                for chunk in reader:
+                    batch = chunk.data
+                    if batch.nbytes > self.max_request_bytes:
+                        raise ValueError(
+                            f"a send_batch batch of {batch.nbytes} bytes exceeds the limit of "
+                            f"{self.max_request_bytes}: send smaller batches"
+                        )
+                    size += batch.nbytes
+                    if size > self.max_request_bytes * 16:
+                        raise ValueError("send_batch stream exceeds the server's limit")
+                    if "value" not in batch.schema.names:
+                        raise ValueError("send_batch batches need a 'value' column")
+                    keys = batch.column("key") if "key" in batch.schema.names else None
+                    n, futures, t, parts = p._submit_batch(batch.column("value"), keys, txn, False)
+                    total += n
+                    for topic, k in parts.items():
+                        stored[topic] = stored.get(topic, 0) + k
+                    inflight.append((futures, t))
+                    while len(inflight) > STREAM_INFLIGHT:
+                        p._wait_batches(*inflight.pop(0))
+            finally:
+                for futures, t in inflight:
+                    p._wait_batches(futures, t)
+            self._settle(txn)
+            out = {"count": total, "partitions": sorted(stored.items()) if txn else []}
+            writer.write(pa.py_buffer(json.dumps(out).encode()))
+        except flight.FlightError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise protocol.to_flight_error(exc) from None
+
+    def do_get(self, context, ticket):
+        try:
+            self._role(context)
+            args, _ = unframe(ticket.ticket, self.max_request_bytes)
+            s = self.sessions.get(args)
+            if args.get("op") == "receive":
+                # Dispatch to a consumer: what batch_receive gives, as one record batch.
+                consumer = self._consumer(s, args)
+                with self.sessions.waiting(s):
+                    msgs = consumer.batch_receive(
+                        args.get("max_num_messages", 1000),
+                        capped_wait(args.get("timeout_millis", 100), self.max_wait_ms),
+                    )
+                # Streamed in batches of a bounded size (a message past it goes alone).
+                return flight.GeneratorStream(
+                    protocol.dispatch_schema(), protocol.message_batches(msgs, STREAM_BATCH_BYTES)
+                )
+            if args.get("op") != "scan":
+                raise ValueError(f"unknown stream {errors.excerpt(args.get('op'))}")
+            start, end = args.get("start"), args.get("end")
+            if isinstance(start, str):
+                start = MessageId.deserialize(bytes.fromhex(start))
+            if isinstance(end, str):
+                end = MessageId.deserialize(bytes.fromhex(end))
+            self._serve_topic(args["topic"], create=False)
+            batches = s.client.scan(args["topic"], start, end)
+            return flight.GeneratorStream(READ_SCHEMA(), batches)
+        except flight.FlightError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise protocol.to_flight_error(exc) from None
+
+
+def capped_wait(timeout_millis, cap: int):
+    """A wait asked for (None: for ever), at most `cap` ms (bad values are the callee's to
+    refuse)."""
+    if timeout_millis is None:
+        return cap
+    if isinstance(timeout_millis, int) and not isinstance(timeout_millis, bool):
+        return min(timeout_millis, cap)
+    return timeout_millis
