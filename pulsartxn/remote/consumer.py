@@ -11,7 +11,7 @@ from ..messaging.consumer import check_count
 from ..messaging.message import Message, MessageId
 from ..server import protocol
 from ..server.protocol import SessionLost, frame, unframe
-from .handles import Handle, RemoteTransaction, mid_hex, txn_str
+from .handles import Handle, RemoteTransaction, mid_hex, txn_str, unreachable
 
 
 class RemoteConsumer(Handle):
@@ -72,6 +72,8 @@ class RemoteConsumer(Handle):
             )
             try:
                 table = client._flight.do_get(flight.Ticket(ticket), client._options).read_all()
+            except flight.FlightUnavailableError as exc:
+                raise unreachable(client, exc) from None
             except flight.FlightError as exc:
                 err = protocol.from_flight_error(exc)
                 if isinstance(err, SessionLost) and not attempt:

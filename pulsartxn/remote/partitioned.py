@@ -1,0 +1,609 @@
+"""Producers and consumers of a topic on a cluster: one remote producer or consumer per
+partition, each at the broker that owns its partition (following it when it restarts or is
+found elsewhere). A partitioned topic's producer picks partitions as the embedded producer
+does (a key's hash, else round robin), so the same messages land in the same partitions; its
+consumer merges what a fetcher per partition takes ahead, a bounded queue each.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+import uuid
+
+import numpy as np
+import pyarrow as pa
+
+from .. import errors
+from ..messaging.consumer import check_count
+from ..messaging.message import Message, MessageId
+from ..messaging.producer import _route as route_key
+from ..messaging.producer import check_sequence_id
+from .consumer import RemoteConsumer
+from .handles import Handle
+from .producer import RemoteProducer
+
+__all__ = ["ClusterConsumer", "ClusterProducer", "route_plan"]
+
+# A fetcher's wait at its broker for a partition's next message: what a redelivery or an
+# unsubscribe may wait for the fetchers to come back.
+FETCH_WAIT_MS = 200
+
+
+def route_plan(n: int, key_list, partitions: int, round_robin, chunk: int) -> dict:
+    """The rows of a send_batch of `n` messages each partition takes, as the embedded
+    producer routes them: by key (round robin for a row without one), or without keys in
+    chunks of `chunk` rows, round robin from the next partition in turn."""
+    if key_list is not None:
+        routes = np.fromiter(
+            (
+                route_key(k, partitions) if k is not None else next(round_robin) % partitions
+                for k in key_list
+            ),
+            dtype=np.int64,
+            count=n,
+        )
+        plan = {i: np.flatnonzero(routes == i) for i in range(partitions)}
+    else:
+        starts = np.arange(0, n, chunk)
+        owner = (next(round_robin) + np.arange(len(starts))) % partitions
+        plan = {}
+        for i in range(partitions):
+            picked = [np.arange(s, min(s + chunk, n)) for s, o in zip(starts, owner) if o == i]
+            if picked:
+                plan[i] = np.concatenate(picked)
+    return {i: rows for i, rows in plan.items() if len(rows)}
+
+
+def _validate(content, properties, partition_key, sequence_id):
+    """What the embedded producer checks before it picks a partition (so that a refused
+    message does not move the round robin here either)."""
+    if isinstance(content, (bytearray, memoryview)):
+        content = bytes(content)
+    if not isinstance(content, bytes):
+        raise TypeError(f"content must be bytes, not {type(content).__name__}")
+    if properties is not None and (
+        not isinstance(properties, dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items())
+    ):
+        raise TypeError(
+            f"properties must be a dict of str to str, not {errors.excerpt(properties)}"
+        )
+    if partition_key is not None and not isinstance(partition_key, str):
+        raise TypeError(f"partition_key must be a str, not {type(partition_key).__name__}")
+    check_sequence_id(sequence_id)
+    return content
+
+
+class _Placed:
+    """A per-partition handle whose calls go to its partition's owner, wherever it is."""
+
+    def _place(self, cluster, partition: str) -> None:
+        self._cluster = cluster
+        self._partition = partition
+        self._place_lock = threading.Lock()
+
+    def _follow(self, fn):
+        def run(conn):
+            with self._place_lock:
+                if self._client is not conn:  # served elsewhere now: made again there
+                    self._client = conn
+                    self._handle = None
+            return fn()
+
+        return self._cluster._follow("partition", self._partition, run)
+
+    def _ensure(self) -> int:
+        return self._follow(lambda: Handle._ensure(self))
+
+
+class _PartProducer(_Placed, RemoteProducer):
+    """One partition's producer: a send re-sent at the owner after a failure is stored once
+    (the same producer name and sequence id)."""
+
+    def __init__(self, cluster, partition: str, producer_name, options) -> None:
+        self._place(cluster, partition)
+        RemoteProducer.__init__(self, None, partition, producer_name, options)
+
+    def _send_many(self, items, txn, handle=None) -> list:
+        return self._follow(lambda: RemoteProducer._send_many(self, items, txn, handle))
+
+    def flush(self) -> None:
+        self._follow(lambda: RemoteProducer.flush(self))
+
+
+class _PartConsumer(_Placed, RemoteConsumer):
+    """One partition's consumer."""
+
+    def __init__(self, cluster, partition: str, subscription: str, options) -> None:
+        self._place(cluster, partition)
+        RemoteConsumer.__init__(self, None, partition, subscription, options)
+
+    def receive(self, timeout_millis=None) -> Message:
+        check_count("timeout_millis", timeout_millis, least=0, optional=True)
+        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
+
+        def once():
+            left = None if deadline is None else max(int((deadline - time.monotonic()) * 1000), 0)
+            return RemoteConsumer.receive(self, left)
+
+        return self._follow(once)
+
+    def batch_receive(self, max_num_messages=1000, timeout_millis=100) -> list[Message]:
+        return self._follow(
+            lambda: RemoteConsumer.batch_receive(self, max_num_messages, timeout_millis)
+        )
+
+    def _ack(self, msg_or_id, txn, cumulative: bool) -> None:
+        self._follow(lambda: RemoteConsumer._ack(self, msg_or_id, txn, cumulative))
+
+    def negative_acknowledge(self, msg_or_id) -> None:
+        self._follow(lambda: RemoteConsumer.negative_acknowledge(self, msg_or_id))
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        self._follow(lambda: RemoteConsumer.redeliver_unacknowledged_messages(self))
+
+    def has_message_available(self) -> bool:
+        return self._follow(lambda: RemoteConsumer.has_message_available(self))
+
+    def get_last_message_id(self) -> MessageId:
+        return self._follow(lambda: RemoteConsumer.get_last_message_id(self))
+
+    def unsubscribe(self) -> None:
+        self._follow(lambda: RemoteConsumer.unsubscribe(self))
+
+
+# -- producers ---------------------------------------------------------------------------
+
+
+class ClusterProducer:
+    """``client.create_producer(topic)`` on a cluster: RemoteProducer's API, one producer
+    per partition under one name (de-duplication is per partition and name)."""
+
+    def __init__(self, cluster, topic: str, partitions: list[str], producer_name, options):
+        self._topic = topic
+        self._parts: list[_PartProducer] = []
+        name = producer_name
+        if name is None and len(partitions) > 1:
+            # One name on every partition, unique in the cluster (a broker's own names are
+            # unique only among its producers).
+            name = f"pulsartxn-{uuid.uuid4().hex[:16]}"
+        try:
+            for partition in partitions:
+                part = _PartProducer(cluster, partition, name, options)
+                name = part.name
+                self._parts.append(part)
+        except BaseException:
+            for part in self._parts:
+                _quietly(part.close)
+            raise
+        self.name = name
+        self._round_robin = itertools.count()
+        self._chunk = options.get("batching_max_messages") or 1000
+        self._closed = False
+
+    def topic(self) -> str:
+        return self._topic
+
+    def producer_name(self) -> str:
+        return self.name
+
+    def last_sequence_id(self) -> int:
+        return max(p.last_sequence_id() for p in self._parts)
+
+    def is_connected(self) -> bool:
+        return not self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.AlreadyClosed(f"producer {self.name} is closed")
+
+    def _part_for(self, partition_key) -> _PartProducer:
+        n = len(self._parts)
+        if n == 1:
+            return self._parts[0]
+        if partition_key is not None:
+            return self._parts[route_key(partition_key, n)]
+        return self._parts[next(self._round_robin) % n]
+
+    def send(self, content, properties=None, partition_key=None, sequence_id=None, txn=None):
+        self._check_open()
+        content = _validate(content, properties, partition_key, sequence_id)
+        return self._part_for(partition_key).send(
+            content, properties, partition_key, sequence_id, txn
+        )
+
+    def send_async(
+        self,
+        content,
+        properties=None,
+        partition_key=None,
+        sequence_id=None,
+        txn=None,
+        callback=None,
+    ):
+        self._check_open()
+        content = _validate(content, properties, partition_key, sequence_id)
+        return self._part_for(partition_key).send_async(
+            content, properties, partition_key, sequence_id, txn, callback
+        )
+
+    def _split(self, values, keys):
+        """(values, keys, {partition: rows}) of a send_batch, routed as the embedded one."""
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        if not isinstance(values, pa.Array):
+            values = list(values)
+            for v in values:
+                if not isinstance(v, (bytes, bytearray, memoryview)):
+                    raise TypeError(f"values must be bytes, not {type(v).__name__}")
+            values = pa.array([bytes(v) for v in values], pa.binary())
+        n = len(values)
+        if keys is not None and len(keys) != n:
+            raise ValueError(f"keys has {len(keys)} items for {n} values")
+        if n == 0:
+            return values, keys, {}
+        key_list = None
+        if keys is not None:
+            if isinstance(keys, pa.ChunkedArray):
+                keys = keys.combine_chunks()
+            if not isinstance(keys, pa.Array):
+                keys = pa.array(list(keys), pa.string())
+            key_list = keys.to_pylist()
+        plan = route_plan(n, key_list, len(self._parts), self._round_robin, self._chunk)
+        return values, keys, plan
+
+    def send_batch(self, values, keys=None, txn=None) -> int:
+        self._check_open()
+        if len(self._parts) == 1:
+            return self._parts[0].send_batch(values, keys, txn)
+        values, keys, plan = self._split(values, keys)
+        total = 0
+        for i, rows in plan.items():
+            take = pa.array(rows)
+            total += self._parts[i].send_batch(
+                values.take(take), None if keys is None else keys.take(take), txn
+            )
+        return total
+
+    def batch_stream(self, txn=None):
+        self._check_open()
+        if len(self._parts) == 1:
+            return self._parts[0].batch_stream(txn)
+        return ClusterBatchStream(self, txn)
+
+    def flush(self) -> None:
+        for part in self._parts:
+            part.flush()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        first = None
+        for part in self._parts:
+            try:
+                part.close()
+            except errors.PulsarTxnError as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ClusterBatchStream:
+    """``batch_stream`` of a partitioned topic: each batch routed as a send_batch, onto a
+    stream per partition opened at its first rows."""
+
+    def __init__(self, producer: ClusterProducer, txn) -> None:
+        self._producer = producer
+        self._txn = txn
+        self._streams: dict = {}
+        self.count = 0
+
+    def write(self, values: pa.Array, keys: pa.Array | None = None) -> None:
+        values, keys, plan = self._producer._split(values, keys)
+        for i, rows in plan.items():
+            stream = self._streams.get(i)
+            if stream is None:
+                stream = self._streams[i] = self._producer._parts[i].batch_stream(self._txn)
+            take = pa.array(rows)
+            stream.write(values.take(take), None if keys is None else keys.take(take))
+
+    def close(self) -> int:
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            self.count += stream.close()
+        return self.count
+
+    def cancel(self) -> None:
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream.cancel()
+
+    def __enter__(self) -> ClusterBatchStream:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.cancel()
+
+
+# -- consumers ---------------------------------------------------------------------------
+
+
+class ClusterConsumer:
+    """``client.subscribe(topic, ...)`` on a cluster: RemoteConsumer's API over a consumer
+    per partition (one name on all). With several partitions, a fetcher per partition takes
+    up to receiver_queue_size messages ahead into a queue that receives draw from in arrival
+    order (as Pulsar's receiver queue); what is taken ahead and not handed out is dispatched
+    to this consumer and unacknowledged, so the broker hands it out again when it closes,
+    and a redelivery drops it here first."""
+
+    def __init__(self, cluster, topic: str, partitions: list[str], subscription, options):
+        self._topic = topic
+        self._subscription = subscription
+        self._parts: list[_PartConsumer] = []
+        opts = dict(options)
+        try:
+            for partition in partitions:
+                part = _PartConsumer(cluster, partition, subscription, opts)
+                opts["consumer_name"] = part.consumer_name()
+                self._parts.append(part)
+        except BaseException:
+            for part in self._parts:
+                _quietly(part.close)
+            raise
+        self._name = opts["consumer_name"]
+        self._queue_size = options.get("receiver_queue_size") or 1000
+        self._closed = False
+        self._cond = threading.Condition()
+        self._queue: collections.deque = collections.deque()  # (partition index, message)
+        self._held = [0] * len(self._parts)  # messages of each partition in the queue
+        self._fetching = 0  # fetches under way
+        self._paused = 0  # redeliveries and unsubscribes waiting for no fetch under way
+        self._error: BaseException | None = None  # a fetcher's, raised by the next receive
+        if len(self._parts) > 1:
+            for i in range(len(self._parts)):
+                threading.Thread(
+                    target=self._fetch, args=(i,), name="pulsartxn-fetch", daemon=True
+                ).start()
+
+    def topic(self) -> str:
+        return self._topic
+
+    def consumer_name(self) -> str:
+        return self._name
+
+    def subscription_name(self) -> str:
+        return self._subscription
+
+    def is_connected(self) -> bool:
+        return not self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.AlreadyClosed(f"consumer {self._name} of {self._subscription} is closed")
+
+    # -- fetching ----------------------------------------------------------------------------
+
+    def _fetch(self, i: int) -> None:
+        part = self._parts[i]
+        cond = self._cond
+        delay = 0.05
+        while True:
+            with cond:
+                while not self._closed and (self._paused or self._held[i] >= self._queue_size):
+                    cond.wait()
+                if self._closed:
+                    return
+                room = self._queue_size - self._held[i]
+                self._fetching += 1
+            msgs: list[Message] = []
+            error = None
+            try:
+                try:
+                    msgs.append(part.receive(FETCH_WAIT_MS))
+                except errors.Timeout:
+                    pass
+                if msgs and room > 1:
+                    msgs.extend(part.batch_receive(room - 1, 0))
+            except errors.AlreadyClosed:
+                if not self._closed:
+                    error = errors.AlreadyClosed(f"consumer of {part.topic()} was closed")
+            except Exception as exc:  # noqa: BLE001 - handed to the next receive
+                error = exc
+            with cond:
+                self._fetching -= 1
+                if not self._closed:
+                    self._queue.extend((i, m) for m in msgs)
+                    self._held[i] += len(msgs)
+                    if error is not None:
+                        self._error = error
+                cond.notify_all()
+                if error is not None and not self._closed:
+                    cond.wait(delay)  # then try again (a lasting fault is raised meanwhile)
+                    delay = min(delay * 2, 1.0)
+                else:
+                    delay = 0.05
+
+    def _take(self, n: int) -> list[Message]:
+        """Up to n messages from the queue (the condition held)."""
+        out = []
+        while self._queue and len(out) < n:
+            i, msg = self._queue.popleft()
+            self._held[i] -= 1
+            out.append(msg)
+        if out:
+            self._cond.notify_all()
+        return out
+
+    def _raise_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _quiesce(self) -> None:
+        """Stop the fetchers and drop what they took ahead (the condition held; undone by
+        _resume)."""
+        self._paused += 1
+        while self._fetching:
+            self._cond.wait()
+        self._queue.clear()
+        self._held = [0] * len(self._parts)
+
+    def _resume(self) -> None:
+        with self._cond:
+            self._paused -= 1
+            self._cond.notify_all()
+
+    # -- receiving ---------------------------------------------------------------------------
+
+    def receive(self, timeout_millis=None) -> Message:
+        self._check_open()
+        if len(self._parts) == 1:
+            return self._parts[0].receive(timeout_millis)
+        check_count("timeout_millis", timeout_millis, least=0, optional=True)
+        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
+        with self._cond:
+            while True:
+                self._check_open()
+                got = self._take(1)
+                if got:
+                    return got[0]
+                self._raise_error()
+                wait = None if deadline is None else deadline - time.monotonic()
+                if wait is not None and wait <= 0:
+                    raise errors.Timeout(f"no message on {self._topic} within {timeout_millis} ms")
+                self._cond.wait(wait)
+
+    def batch_receive(self, max_num_messages=1000, timeout_millis=100) -> list[Message]:
+        """Up to max_num_messages (at most receiver_queue_size), waiting at most
+        timeout_millis for them."""
+        self._check_open()
+        if len(self._parts) == 1:
+            return self._parts[0].batch_receive(max_num_messages, timeout_millis)
+        check_count("max_num_messages", max_num_messages, least=1)
+        check_count("timeout_millis", timeout_millis, least=0)
+        n = min(max_num_messages, self._queue_size)
+        deadline = time.monotonic() + timeout_millis / 1000.0
+        with self._cond:
+            while len(self._queue) < n and not self._closed and self._error is None:
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    break
+                self._cond.wait(wait)
+            self._check_open()
+            out = self._take(n)
+            if not out:
+                self._raise_error()
+            return out
+
+    def has_message_available(self) -> bool:
+        self._check_open()
+        with self._cond:
+            if self._queue:
+                return True
+        return any(part.has_message_available() for part in self._parts)
+
+    def get_last_message_id(self) -> MessageId:
+        self._check_open()
+        if len(self._parts) != 1:
+            raise errors.InvalidConfiguration(
+                "get_last_message_id is not supported on a partitioned topic"
+            )
+        return self._parts[0].get_last_message_id()
+
+    # -- acknowledging -----------------------------------------------------------------------
+
+    def _part_of(self, msg_or_id) -> _PartConsumer:
+        if isinstance(msg_or_id, Message):
+            mid = msg_or_id.message_id()
+        elif isinstance(msg_or_id, MessageId):
+            mid = msg_or_id
+        else:
+            raise TypeError(f"expected a Message or MessageId, not {type(msg_or_id).__name__}")
+        if len(self._parts) == 1:
+            return self._parts[0]
+        index = mid.partition()
+        if not 0 <= index < len(self._parts):
+            raise errors.InvalidMessageId(f"{mid!r} is not from {self._topic}")
+        return self._parts[index]
+
+    def acknowledge(self, msg_or_id, txn=None) -> None:
+        self._check_open()
+        self._part_of(msg_or_id).acknowledge(msg_or_id, txn)
+
+    def acknowledge_cumulative(self, msg_or_id, txn=None) -> None:
+        self._check_open()
+        self._part_of(msg_or_id).acknowledge_cumulative(msg_or_id, txn)
+
+    def negative_acknowledge(self, msg_or_id) -> None:
+        self._check_open()
+        self._part_of(msg_or_id).negative_acknowledge(msg_or_id)
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        """What was taken ahead is dropped here, then every partition's broker hands out
+        again all this consumer has not acknowledged."""
+        self._check_open()
+        if len(self._parts) == 1:
+            self._parts[0].redeliver_unacknowledged_messages()
+            return
+        with self._cond:
+            self._quiesce()
+        try:
+            for part in self._parts:
+                part.redeliver_unacknowledged_messages()
+        finally:
+            self._resume()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def unsubscribe(self) -> None:
+        self._check_open()
+        with self._cond:
+            self._quiesce()
+        try:
+            for part in self._parts:
+                part.unsubscribe()
+        except BaseException:
+            self._resume()
+            raise
+        with self._cond:
+            self._closed = True
+            self._paused -= 1
+            self._cond.notify_all()
+        for part in self._parts:
+            _quietly(part.close)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        with self._cond:
+            self._closed = True
+            self._queue.clear()  # dispatched here and unacknowledged: handed out again
+            self._cond.notify_all()
+        for part in self._parts:
+            _quietly(part.close)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _quietly(close) -> None:
+    try:
+        close()
+    except errors.PulsarTxnError:
+        pass
