@@ -108,12 +108,20 @@ class Broker:
         default_txn_timeout_ms: int = 60_000,
         sync: bool = True,
         txn_participants=None,
+        cluster=None,
         **options,
     ) -> None:
         """txn_participants: optional ``(kind, name) -> participant or None`` consulted before
         the broker's own partitions and subscriptions when a transaction is finalized (fault
         injection, custom resource managers); a participant has ``end_txn(txn_id, commit,
-        low_watermark)`` and must treat a repeated call as success."""
+        low_watermark)`` and must treat a repeated call as success.
+
+        cluster: this broker is one of a cluster (``pulsartxn serve --cluster``): an object
+        with ``attach(storage) -> broker id`` and ``coordinators`` (the cluster's count),
+        a ``participant(kind, name)`` like `txn_participants` for those on other brokers,
+        and the txn layer's ``Placement``."""
+        if cluster is not None:
+            num_coordinators = cluster.coordinators
         self.config = BrokerConfig(
             data_dir,
             num_coordinators=num_coordinators,
@@ -133,16 +141,22 @@ class Broker:
             journal=cfg.journal,
             journal_bytes=cfg.journal_bytes,
         )
-        self.broker_id = "standalone"
+        self.cluster = cluster
+        try:
+            self.broker_id = "standalone" if cluster is None else cluster.attach(self.storage)
+        except BaseException:
+            self.storage.close()
+            raise
         self._closed = False
         self._clients: weakref.WeakSet = weakref.WeakSet()
         self._flusher = _BatchFlusher(cfg.batching_max_publish_delay_ms)
         try:
             self.topics = Topics(self.storage, cfg, self._wire, lambda: self.txn.claimed)
-            participants = Participants(
-                self._buffer_of, self._pending_ack_of, elsewhere=txn_participants
-            )
-            self.txn = Coordinators(self, participants)
+            elsewhere = txn_participants
+            if cluster is not None:
+                elsewhere = _first_of(txn_participants, cluster.participant)
+            participants = Participants(self._buffer_of, self._pending_ack_of, elsewhere)
+            self.txn = Coordinators(self, participants, cluster)
         except BaseException:
             self._flusher.stop()
             self.storage.close()
@@ -250,6 +264,20 @@ class Broker:
 
     def __repr__(self) -> str:
         return f"Broker({self.config.data_dir!r}{', closed' if self._closed else ''})"
+
+
+def _first_of(*lookups):
+    """A participant lookup asking each of `lookups` (None: skipped) in turn."""
+    found = [f for f in lookups if f is not None]
+
+    def find(kind, name):
+        for f in found:
+            participant = f(kind, name)
+            if participant is not None:
+                return participant
+        return None
+
+    return find
 
 
 def default_data_dir() -> str:

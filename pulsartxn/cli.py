@@ -83,6 +83,9 @@ def _serve(args: argparse.Namespace) -> int:
             waiting_receives=args.session_max_waiting_receives,
         ),
         sync=not args.no_sync,
+        cluster=args.cluster,
+        advertised_address=args.advertised_address,
+        num_coordinators=args.num_coordinators,
         **({"max_dbs": args.max_dbs} if args.max_dbs is not None else {}),
     )
     return 0
@@ -152,6 +155,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=10.0,
         help="a client silent this long is gone: its consumers' messages are redelivered",
+    )
+    srv.add_argument(
+        "--cluster",
+        help="zk://HOST:PORT[,HOST:PORT]/ROOT: a broker of the cluster whose metadata is there",
+    )
+    srv.add_argument(
+        "--advertised-address",
+        help="HOST:PORT other brokers and clients reach this one at (default: --host:port)",
+    )
+    srv.add_argument(
+        "--num-coordinators",
+        type=int,
+        default=16,
+        help="transaction coordinators (a cluster's first broker sets the cluster's count)",
     )
     srv.set_defaults(func=_serve)
     demo = sub.add_parser(

@@ -32,6 +32,7 @@ __all__ = [
     "NotAuthorized",
     "QuotaExceeded",
     "BrokerUnavailable",
+    "NotOwner",
 ]
 
 
@@ -155,3 +156,8 @@ class Unrecordable(PulsarTxnError):
 class BrokerUnavailable(PulsarTxnError):
     """The broker that owns a bundle or a coordinator is not live (its data lives with it):
     retry; it takes them back when it returns."""
+
+
+class NotOwner(BrokerUnavailable):
+    """The broker asked does not own the bundle or coordinator: look it up again and ask its
+    owner (Pulsar's lookup redirect)."""

@@ -1,7 +1,10 @@
 """The cluster's metadata in ZooKeeper, through kazoo. Under the cluster's root:
 
+    config                    persistent: the cluster's coordinator and bundle counts and
+                              its capability key (set by its first broker)
     brokers/<broker id>       ephemeral: the broker is live; its data is its address
     owners/<kind>/<id>        persistent: the broker whose data directory holds it
+    topics/<quoted full name> persistent: a topic's partition count
 
 Ownership sticks: a partition's data lives in its owner's store (there is no replication), so
 a bundle or coordinator is served by that broker only, and is unavailable while it is down.
@@ -11,18 +14,35 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import threading
+import zlib
+from urllib.parse import quote
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
-from ..errors import BrokerUnavailable, InvalidConfiguration, excerpt
+from ..errors import BrokerUnavailable, InvalidConfiguration, TopicAlreadyExists, excerpt
+from ..messaging.topic_name import TopicName
 
 KINDS = ("bundle", "coordinator")
 _FORM = "a cluster URL is zk://HOST:PORT[,HOST:PORT...]/ROOT"
 _HOST = re.compile(r"^[A-Za-z0-9.\-]+:\d{1,5}$")
-_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,200}$")
+_ID = re.compile(r"^[A-Za-z0-9._:=\-]{1,200}$")
+DEFAULT_BUNDLES = 16  # per namespace, as Pulsar's defaultNumberOfNamespaceBundles (4) x 4
+
+
+def bundle_of(partition: str, bundles: int) -> str:
+    """The namespace bundle a partition (or non-partitioned topic) hashes onto: the namespace
+    and one of `bundles` equal ranges of the 32-bit hash of its full name (Pulsar's bundles
+    are hash ranges too)."""
+    name = TopicName.parse(partition)
+    h = zlib.crc32(name.full.encode())
+    width = (1 << 32) // bundles
+    i = min(h // width, bundles - 1)
+    hi = 0xFFFFFFFF if i == bundles - 1 else (i + 1) * width
+    return f"{name.tenant}:{name.namespace}:0x{i * width:08x}_0x{hi:08x}"
 
 
 def parse_cluster_url(url: str) -> tuple[str, str]:
@@ -57,6 +77,11 @@ class ClusterMetadata:
         self._zk = KazooClient(hosts=hosts, timeout=session_timeout_s)
         self._registered: tuple[str, bytes] | None = None
         self._lock = threading.Lock()
+        # Live brokers as last read (None: read again), dropped when the set changes or the
+        # connection does; and owners, which never change once recorded.
+        self._live: dict[str, str] | None = None
+        self._live_gen = 0  # bumped when it is dropped: a read begun before is not kept
+        self._owners: dict[tuple[str, str], str] = {}
         self._zk.add_listener(self._on_state)
 
     def start(self, timeout_s: float = 15.0) -> ClusterMetadata:
@@ -68,7 +93,49 @@ class ClusterMetadata:
         for kind in KINDS:
             self._zk.ensure_path(f"{self.root}/owners/{kind}")
         self._zk.ensure_path(f"{self.root}/brokers")
+        self._zk.ensure_path(f"{self.root}/topics")
+        self._zk.ChildrenWatch(f"{self.root}/brokers", self._brokers_changed)
         return self
+
+    def _brokers_changed(self, children) -> None:
+        with self._lock:
+            self._live = None
+            self._live_gen += 1
+
+    # -- the cluster's settings and topics ---------------------------------------------------
+
+    def config(self, coordinators: int, bundles: int = DEFAULT_BUNDLES) -> dict:
+        """The cluster's settings: those of its first broker (the arguments), for good."""
+        path = f"{self.root}/config"
+        value = {
+            "coordinators": coordinators,
+            "bundles": bundles,
+            "capability_key": secrets.token_hex(32),
+        }
+        try:
+            self._zk.create(path, json.dumps(value).encode())
+        except NodeExistsError:
+            data, _ = self._zk.get(path)
+            value = json.loads(data)
+        return value
+
+    def _topic_path(self, full: str) -> str:
+        return f"{self.root}/topics/{quote(full, safe='')}"
+
+    def create_topic(self, full: str, partitions: int) -> None:
+        """Record a topic (TopicAlreadyExists if it is)."""
+        try:
+            self._zk.create(self._topic_path(full), str(partitions).encode())
+        except NodeExistsError:
+            raise TopicAlreadyExists(f"topic {full} already exists") from None
+
+    def topic(self, full: str) -> int | None:
+        """A topic's partition count (0: non-partitioned), None if it does not exist."""
+        try:
+            data, _ = self._zk.get(self._topic_path(full))
+        except NoNodeError:
+            return None
+        return int(data)
 
     def close(self) -> None:
         self._zk.stop()
@@ -110,6 +177,9 @@ class ClusterMetadata:
 
     def _on_state(self, state) -> None:
         # Kazoo's thread: nothing blocking here. A new session lost the ephemeral node.
+        with self._lock:
+            self._live = None
+            self._live_gen += 1
         if state == KazooState.CONNECTED and self._registered is not None:
             self._zk.handler.spawn(self._reregister)
 
@@ -119,8 +189,13 @@ class ClusterMetadata:
         except Exception:  # noqa: BLE001 - the next reconnection tries again
             pass
 
-    def live_brokers(self) -> dict[str, str]:
-        """broker id -> address of every live broker."""
+    def live_brokers(self, fresh: bool = False) -> dict[str, str]:
+        """broker id -> address of every live broker (as last read: a change shows once its
+        watch event has come; `fresh`: read now)."""
+        with self._lock:
+            if self._live is not None and not fresh:
+                return dict(self._live)
+            gen = self._live_gen
         out = {}
         for broker_id in self._zk.get_children(f"{self.root}/brokers"):
             try:
@@ -128,6 +203,9 @@ class ClusterMetadata:
             except NoNodeError:
                 continue  # gone meanwhile
             out[broker_id] = json.loads(data)["address"]
+        with self._lock:
+            if gen == self._live_gen:
+                self._live = dict(out)
         return out
 
     # -- ownership -------------------------------------------------------------------------
@@ -139,11 +217,15 @@ class ClusterMetadata:
 
     def owner(self, kind: str, ident: str) -> str | None:
         """The broker that holds `ident`, live or not; None if nobody took it yet."""
+        found = self._owners.get((kind, ident))
+        if found is not None:
+            return found
         try:
             data, _ = self._zk.get(self._path(kind, ident))
         except NoNodeError:
             return None
-        return data.decode()
+        self._owners[kind, ident] = found = data.decode()
+        return found
 
     def owned(self, kind: str) -> dict[str, list[str]]:
         """broker id -> the idents of `kind` it holds."""
@@ -178,11 +260,21 @@ class ClusterMetadata:
             return self.owner(kind, ident)
         return chosen
 
+    def take(self, kind: str, ident: str, broker_id: str) -> str:
+        """Record `broker_id` as the owner of `ident` unless somebody is; the owner."""
+        try:
+            self._zk.create(self._path(kind, ident), _check_id("broker_id", broker_id).encode())
+        except NodeExistsError:
+            return self.owner(kind, ident)
+        return broker_id
+
     def lookup(self, kind: str, ident: str) -> tuple[str, str]:
         """(owner, address) of `ident`, claiming it if new; BrokerUnavailable while its owner
         is down (retry: it takes it back when it returns)."""
         owner = self.claim(kind, ident)
         address = self.live_brokers().get(owner)
+        if address is None:
+            address = self.live_brokers(fresh=True).get(owner)
         if address is None:
             raise BrokerUnavailable(f"{kind} {ident} is owned by broker {owner}, which is down")
         return owner, address

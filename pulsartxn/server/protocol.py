@@ -33,6 +33,8 @@ ADMIN_METHODS = (
     "pending_ack_stats",
     "scale_coordinators",
 )
+# Admin calls of a cluster (docs/cluster.md): who owns what, and every broker's transactions.
+CLUSTER_ADMIN_METHODS = ("cluster", "cluster_transactions", "cluster_coordinators")
 _LEN = struct.Struct("<I")
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 

@@ -11,6 +11,7 @@ import threading
 from .. import errors
 from ..broker import Broker
 from . import protocol
+from .cluster import ClusterNode
 from .service import MAX_WAIT_MS, BrokerServer
 from .sessions import MAX_SESSIONS, SessionLimits
 
@@ -31,11 +32,16 @@ def serve(
     max_wait_ms: int = MAX_WAIT_MS,
     limits: SessionLimits | None = None,
     max_sessions: int = MAX_SESSIONS,
+    cluster: str | None = None,
+    advertised_address: str | None = None,
     **broker_options,
 ) -> None:
     """Run a broker and serve it until SIGINT/SIGTERM; then close it cleanly (in-flight
     groups committed, sessions closed, LMDB closed). Off loopback, a server without a token
-    is refused unless `insecure` (anyone who reaches the port could do anything)."""
+    is refused unless `insecure` (anyone who reaches the port could do anything).
+
+    `cluster`: zk://HOST:PORT[,...]/ROOT, a broker of that cluster, registered as live at
+    `advertised_address` (default: host:port) once it serves."""
     loopback = host == "localhost"
     try:
         loopback = loopback or ipaddress.ip_address(host).is_loopback
@@ -46,9 +52,26 @@ def serve(
             f"serving on {host} without a token lets anyone who reaches it do anything: "
             "give --token-file (and --admin-token-file), or --insecure"
         )
+    if advertised_address is not None and cluster is None:
+        raise errors.InvalidConfiguration("--advertised-address is for a broker of a --cluster")
     if port:
         _check_free(host, port)  # one clear line, not gRPC's log and a traceback
-    broker = Broker(data_dir, **broker_options)
+    node = None
+    if cluster is not None:
+        node = ClusterNode(
+            cluster,
+            broker_options.get("num_coordinators", 16),
+            admin_token=admin_token,
+            tls_roots=tls[0] if tls else None,
+        )
+    try:
+        broker = Broker(data_dir, cluster=node, **broker_options)
+    except BaseException:
+        if node is not None:
+            node.close()
+        raise
+    if node is not None:
+        node.bind(broker)
     try:
         server = BrokerServer(
             broker,
@@ -62,9 +85,14 @@ def serve(
             max_wait_ms=max_wait_ms,
             limits=limits,
             max_sessions=max_sessions,
+            cluster=node,
         )
+        if node is not None:
+            node.register(advertised_address or f"{host}:{server.port}")
     except BaseException:
         broker.close()
+        if node is not None:
+            node.close()
         raise
     stop = threading.Event()
 
@@ -74,6 +102,8 @@ def serve(
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     scheme = "pulsartxn+ssl" if tls else "pulsartxn"
+    if node is not None:
+        print(f"pulsartxn broker {broker.broker_id} of cluster {cluster}", flush=True)
     print(f"pulsartxn serving {broker.data_dir} on {scheme}://{host}:{server.port}", flush=True)
     if token is None and admin_token is None:
         log.warning("no token: every call is allowed to anyone who reaches %s:%s", host, port)
@@ -82,7 +112,11 @@ def serve(
     finally:
         server.shutdown_sessions()
         server.shutdown()
+        if node is not None:
+            node.stop()
         broker.close()
+        if node is not None:
+            node.close()
         print("pulsartxn server stopped", flush=True)
 
 

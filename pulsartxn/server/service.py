@@ -48,11 +48,12 @@ class BrokerServer(flight.FlightServerBase):
         max_wait_ms: int = MAX_WAIT_MS,
         limits: SessionLimits | None = None,
         max_sessions: int = MAX_SESSIONS,
+        cluster=None,
     ) -> None:
         """`token`: what clients must present; `admin_token`: what admin calls need (both
         None: everything open). `tls`: (certificate, key) in PEM: grpc+tls. `max_wait_ms`:
         the longest a call waits here (a client waiting longer asks again). `max_sessions`:
-        clients connected at once."""
+        clients connected at once. `cluster`: the broker's ClusterNode in a cluster."""
         self.max_wait_ms = max_wait_ms
         middleware = {"auth": AuthFactory(token, admin_token)}
         scheme = "grpc+tls" if tls else "grpc"
@@ -62,6 +63,7 @@ class BrokerServer(flight.FlightServerBase):
             tls_certificates=[tls] if tls else None,
         )
         self.broker = broker
+        self.cluster = cluster
         self.max_request_bytes = max_request_bytes
         self.sessions = Sessions(broker, session_timeout_s, limits or SessionLimits(), max_sessions)
         self._handles = itertools.count(1)
@@ -69,6 +71,10 @@ class BrokerServer(flight.FlightServerBase):
             name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_on_")
         }
         self._admin_actions = {self._on_admin}
+        if cluster is not None:
+            peers = cluster.peer_actions()  # between brokers: the admin token's
+            self._actions.update(peers)
+            self._admin_actions.update(peers.values())
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -137,7 +143,33 @@ class BrokerServer(flight.FlightServerBase):
                 f"protocol version {errors.excerpt(args.get('version'))} is not {protocol.VERSION}"
             )
         self.sessions.open(args.get("session"))
-        return {"version": protocol.VERSION, "broker": self.broker.broker_id}
+        return {
+            "version": protocol.VERSION,
+            "broker": self.broker.broker_id,
+            "cluster": self.cluster is not None,
+        }
+
+    def _on_cluster_info(self, args, payload):
+        self.sessions.get(args)
+        if self.cluster is None:
+            return {
+                "cluster": False,
+                "broker": self.broker.broker_id,
+                "coordinators": len(self.broker.txn.coordinators),
+                "brokers": {self.broker.broker_id: ""},
+            }
+        return self.cluster.info()
+
+    def _on_lookup(self, args, payload):
+        self.sessions.get(args)
+        if self.cluster is None:
+            return {"broker": self.broker.broker_id, "address": ""}
+        return self.cluster.lookup(args["kind"], args["name"])
+
+    def _serve_topic(self, topic, create: bool = True) -> None:
+        """In a cluster: `topic` is known here and its partitions are this broker's."""
+        if self.cluster is not None:
+            self.cluster.serve_topic(topic, create)
 
     def _on_keepalive(self, args, payload):
         self.sessions.get(args)
@@ -149,11 +181,16 @@ class BrokerServer(flight.FlightServerBase):
 
     def _on_create_topic(self, args, payload):
         self.sessions.get(args)
+        if self.cluster is not None:
+            self.cluster.create_topic(args["topic"], args.get("partitions", 0))
+            return {}
         self.broker.create_topic(args["topic"], args.get("partitions", 0))
         return {}
 
     def _on_topic_partitions(self, args, payload):
         self.sessions.get(args)
+        if self.cluster is not None:
+            return {"partitions": self.cluster.topic_partitions(args["topic"])}
         return {"partitions": self.broker.topic_partitions(args["topic"])}
 
     # -- producers -------------------------------------------------------------------------
@@ -161,6 +198,7 @@ class BrokerServer(flight.FlightServerBase):
     def _on_create_producer(self, args, payload):
         s = self.sessions.get(args)
         room(len(s.producers), self.sessions.limits.producers, "producers")
+        self._serve_topic(args["topic"])
         p = s.client.create_producer(args["topic"], **_options(args, _PRODUCER_OPTIONS))
         handle = next(self._handles)
         with s.lock:
@@ -277,6 +315,7 @@ class BrokerServer(flight.FlightServerBase):
                     )
                 opts[key] = enum[opts[key]]
         room(len(s.consumers), self.sessions.limits.consumers, "consumers")
+        self._serve_topic(args["topic"])
         c = s.client.subscribe(args["topic"], args["subscription"], **opts)
         handle = next(self._handles)
         with s.lock:
@@ -436,9 +475,14 @@ class BrokerServer(flight.FlightServerBase):
     def _on_admin(self, args, payload):
         self.sessions.get(args)
         method = args.get("method")
+        call_args = args.get("args", [])
+        if not isinstance(call_args, list):
+            raise TypeError(f"admin args must be a list, not {errors.excerpt(call_args)}")
+        if self.cluster is not None and method in protocol.CLUSTER_ADMIN_METHODS:
+            return {"result": jsonable(getattr(self.cluster, method)(*call_args))}
         if method not in self._ADMIN:
             raise ValueError(f"unknown admin call {errors.excerpt(method)}")
-        return {"result": jsonable(getattr(self.broker.admin, method)(*args.get("args", [])))}
+        return {"result": jsonable(getattr(self.broker.admin, method)(*call_args))}
 
     def do_get(self, context, ticket):
         try:
@@ -464,6 +508,7 @@ class BrokerServer(flight.FlightServerBase):
                 start = MessageId.deserialize(bytes.fromhex(start))
             if isinstance(end, str):
                 end = MessageId.deserialize(bytes.fromhex(end))
+            self._serve_topic(args["topic"], create=False)
             batches = s.client.scan(args["topic"], start, end)
             return flight.GeneratorStream(READ_SCHEMA(), batches)
         except flight.FlightError:

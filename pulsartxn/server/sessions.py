@@ -299,7 +299,9 @@ class Sessions:
 
 def _capability_key(broker) -> bytes:
     """The server's secret for capabilities, kept in the broker's store (a restarted server
-    honours those it gave out): made at the first start."""
+    honours those it gave out): made at the first start; a cluster's is in its metadata."""
+    if broker.cluster is not None:
+        return broker.cluster.capability_key  # one cluster-wide: any broker checks them
     storage = broker.storage
     with storage.read() as txn:
         raw = txn.get(CAPABILITY_KEY, db=storage.meta)

@@ -17,6 +17,7 @@ from ..errors import (
     CoordinatorUnavailable,
     CorruptEntry,
     InvalidTxnStatus,
+    NotOwner,
     TooManyTransactions,
     TransactionNotFound,
 )
@@ -182,6 +183,8 @@ class Coordinator(TransactionEnd):
     # -- lookups ---------------------------------------------------------------------------
 
     def check_ready(self) -> None:
+        if self.status is CoordinatorStatus.ELSEWHERE:
+            raise NotOwner(f"transaction coordinator {self.id} is owned by another broker")
         if self.status is not CoordinatorStatus.READY:
             raise CoordinatorUnavailable(
                 f"transaction coordinator {self.id} is {self.status.value}: {self.error}"
@@ -298,8 +301,10 @@ class Coordinator(TransactionEnd):
                 f"(max_active_txns_per_coordinator={limit}); end some first"
             )
 
-    def add(self, seq: int, kind: int, names: list) -> None:
-        """Log partitions (kind PARTITIONS) or subscriptions the transaction touches."""
+    def add(self, seq: int, kind: int, names: list, durable: bool = False) -> None:
+        """Log partitions (kind PARTITIONS) or subscriptions the transaction touches; durable
+        by its decision, or (`durable`: those of another broker, which writes once this
+        returns) now."""
         op = "add partitions to" if kind == log.PARTITIONS else "add subscriptions to"
         with self.lock:
             meta = self.live(seq, op)
@@ -312,8 +317,7 @@ class Coordinator(TransactionEnd):
         # A staged record written on its own, waited for.
         apply, done = self.stage(seq, kind, new, inflight=True)
         try:
-            # Durable by the transaction's decision, whose flush covers it.
-            self._write(apply, 64 * len(new), durable=False)
+            self._write(apply, 64 * len(new), durable=durable)
         except BaseException:
             done(False)
             with self.lock:

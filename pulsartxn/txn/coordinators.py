@@ -9,6 +9,8 @@ import logging
 import struct
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 from .._native import MAX_SEQUENCE, TxnID
 from ..config import SHARED_DBS
@@ -42,8 +44,37 @@ LWM_PUSH_S = 0.1  # how often the timer tells participants a coordinator's low w
 _LOG = logging.getLogger("pulsartxn.txn")
 
 
+class Placement(Protocol):
+    """Which coordinators a broker of a cluster serves, and how it reaches the others."""
+
+    foreign: ForeignCoordinators
+
+    def owns(self, coordinator_id: int, has_txns: bool) -> bool:
+        """Whether this broker serves the coordinator (`has_txns`: its log here holds some,
+        so it must be this broker's, or the cluster is misconfigured: raise)."""
+
+
+class ForeignCoordinators(Protocol):
+    """What a participant asks of a transaction whose coordinator is on another broker:
+    ``Coordinators``' methods of the same names."""
+
+    def add_partitions(self, txn_id, partitions) -> None: ...
+    def add_subscriptions(self, txn_id, subscriptions) -> None: ...
+    def check_open(self, txn_id, op: str) -> None: ...
+    def fail(self, txn_id, exc: BaseException) -> None: ...
+    def state_of(self, txn_id) -> TxnState: ...
+
+
+def _no_record(lmdb_txn) -> None:
+    """A registration held by another broker's coordinator: nothing rides in this write."""
+
+
+def _landed(ok: bool) -> None:
+    pass
+
+
 class Coordinators:
-    def __init__(self, broker, participants: Participants) -> None:
+    def __init__(self, broker, participants: Participants, placement: Placement | None = None):
         cfg = broker.config
         self.broker = broker
         self.storage = broker.storage
@@ -53,6 +84,9 @@ class Coordinators:
         self.durable_begin = bool(cfg.durable_begin)
         self.operation_timeout_s = cfg.operation_timeout_ms / 1000.0
         self.participants = participants  # wired by the broker
+        self.placement = placement  # None: a broker of its own, serving every coordinator
+        # Calls to participants on other brokers made side by side (a commit's prepares).
+        self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="pulsartxn-peers")
         self.closed = False
         self._lock = threading.Lock()  # the coordinator list
         self._scale_lock = threading.Lock()
@@ -93,9 +127,35 @@ class Coordinators:
         for c in self.coordinators:
             for meta in c.recover(decided, self.clean_start):
                 to_finalize.append((c, meta))
+            self._place(c)
         self.groups.recovered([m for c in self.coordinators for m in c.txns.values()])
         self._recovered = to_finalize
         self._reserve_ahead(self.coordinators)
+
+    def _place(self, c: Coordinator) -> None:
+        """In a cluster, a coordinator another broker owns serves nothing here (before the
+        timer could push its empty low watermark over the owner's transactions)."""
+        if self.placement is not None and c.status is CoordinatorStatus.READY:
+            if not self.placement.owns(c.id, bool(c.txns)):
+                c.status = CoordinatorStatus.ELSEWHERE
+
+    def serve(self, coordinator_id: int) -> Coordinator:
+        """The coordinator, taken up if the cluster gave it to this broker since it started
+        (NotOwner if another broker owns it)."""
+        c = self.coordinator(coordinator_id)
+        if c.status is CoordinatorStatus.ELSEWHERE and self.placement.owns(c.id, False):
+            with c.lock:
+                c.status = CoordinatorStatus.READY
+        c.check_ready()
+        return c
+
+    def _foreign(self, txn_id) -> ForeignCoordinators | None:
+        """The way to a transaction whose coordinator another broker owns, else None."""
+        if self.placement is None:
+            return None
+        if self.of(txn_id).status is CoordinatorStatus.ELSEWHERE:
+            return self.placement.foreign
+        return None
 
     def _open_count(self, stored: int) -> int:
         """The saved count of coordinators, grown to the configured one. A data directory never
@@ -227,7 +287,7 @@ class Coordinators:
         if group is not None and len(group.encode()) > log.MAX_NAME_BYTES:
             raise ValueError(f"group label of {len(group.encode())} bytes is too long")
         if coordinator_id is not None:
-            coordinator = self.coordinator(coordinator_id)
+            coordinator = self.serve(coordinator_id)
         else:
             coordinator = self._pick()
         meta = coordinator.new(timeout_ms, group, owner)
@@ -244,30 +304,46 @@ class Coordinators:
                 return c
         raise CoordinatorUnavailable("no transaction coordinator is available")
 
-    def add_partitions(self, txn_id, partitions) -> None:
-        self.of(txn_id).add(txn_id.sequence, log.PARTITIONS, list(partitions))
+    def add_partitions(self, txn_id, partitions, durable: bool = False) -> None:
+        """Register partitions; `durable`: written durably now (for another broker's)."""
+        if (foreign := self._foreign(txn_id)) is not None:
+            return foreign.add_partitions(txn_id, list(partitions))
+        self.of(txn_id).add(txn_id.sequence, log.PARTITIONS, list(partitions), durable)
 
-    def add_subscriptions(self, txn_id, subscriptions) -> None:
+    def add_subscriptions(self, txn_id, subscriptions, durable: bool = False) -> None:
         pairs = [(str(p), str(s)) for p, s in subscriptions]
-        self.of(txn_id).add(txn_id.sequence, log.SUBSCRIPTIONS, pairs)
+        if (foreign := self._foreign(txn_id)) is not None:
+            return foreign.add_subscriptions(txn_id, pairs)
+        self.of(txn_id).add(txn_id.sequence, log.SUBSCRIPTIONS, pairs, durable)
 
     def stage_partitions(self, txn_id, partitions):
-        """(apply, done): the registration rides in the data write (see Coordinator.stage)."""
+        """(apply, done): the registration rides in the data write (see Coordinator.stage);
+        with a coordinator on another broker, it is made there first (durable there)."""
+        if (foreign := self._foreign(txn_id)) is not None:
+            foreign.add_partitions(txn_id, list(partitions))
+            return _no_record, _landed
         return self.of(txn_id).stage(txn_id.sequence, log.PARTITIONS, list(partitions), True)
 
     def stage_subscriptions(self, txn_id, subscriptions):
         """(apply, done): the registration rides in the pending-ack log write that holds the
         transaction's acks there, or in its commit (see Coordinator.stage)."""
         pairs = [(str(p), str(s)) for p, s in subscriptions]
+        if (foreign := self._foreign(txn_id)) is not None:
+            foreign.add_subscriptions(txn_id, pairs)
+            return _no_record, _landed
         return self.of(txn_id).stage(txn_id.sequence, log.SUBSCRIPTIONS, pairs, False)
 
     def check_open(self, txn_id, op: str) -> None:
         """Raise unless the transaction is OPEN (participants ask before taking its ops)."""
+        if (foreign := self._foreign(txn_id)) is not None:
+            return foreign.check_open(txn_id, op)
         self.of(txn_id).check_open(txn_id.sequence, op)
 
     def fail(self, txn_id, exc: BaseException) -> None:
         """A send or an ack of the transaction failed: its commit aborts it."""
         try:
+            if (foreign := self._foreign(txn_id)) is not None:
+                return foreign.fail(txn_id, exc)
             self.of(txn_id).fail(txn_id.sequence, exc)
         except CoordinatorNotFound:
             pass
@@ -320,6 +396,8 @@ class Coordinators:
         exc.args = (f"{exc.args[0] if exc.args else exc}; the transaction was aborted",)
 
     def state_of(self, txn_id) -> TxnState:
+        if (foreign := self._foreign(txn_id)) is not None:
+            return foreign.state_of(txn_id)
         state, reason = self.of(txn_id).state_of(txn_id.sequence)
         if state is ABORTED and reason == EndReason.TIMEOUT:
             return TxnState.TIMEOUT
@@ -407,6 +485,8 @@ class Coordinators:
                 raise ValueError(
                     f"cannot shrink coordinators from {current} to {n}: logs would be orphaned"
                 )
+            if self.placement is not None:
+                raise InvalidConfiguration("a cluster's coordinators are set when it is made")
             if n > 65536:
                 raise ValueError(f"at most 65536 coordinators, not {n}")
             if n == current:
@@ -472,6 +552,7 @@ class Coordinators:
             self._log_begun()
         self.closed = True
         self.timer.stop()
+        self.pool.shutdown(wait=False)
         for c in self.coordinators:
             with c.lock:
                 c.cond.notify_all()

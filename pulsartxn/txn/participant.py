@@ -23,6 +23,15 @@ class Participant(Protocol):
         coordinator retries a failure until it succeeds: a repeated call succeeds."""
 
 
+class Remote(Participant, Protocol):
+    """A participant on another broker of the cluster (reached over the network)."""
+
+    def prepare_commit(self, txn_id: TxnID, expected: int | None) -> None:
+        """Before a commit is decided: what the transaction made there is durable, and holds
+        at least `expected` messages or acks (else an ``abort_only`` error; a broker that
+        cannot be reached raises BrokerUnavailable, and the coordinator asks again)."""
+
+
 class TransactionBuffer(Participant, Protocol):
     """A partition of this broker's store (its transaction buffer)."""
 

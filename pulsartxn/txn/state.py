@@ -23,6 +23,7 @@ class CoordinatorStatus(enum.Enum):
     RECOVERING = "RECOVERING"  # replaying its log
     READY = "READY"
     ERROR = "ERROR"  # its log cannot be read: it serves nothing
+    ELSEWHERE = "ELSEWHERE"  # another broker of the cluster owns it (its log is empty here)
 
 
 class EndReason(enum.IntEnum):

@@ -49,9 +49,10 @@ def test_a_broker_is_live_while_its_session_lasts(url):
     with ClusterMetadata(url) as watcher:
         broker = ClusterMetadata(url).start()
         broker.register("b1", "127.0.0.1:7001")
-        assert watcher.live_brokers() == {"b1": "127.0.0.1:7001"}
+        # Read through a watch: a change shows once its event has come.
+        _until(lambda: watcher.live_brokers() == {"b1": "127.0.0.1:7001"}, 5, "b1 live")
         broker.close()
-        assert watcher.live_brokers() == {}
+        _until(lambda: watcher.live_brokers() == {}, 5, "b1 gone")
 
 
 REGISTER = r"""
@@ -71,7 +72,7 @@ def test_a_killed_broker_leaves_within_its_session_timeout(url):
     try:
         assert proc.stdout.readline().strip() == "up"
         with ClusterMetadata(url) as watcher:
-            assert "b2" in watcher.live_brokers()
+            _until(lambda: "b2" in watcher.live_brokers(), 5, "b2 live")
             # A second live process cannot take the same broker id.
             with pytest.raises(InvalidConfiguration, match="already registered"):
                 watcher.register("b2", "127.0.0.1:7003")
