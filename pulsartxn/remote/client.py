@@ -203,30 +203,36 @@ class RemoteClient:
         for attempt in (0, 1):
             if owner is not None:
                 args = {**args, "handle": owner._ensure()}
+            seen = self._generation
             try:
                 return self._raw(action, args, payload)
             except SessionLost:
                 if attempt:
                     raise
-                self._reopen()
+                self._reopen(seen)
         raise AssertionError("unreachable")
 
     def _json(self, action: str, args: dict, payload: bytes = b"", owner=None) -> dict:
         (out,) = self._call(action, args, payload, owner)
         return unframe(out, 1 << 62)[0]
 
-    def _reopen(self) -> None:
+    def _reopen(self, seen: int | None = None) -> None:
+        """Open the session again after a call made at generation `seen` found it lost; once
+        per loss (handles are made again once: another copy would keep what it was sent)."""
         with self._lock:
+            if seen is not None and seen != self._generation:
+                return  # another thread opened it again since
             self._hello()
             self._generation += 1
 
     def _keep_alive(self, every: float) -> None:
         while not self._stop.wait(every):
+            seen = self._generation
             try:
                 self._raw("keepalive", {})
             except SessionLost:
                 try:
-                    self._reopen()
+                    self._reopen(seen)
                 except errors.PulsarTxnError:
                     pass
             except errors.PulsarTxnError:

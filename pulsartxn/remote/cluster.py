@@ -126,6 +126,7 @@ class ClusterClient:
         self._owners: dict[tuple, str] = {}  # (kind, name) -> the owner's address
         self._lock = threading.Lock()
         self._closed = False
+        self._closing = False  # close() under way: nothing waits for a broker that is down
         self._retry_count = 0  # calls re-sent after a broker was down or not the owner
         self._round_robin = itertools.count()
         self._objects: list = []  # producers and consumers, closed with the client
@@ -232,12 +233,13 @@ class ClusterClient:
             conn = None
             try:
                 conn = self._conn(self._owner(kind, name))
+                seen = conn._generation
                 return fn(conn)
             except (errors.BrokerUnavailable, SessionLost) as exc:
                 if isinstance(exc, SessionLost):
                     if conn is None:
                         raise
-                    _reopen(conn)  # the broker restarted: this session opened there again
+                    _reopen(conn, seen)  # the broker restarted: the session opened again
                 else:
                     self._owners.pop((kind, name), None)
                 now = time.monotonic()
@@ -245,7 +247,7 @@ class ClusterClient:
                 with self._lock:
                     self._retry_count += 1
                 self._check_open()
-                if now + delay > deadline:
+                if self._closing or now + delay > deadline:
                     raise
                 time.sleep(delay)
                 delay = min(delay * 2, _BACKOFF_MAX_S)
@@ -431,8 +433,11 @@ class ClusterClient:
         return self._any(lambda c: c.topic_partitions(topic))
 
     def close(self) -> None:
+        """Closes its producers (what they hold is sent, to brokers that answer: one that is
+        down is not waited for) and consumers, then every connection."""
         if self._closed:
             return
+        self._closing = True
         for obj in list(self._objects):
             try:
                 obj.close()
@@ -490,17 +495,14 @@ class _CoordinatorRoute:
 
 
 class ClusterAdmin:
-    """``client.admin`` on a cluster: a coordinator's views at its owner, the rest at any
-    broker; ``cluster()`` the cluster's brokers and coordinators."""
+    """``client.admin`` on a cluster: a coordinator's views at its owner, the cluster's
+    (``cluster()``: who owns what; ``cluster_transactions()``, ``cluster_coordinators()``)
+    and the rest at any broker."""
 
-    _METHODS = protocol.ADMIN_METHODS
+    _METHODS = protocol.ADMIN_METHODS + protocol.CLUSTER_ADMIN_METHODS
 
     def __init__(self, client: ClusterClient) -> None:
         self._client = client
-
-    def cluster(self) -> dict:
-        """``cluster_info``: this cluster's live brokers by id, its coordinator count."""
-        return self._client._any(lambda c: c._json("cluster_info", {}))
 
     def __getattr__(self, name):
         if name not in self._METHODS:
@@ -508,8 +510,10 @@ class ClusterAdmin:
         client = self._client
 
         def call(*args):
+            wire = [str(a) if isinstance(a, TxnID) else a for a in args]
+
             def run(conn):
-                return getattr(conn.admin, name)(*args)
+                return conn._json("admin", {"method": name, "args": wire})["result"]
 
             coordinator = None
             if name == "coordinator_stats" and args and _is_int(args[0]):
@@ -519,6 +523,7 @@ class ClusterAdmin:
                     coordinator = TxnID.parse(txn_str(args[0])).coordinator_id
                 except (TypeError, ValueError):
                     coordinator = None  # the broker says what is wrong with it
+            client._check_open()
             if coordinator is not None and 0 <= coordinator < client._coordinators:
                 return client._follow("coordinator", coordinator, run)
             return client._any(run)
@@ -526,9 +531,9 @@ class ClusterAdmin:
         return call
 
 
-def _reopen(conn: RemoteClient) -> None:
+def _reopen(conn: RemoteClient, seen: int) -> None:
     try:
-        conn._reopen()
+        conn._reopen(seen)
     except (errors.BrokerUnavailable, SessionLost):
         pass  # retried as any call
 

@@ -61,10 +61,12 @@ class RemoteConsumer(Handle):
         check_count("timeout_millis", timeout_millis, least=0)
         client = self._client
         for attempt in (0, 1):
+            handle = self._ensure()
+            seen = client._generation
             ticket = frame(
                 {
                     "op": "receive",
-                    "handle": self._ensure(),
+                    "handle": handle,
                     "max_num_messages": max_num_messages,
                     "timeout_millis": timeout_millis,
                     "session": client._session,
@@ -77,7 +79,7 @@ class RemoteConsumer(Handle):
             except flight.FlightError as exc:
                 err = protocol.from_flight_error(exc)
                 if isinstance(err, SessionLost) and not attempt:
-                    client._reopen()
+                    client._reopen(seen)
                     continue
                 raise err from None
             out = []

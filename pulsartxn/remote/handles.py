@@ -68,7 +68,7 @@ class Handle:
             try:
                 self._handle = self._create()
             except SessionLost:  # the server restarted before the client noticed
-                self._client._reopen()
+                self._client._reopen(generation)
                 generation = self._client._generation
                 self._handle = self._create()
             self._generation = generation

@@ -8,6 +8,7 @@ consumer merges what a fetcher per partition takes ahead, a bounded queue each.
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import threading
 import time
@@ -119,7 +120,16 @@ class _PartConsumer(_Placed, RemoteConsumer):
 
     def __init__(self, cluster, partition: str, subscription: str, options) -> None:
         self._place(cluster, partition)
+        self.on_recreate = None  # called when subscribed again (a new session or owner)
+        self._created = False
         RemoteConsumer.__init__(self, None, partition, subscription, options)
+
+    def _create(self) -> int:
+        handle = RemoteConsumer._create(self)
+        if self._created and self.on_recreate is not None:
+            self.on_recreate()
+        self._created = True
+        return handle
 
     def receive(self, timeout_millis=None) -> Message:
         check_count("timeout_millis", timeout_millis, least=0, optional=True)
@@ -369,10 +379,13 @@ class ClusterConsumer:
         self._cond = threading.Condition()
         self._queue: collections.deque = collections.deque()  # (partition index, message)
         self._held = [0] * len(self._parts)  # messages of each partition in the queue
+        self._generations = [0] * len(self._parts)  # times each was subscribed again
         self._fetching = 0  # fetches under way
         self._paused = 0  # redeliveries and unsubscribes waiting for no fetch under way
         self._error: BaseException | None = None  # a fetcher's, raised by the next receive
         if len(self._parts) > 1:
+            for i, part in enumerate(self._parts):
+                part.on_recreate = functools.partial(self._drop, i)
             for i in range(len(self._parts)):
                 threading.Thread(
                     target=self._fetch, args=(i,), name="pulsartxn-fetch", daemon=True
@@ -408,15 +421,19 @@ class ClusterConsumer:
                     return
                 room = self._queue_size - self._held[i]
                 self._fetching += 1
-            msgs: list[Message] = []
+            # Each message with the generation of the consumer it came from: one made again
+            # since hands it out again, so that copy goes (as _drop).
+            msgs: list[tuple[int, Message]] = []
             error = None
             try:
                 try:
-                    msgs.append(part.receive(FETCH_WAIT_MS))
+                    msg = part.receive(FETCH_WAIT_MS)
+                    msgs.append((self._generations[i], msg))
                 except errors.Timeout:
                     pass
                 if msgs and room > 1:
-                    msgs.extend(part.batch_receive(room - 1, 0))
+                    more = part.batch_receive(room - 1, 0)
+                    msgs.extend((self._generations[i], m) for m in more)
             except errors.AlreadyClosed:
                 if not self._closed:
                     error = errors.AlreadyClosed(f"consumer of {part.topic()} was closed")
@@ -425,8 +442,10 @@ class ClusterConsumer:
             with cond:
                 self._fetching -= 1
                 if not self._closed:
-                    self._queue.extend((i, m) for m in msgs)
-                    self._held[i] += len(msgs)
+                    now = self._generations[i]
+                    kept = [(i, m) for g, m in msgs if g == now]
+                    self._queue.extend(kept)
+                    self._held[i] += len(kept)
                     if error is not None:
                         self._error = error
                 cond.notify_all()
@@ -435,6 +454,16 @@ class ClusterConsumer:
                     delay = min(delay * 2, 1.0)
                 else:
                     delay = 0.05
+
+    def _drop(self, i: int) -> None:
+        """Partition i's consumer was made again (its broker restarted, or the session was
+        lost): what it had taken ahead is handed out again there, so the copies here go."""
+        with self._cond:
+            self._generations[i] += 1
+            if self._held[i]:
+                self._queue = collections.deque(e for e in self._queue if e[0] != i)
+                self._held[i] = 0
+                self._cond.notify_all()
 
     def _take(self, n: int) -> list[Message]:
         """Up to n messages from the queue (the condition held)."""
