@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import weakref
 import zlib
 
 from .. import errors
@@ -129,7 +130,7 @@ class ClusterClient:
         self._closing = False  # close() under way: nothing waits for a broker that is down
         self._retry_count = 0  # calls re-sent after a broker was down or not the owner
         self._round_robin = itertools.count()
-        self._objects: list = []  # producers and consumers, closed with the client
+        self._objects: weakref.WeakSet = weakref.WeakSet()  # closed with the client
         try:
             info = first._json("cluster_info", {})
         except BaseException:
@@ -292,7 +293,7 @@ class ClusterClient:
         }
         full = TopicName.parse(topic).full if isinstance(topic, str) else topic
         p = ClusterProducer(self, full, self._partitions(topic), producer_name, options)
-        self._objects.append(p)
+        self._objects.add(p)
         return p
 
     def subscribe(
@@ -322,7 +323,7 @@ class ClusterClient:
         }
         full = TopicName.parse(topic).full if isinstance(topic, str) else topic
         c = ClusterConsumer(self, full, self._partitions(topic), subscription_name, opts)
-        self._objects.append(c)
+        self._objects.add(c)
         return c
 
     def new_transaction(

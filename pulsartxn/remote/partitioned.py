@@ -270,13 +270,20 @@ class ClusterProducer:
         if len(self._parts) == 1:
             return self._parts[0].send_batch(values, keys, txn)
         values, keys, plan = self._split(values, keys)
-        total = 0
+        jobs = []
         for i, rows in plan.items():
             take = pa.array(rows)
-            total += self._parts[i].send_batch(
-                values.take(take), None if keys is None else keys.take(take), txn
-            )
-        return total
+            part_keys = None if keys is None else keys.take(take)
+            jobs.append((self._parts[i], values.take(take), part_keys))
+        if len(jobs) == 1:
+            part, part_values, part_keys = jobs[0]
+            return part.send_batch(part_values, part_keys, txn)
+        # Each partition's share at once (their brokers write in parallel); every one is
+        # waited for, and the first failure raised.
+        threads = [_Call(part.send_batch, v, k, txn) for part, v, k in jobs]
+        for t in threads:
+            t.join()
+        return sum(t.result() for t in threads)
 
     def batch_stream(self, txn=None):
         self._check_open()
@@ -629,6 +636,28 @@ class ClusterConsumer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _Call(threading.Thread):
+    """fn(*args) in a thread of its own; result() waits and gives its value or raises."""
+
+    def __init__(self, fn, *args) -> None:
+        super().__init__(daemon=True)
+        self._fn, self._args = fn, args
+        self._value = self._error = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self._value = self._fn(*self._args)
+        except BaseException as exc:  # noqa: BLE001 - raised by result()
+            self._error = exc
+
+    def result(self):
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def _quietly(close) -> None:

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections import Counter
 
+import pyarrow as pa
 import pytest
 
 import pulsartxn
@@ -304,3 +305,109 @@ def test_a_broker_killed_during_produce_loses_and_duplicates_nothing(cluster, cl
         consumer.acknowledge(m)
     assert Counter(m.data() for m in got) == Counter(values)  # none lost, none twice
     consumer.close()
+
+
+def test_the_merged_consumer(cluster, client):
+    topic = _topic(client)
+    keys = _keys_per_partition(client, topic)
+    producer = client.create_producer(topic)
+    sent = {producer.send(f"m{i}".encode(), partition_key=keys[i % PARTITIONS]) for i in range(60)}
+    every = {f"m{i}".encode() for i in range(60)}
+
+    # What a consumer took ahead and did not hand out goes to the others when it closes.
+    a = client.subscribe(topic, "s", subscription_type=ConsumerType.Shared, receiver_queue_size=5)
+    first = a.receive(5000)
+    assert a.has_message_available()
+    time.sleep(0.3)  # its fetchers fill their queues
+    a.close()
+    b = client.subscribe(topic, "s", subscription_type=ConsumerType.Shared)
+    got = _drain(b, 60)
+    assert sorted(m.data() for m in got) == sorted(every)
+    assert first.data() in {m.data() for m in got}
+    assert {m.message_id() for m in got} == sent
+
+    # A redelivery hands out again everything unacknowledged, once (what the fetchers took
+    # ahead is dropped first).
+    b.redeliver_unacknowledged_messages()
+    again = _drain(b, 60)
+    assert sorted(m.data() for m in again) == sorted(every)
+    assert b.batch_receive(100, 300) == []
+    assert len(b.batch_receive(7, 0)) == 0
+    for m in again[:-1]:
+        b.acknowledge(m)
+    b.close()  # the last one unacknowledged: handed to the next consumer
+    c = client.subscribe(
+        topic, "s", subscription_type=ConsumerType.Shared, negative_ack_redelivery_delay_ms=100
+    )
+    last = c.receive(5000)
+    assert last.data() == again[-1].data()
+    c.negative_acknowledge(last)
+    t0 = time.monotonic()
+    redelivered = c.receive(5000)
+    assert redelivered.data() == last.data() and redelivered.redelivery_count() >= 1
+    assert time.monotonic() - t0 < 3
+    c.acknowledge(redelivered)
+    with pytest.raises(errors.Timeout):
+        c.receive(300)
+    bad = pulsartxn.MessageId(1, 0, 9)
+    with pytest.raises(errors.InvalidMessageId):
+        c.acknowledge(bad)
+    c.close()
+
+    # Cumulative acks per partition on an exclusive subscription; unsubscribe drops it.
+    x = client.subscribe(topic, "x")
+    msgs = _drain(x, 60)
+    last_of = {}
+    for m in msgs:
+        last_of[m.message_id().partition()] = m
+    assert len(last_of) == PARTITIONS
+    with pytest.raises(errors.ConsumerBusy):
+        client.subscribe(topic, "x")
+    for m in last_of.values():
+        x.acknowledge_cumulative(m)
+    x.redeliver_unacknowledged_messages()
+    assert x.batch_receive(100, 300) == []
+    x.unsubscribe()
+    with pytest.raises(errors.AlreadyClosed):
+        x.receive(10)
+    y = client.subscribe(topic, "x")  # a new subscription, from the earliest
+    assert len(_drain(y, 60)) == 60
+    y.close()
+    producer.close()
+
+
+def test_bulk_sends_route_as_the_embedded_producer(cluster, client, tmp_path):
+    topic = _topic(client)
+    producer = client.create_producer(topic, batching_max_messages=10)
+    values = [f"v{i}".encode() for i in range(95)]
+    keys = [None if i % 4 == 0 else f"key{i}" for i in range(95)]
+    assert producer.send_batch(values) == 95
+    assert producer.send_batch(values, keys=keys) == 95
+    txn = client.new_transaction()
+    with producer.batch_stream(txn=txn) as stream:
+        stream.write(pa.array(values, pa.binary()))
+        stream.write(pa.array(values[:30], pa.binary()))
+    assert stream.count == 125
+    assert sum(txn.send_counts.values()) == 125
+    txn.commit()
+
+    def by_partition(batches) -> dict:
+        out: dict = {}
+        for b in batches:
+            for v, p in zip(b.column("value").to_pylist(), b.column("partition").to_pylist()):
+                out.setdefault(p, []).append(v)
+        return out
+
+    with pulsartxn.Broker(str(tmp_path / "embedded"), sync=False) as broker:
+        broker.create_topic("same", partitions=PARTITIONS)
+        embedded = broker.client()
+        local = embedded.create_producer("same", batching_max_messages=10)
+        local.send_batch(values)
+        local.send_batch(values, keys=keys)
+        txn = embedded.new_transaction()
+        local.send_batch(values, txn=txn)
+        local.send_batch(values[:30], txn=txn)
+        txn.commit()
+        expected = by_partition(embedded.scan("same"))
+    assert by_partition(client.scan(topic)) == expected
+    producer.close()
