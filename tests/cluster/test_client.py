@@ -260,12 +260,19 @@ def test_a_broker_killed_during_produce_loses_and_duplicates_nothing(cluster, cl
     failures: list = []
     stop = threading.Event()
 
+    pending: list = []
+
     def produce():
         i = 0
         while not stop.is_set():
             try:
-                producer.send(f"p{i}".encode(), partition_key=f"k{i}")
-                sent.append(i)
+                if i % 2:  # every other one queued, sent with what accumulates
+                    pending.append(
+                        (i, producer.send_async(f"p{i}".encode(), partition_key=f"k{i}"))
+                    )
+                else:
+                    producer.send(f"p{i}".encode(), partition_key=f"k{i}")
+                    sent.append(i)
             except Exception as exc:  # noqa: BLE001 - the test asserts there are none
                 failures.append(exc)
                 return
@@ -279,20 +286,16 @@ def test_a_broker_killed_during_produce_loses_and_duplicates_nothing(cluster, cl
     thread.start()
     try:
         time.sleep(0.5)
-        killed = cluster.broker_id(victim)
-        cluster.kill(victim)
-        # Its ZooKeeper session lasts a few seconds more; it may register again only then.
-        deadline = time.monotonic() + 30
-        while killed in client.admin.cluster()["brokers"]:
-            assert time.monotonic() < deadline, "the killed broker stays registered"
-            time.sleep(0.2)
+        _restart(cluster, client, victim)
         during = len(sent)
-        cluster.start(victim)
         time.sleep(0.5)
     finally:
         stop.set()
         thread.join(60)
     assert not failures, failures
+    for i, fut in pending:
+        fut.result(60)
+        sent.append(i)
     producer.close()
     assert len(sent) > during > 20
     assert client._retries > 0  # it did meet the broker down
@@ -410,4 +413,42 @@ def test_bulk_sends_route_as_the_embedded_producer(cluster, client, tmp_path):
         txn.commit()
         expected = by_partition(embedded.scan("same"))
     assert by_partition(client.scan(topic)) == expected
+    producer.close()
+
+
+def _restart(cluster, client, i: int) -> None:
+    """kill -9 broker i, and start it again once its registration has expired."""
+    killed = cluster.broker_id(i)
+    cluster.kill(i)
+    deadline = time.monotonic() + 30
+    while killed in client.admin.cluster()["brokers"]:
+        assert time.monotonic() < deadline, "the killed broker stays registered"
+        time.sleep(0.2)
+    cluster.start(i)
+
+
+def test_a_transaction_outlives_its_participants_and_coordinators_restarts(cluster, client):
+    topic = _topic(client)
+    keys = _keys_per_partition(client, topic)
+    producer = client.create_producer(topic)
+    txn = client.new_transaction()
+    coordinator = client._owner("coordinator", txn.id.coordinator_id)
+    for k in keys:
+        producer.send(f"before-{k}".encode(), partition_key=k, txn=txn)
+    participant = next(i for i, a in enumerate(cluster.addresses) if a != coordinator)
+    _restart(cluster, client, participant)
+    for k in keys:  # the producers and the session follow the broker that came back
+        producer.send(f"after-{k}".encode(), partition_key=k, txn=txn)
+    txn.commit()
+    values = Counter(v for b in client.scan(topic) for v in b.column("value").to_pylist())
+    assert values == Counter(f"{w}-{k}".encode() for w in ("before", "after") for k in keys)
+
+    txn = client.new_transaction(coordinator_id=txn.id.coordinator_id)
+    for k in keys:
+        producer.send(f"again-{k}".encode(), partition_key=k, txn=txn)
+    _restart(cluster, client, cluster.addresses.index(coordinator))
+    assert txn.state is pulsartxn.TxnState.OPEN  # its log came back with it
+    txn.commit()
+    values = Counter(v for b in client.scan(topic) for v in b.column("value").to_pylist())
+    assert values[b"again-" + keys[0].encode()] == 1 and sum(values.values()) == 18
     producer.close()
