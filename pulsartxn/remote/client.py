@@ -173,9 +173,12 @@ class RemoteClient:
 
     # -- calls -----------------------------------------------------------------------------
 
-    def _hello(self) -> None:
+    def _hello(self) -> bool:
+        """Open the session (or keep it, after a reconnect); whether it is new there."""
         (out,) = self._raw("hello", {"version": protocol.VERSION})
-        self._in_cluster = bool(unframe(out, 1 << 62)[0].get("cluster"))
+        answer = unframe(out, 1 << 62)[0]
+        self._in_cluster = bool(answer.get("cluster"))
+        return answer.get("new", True)
 
     def _raw(self, action: str, args: dict, payload: bytes = b"") -> list[bytes]:
         """One call, retried while the broker is unreachable (with backoff)."""
@@ -217,13 +220,14 @@ class RemoteClient:
         return unframe(out, 1 << 62)[0]
 
     def _reopen(self, seen: int | None = None) -> None:
-        """Open the session again after a call made at generation `seen` found it lost; once
-        per loss (handles are made again once: another copy would keep what it was sent)."""
+        """After SessionLost, seen by a call made at generation `seen`: open the session
+        again. Handles are made again only if it is new there and nobody reopened it since
+        (two threads that both saw it lost reopen it once)."""
         with self._lock:
             if seen is not None and seen != self._generation:
                 return  # another thread opened it again since
-            self._hello()
-            self._generation += 1
+            if self._hello():
+                self._generation += 1
 
     def _keep_alive(self, every: float) -> None:
         while not self._stop.wait(every):
@@ -423,7 +427,7 @@ class RemoteClient:
 
 
 class RemoteAdmin:
-    _METHODS = protocol.ADMIN_METHODS
+    _METHODS = protocol.ADMIN_METHODS + protocol.CLUSTER_ADMIN_METHODS
 
     def __init__(self, client: RemoteClient) -> None:
         self._client = client

@@ -4,13 +4,14 @@ the calls between brokers that a transaction across them needs (seeds: TC deep d
 Ownership is in ZooKeeper (:mod:`pulsartxn.cluster.metadata`) and sticks to the broker whose
 data directory holds it. A participant broker registers a partition or subscription with the
 transaction's coordinator (durably, on the coordinator's broker) before it takes the first op
-of the transaction there; a commit asks each participant broker to prepare (its part durable,
-and as many messages and acks as the committer made), decides, then ends each (markers, acks)
-over the network, retried until done. See docs/cluster.md.
+of the transaction there, and answers that transaction's sends and acks once they are durable (as
+Pulsar's and Kafka's brokers do), so a commit decides at once, then ends each participant
+broker (markers, acks) over the network, retried until done. See docs/cluster.md.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import secrets
 import threading
@@ -62,6 +63,8 @@ class ClusterNode:
         self._lock = threading.Lock()
         self.foreign = ForeignTxns(self)
         self._stop = threading.Event()
+        self._mine: list[int] = []  # coordinators this broker owns, once it knows any
+        self._picks = itertools.count()
         self._reconciler: threading.Thread | None = None
 
     # -- identity and ownership --------------------------------------------------------------
@@ -168,6 +171,35 @@ class ClusterNode:
                 f"which broker {owner} owns"
             )
         return owner == self.broker_id
+
+    def local_coordinator(self) -> int:
+        """A coordinator this broker serves, for a transaction that names none: one it owns,
+        else one nobody owns yet, taken (NotOwner when every one is another broker's)."""
+        if not self._mine:  # owners stick: once known, never read again
+            owned = self.meta.owned("coordinator").get(self.broker_id, [])
+            self._mine = sorted(int(i) for i in owned)
+        if self._mine:
+            return self._mine[next(self._picks) % len(self._mine)]
+        for cid in range(self.coordinators):
+            if self.meta.take("coordinator", str(cid), self.broker_id) == self.broker_id:
+                self._mine = [cid]
+                return cid
+        raise errors.NotOwner(
+            "this broker serves no transaction coordinator: look one up (lookup coordinator)"
+        )
+
+    def settle(self, txn_id: TxnID, acked=None) -> None:
+        """Before this broker answers sends (or, `acked`: (partition, subscription), acks) of
+        a transaction whose coordinator is another broker's: they are durable, so its commit
+        decides without asking this broker again (one round trip fewer on every commit)."""
+        if not self.foreign.is_foreign(txn_id):
+            return
+        if acked is None:
+            self.broker.storage.write(_nothing)  # what was stored before is durable now
+            return
+        pending = self.broker.txn.participants.local(SUBSCRIPTION, tuple(acked))
+        if pending is not None:
+            pending.prepare(txn_id)
 
     def register(self, address: str) -> None:
         """Live at `address` from now on (the server is up)."""
@@ -372,7 +404,6 @@ class ClusterNode:
             "peer_register": self._on_register,
             "peer_state": self._on_state,
             "peer_fail": self._on_fail,
-            "peer_prepare": self._on_prepare,
             "peer_end": self._on_end,
             "peer_admin": self._on_admin,
         }
@@ -412,31 +443,6 @@ class ClusterNode:
         self.broker.check_open()
         return kind, name, self.broker.txn.participants.local(kind, name)
 
-    def _on_prepare(self, args, payload) -> dict:
-        txn_id = TxnID.parse(args["txn"])
-        expected = args.get("expected")
-        self.foreign.ending(txn_id)
-        kind, name, participant = self._participant(args)
-        if kind == SUBSCRIPTION:
-            if participant is None:
-                if expected:
-                    raise errors.InvalidTxnStatus(
-                        f"subscription {name[1]} on {name[0]} is gone with its acks"
-                    )
-                return {}
-            participant.prepare(txn_id, expected)
-            return {}
-        storage = self.broker.storage
-        storage.write(lambda lmdb_txn: None)  # what was written before is durable now
-        if expected:
-            have = participant.messages_of(txn_id)
-            if have < expected:
-                raise errors.InvalidTxnStatus(
-                    f"{expected - have} of the transaction's {expected} messages on {name} "
-                    "were lost when its broker stopped"
-                )
-        return {}
-
     def _on_end(self, args, payload) -> dict:
         txn_id = TxnID.parse(args["txn"])
         kind, name, participant = self._participant(args)
@@ -465,9 +471,6 @@ class RemoteParticipant:
     def end_txn(self, txn_id: TxnID, commit: bool, low_watermark: int) -> None:
         self._call("peer_end", {"txn": str(txn_id), "commit": commit, "lwm": low_watermark})
 
-    def prepare_commit(self, txn_id: TxnID, expected: int | None) -> None:
-        self._call("peer_prepare", {"txn": str(txn_id), "expected": expected})
-
     def __repr__(self) -> str:
         return f"RemoteParticipant({self.kind}, {self.name!r})"
 
@@ -475,13 +478,13 @@ class RemoteParticipant:
 class ForeignTxns:
     """The coordinators of other brokers, as this broker's participants see them
     (txn.coordinators.ForeignCoordinators). A transaction this broker registered its
-    partitions or subscriptions for is known OPEN here until its prepare or end comes;
+    partitions or subscriptions for is known OPEN here until its end comes;
     any other is asked of its coordinator, the authority."""
 
     def __init__(self, node: ClusterNode) -> None:
         self.node = node
         self._lock = threading.Lock()
-        self._open: dict[TxnID, set] = {}  # registered here, not ending: what was registered
+        self._open: dict[TxnID, set] = {}  # registered here, not ended: what was registered
 
     def _register(self, txn_id: TxnID, key: str, names: list) -> None:
         with self._lock:
@@ -514,7 +517,7 @@ class ForeignTxns:
                 txn_id, "peer_fail", {"error": [type(exc).__name__, str(exc)]}
             )
         except errors.PulsarTxnError as err:
-            # Its commit still finds out: the prepare here counts what it holds.
+            # The op's caller got the error too (its client's commit aborts on it).
             _LOG.warning("could not tell transaction %s's coordinator a failure: %s", txn_id, err)
 
     def state_of(self, txn_id: TxnID) -> TxnState:
@@ -531,12 +534,20 @@ class ForeignTxns:
         with self._lock:
             self._open.setdefault(txn_id, set())
 
-    def ending(self, txn_id: TxnID) -> None:
-        """Its commit is being decided: later ops are asked of the coordinator."""
+    def ended(self, txn_id: TxnID) -> None:
+        """Its end came here: later ops are asked of the coordinator (which refuses them)."""
         with self._lock:
             self._open.pop(txn_id, None)
 
-    ended = ending
+    def is_foreign(self, txn_id: TxnID) -> bool:
+        """Whether the transaction's coordinator is on another broker."""
+        coords = self.node.broker.txn.coordinators
+        cid = txn_id.coordinator_id
+        return cid < len(coords) and coords[cid].status is CoordinatorStatus.ELSEWHERE
+
+
+def _nothing(lmdb_txn) -> None:
+    pass
 
 
 def _hashable(name):

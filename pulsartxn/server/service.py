@@ -142,8 +142,9 @@ class BrokerServer(flight.FlightServerBase):
             raise errors.InvalidConfiguration(
                 f"protocol version {errors.excerpt(args.get('version'))} is not {protocol.VERSION}"
             )
-        self.sessions.open(args.get("session"))
+        new = self.sessions.open(args.get("session"))
         return {
+            "new": new,
             "version": protocol.VERSION,
             "broker": self.broker.broker_id,
             "cluster": self.cluster is not None,
@@ -165,6 +166,12 @@ class BrokerServer(flight.FlightServerBase):
         if self.cluster is None:
             return {"broker": self.broker.broker_id, "address": ""}
         return self.cluster.lookup(args["kind"], args["name"])
+
+    def _settle(self, txn, acked=None) -> None:
+        """In a cluster: an op of a transaction whose coordinator is another broker's is
+        answered once durable (see ClusterNode.settle)."""
+        if txn is not None and self.cluster is not None:
+            self.cluster.settle(txn.id, acked)
 
     def _serve_topic(self, topic, create: bool = True) -> None:
         """In a cluster: `topic` is known here and its partitions are this broker's."""
@@ -242,6 +249,7 @@ class BrokerServer(flight.FlightServerBase):
             except Exception as exc:  # noqa: BLE001 - reported per message
                 ids.append(None)
                 errs.append([type(exc).__name__, str(exc)])
+        self._settle(txn)
         return {"ids": ids, "errors": errs, "partitions": sorted(stored.items()) if txn else []}
 
     def _on_flush(self, args, payload):
@@ -294,6 +302,7 @@ class BrokerServer(flight.FlightServerBase):
             finally:
                 for futures, t in inflight:
                     p._wait_batches(futures, t)
+            self._settle(txn)
             out = {"count": total, "partitions": sorted(stored.items()) if txn else []}
             writer.write(pa.py_buffer(json.dumps(out).encode()))
         except flight.FlightError:
@@ -347,6 +356,7 @@ class BrokerServer(flight.FlightServerBase):
             name = c.acknowledge_cumulative(self._mid(args), txn=txn)
         else:
             name = c.acknowledge(self._mid(args), txn=txn)
+        self._settle(txn, name)
         return {"participant": list(name) if name else None}
 
     def _on_nack(self, args, payload):
@@ -406,7 +416,10 @@ class BrokerServer(flight.FlightServerBase):
             group_capability = self.sessions.group(
                 s, label, args.get("group_capability"), claim=True
             )
-        txn = s.client.new_transaction(args.get("timeout_ms"), args.get("coordinator_id"), label)
+        coordinator_id = args.get("coordinator_id")
+        if coordinator_id is None and self.cluster is not None:
+            coordinator_id = self.cluster.local_coordinator()
+        txn = s.client.new_transaction(args.get("timeout_ms"), coordinator_id, label)
         s.remember(str(txn.id), txn)
         return {
             "txn": str(txn.id),

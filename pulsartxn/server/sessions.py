@@ -152,8 +152,9 @@ class Sessions:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def open(self, sid) -> None:
-        """Open session `sid` (a hello), or keep the one of that id (a reconnect)."""
+    def open(self, sid) -> bool:
+        """Open session `sid` (a hello), or keep the one of that id (a reconnect); whether
+        it is new here (what the client had in it is gone)."""
         if not isinstance(sid, str) or not 8 <= len(sid) <= 64:
             raise ValueError("hello needs a session id of 8..64 characters")
         with self._lock:
@@ -164,6 +165,8 @@ class Sessions:
                         "(pulsartxn serve --max-sessions)"
                     )
                 self._sessions[sid] = Session(sid, self.broker.client(session=sid))
+                return True
+            return False
 
     def get(self, args: dict) -> Session:
         """The session a call names (it is alive: its last call is now)."""

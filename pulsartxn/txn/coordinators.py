@@ -9,7 +9,6 @@ import logging
 import struct
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from .._native import MAX_SEQUENCE, TxnID
@@ -85,8 +84,6 @@ class Coordinators:
         self.operation_timeout_s = cfg.operation_timeout_ms / 1000.0
         self.participants = participants  # wired by the broker
         self.placement = placement  # None: a broker of its own, serving every coordinator
-        # Calls to participants on other brokers made side by side (a commit's prepares).
-        self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="pulsartxn-peers")
         self.closed = False
         self._lock = threading.Lock()  # the coordinator list
         self._scale_lock = threading.Lock()
@@ -552,7 +549,6 @@ class Coordinators:
             self._log_begun()
         self.closed = True
         self.timer.stop()
-        self.pool.shutdown(wait=False)
         for c in self.coordinators:
             with c.lock:
                 c.cond.notify_all()

@@ -11,12 +11,10 @@ import time
 from typing import TYPE_CHECKING
 
 from ..errors import (
-    BrokerUnavailable,
     InvalidTxnStatus,
     StorageError,
     Timeout,
     TransactionConflict,
-    TransactionNotFound,
 )
 from ..storage import WriteOp, combine
 from . import log
@@ -87,7 +85,6 @@ class TransactionEnd(Finalize):
         try:
             if commit:
                 self._committable(meta, expected_acks, expected_sends)
-                self._prepare_elsewhere(meta, expected_acks, expected_sends, deadline)
             if not empty:
                 self._decide(meta, index, lwm, first, taken, per_partition, expected_acks, done)
             elif first is None:
@@ -241,28 +238,6 @@ class TransactionEnd(Finalize):
                     )
                 )
 
-    def _prepare_elsewhere(self, meta, expected_acks, expected_sends, deadline) -> None:
-        """Participants on other brokers make the transaction's part durable there and check
-        they hold what its committer made, all at once, before the decision: one that is
-        down is asked again until `deadline` (Timeout: nothing is decided); one that lost
-        part of it makes the commit abort."""
-        remote = []
-        for kind, name in sorted(meta.participants()):
-            participant, here = self.service.participants.find(kind, name)
-            if not here and hasattr(participant, "prepare_commit"):
-                counts = expected_acks if kind == SUBSCRIPTION else expected_sends
-                key = tuple(name) if kind == SUBSCRIPTION else name
-                remote.append((participant, None if counts is None else counts.get(key, 0)))
-        if not remote:
-            return
-        if deadline is None:
-            deadline = time.monotonic() + self.service.operation_timeout_s
-        futures = [
-            self.service.pool.submit(_prepare, p, meta.txn_id, n, deadline) for p, n in remote
-        ]
-        for fut in futures:
-            fut.result()
-
     def _riding(self, riding, taken, commit: bool) -> tuple[dict, int]:
         """Of the transaction's lazily submitted batches: wait for those not taken back (they
         are being committed); return the taken ones per partition and how many of those
@@ -386,25 +361,6 @@ class TransactionEnd(Finalize):
 
     def _write(self, apply, nbytes: int, durable: bool = True) -> None:
         self.storage.write(apply, nbytes=nbytes, durable=durable)
-
-
-def _prepare(participant, txn_id, expected, deadline) -> None:
-    """One remote participant's prepare, asked again while its broker is unreachable."""
-    delay = 0.02
-    while True:
-        try:
-            participant.prepare_commit(txn_id, expected)
-            return
-        except BrokerUnavailable as exc:
-            if deadline is not None and time.monotonic() + delay > deadline:
-                raise Timeout(
-                    f"cannot commit transaction {txn_id} in time: {exc}; it is still OPEN"
-                ) from None
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
-        except (InvalidTxnStatus, TransactionNotFound) as exc:
-            msg = f"cannot commit transaction {txn_id}: {exc}"
-            raise abort_only(InvalidTxnStatus(msg)) from None
 
 
 def _fail_ops(ops, exc) -> None:

@@ -16,20 +16,13 @@ SUBSCRIPTION = "subscription"
 
 
 class Participant(Protocol):
-    """A partition or subscription a transaction touched, here or in another broker."""
+    """A partition or subscription a transaction touched, here or in another broker. One on
+    another broker holds its part durably once it has answered the op (the decision needs
+    nothing more of it); one here may hold it until the decision's write."""
 
     def end_txn(self, txn_id: TxnID, commit: bool, low_watermark: int) -> None:
         """Apply the outcome, and abort what is still ongoing below the low watermark. The
         coordinator retries a failure until it succeeds: a repeated call succeeds."""
-
-
-class Remote(Participant, Protocol):
-    """A participant on another broker of the cluster (reached over the network)."""
-
-    def prepare_commit(self, txn_id: TxnID, expected: int | None) -> None:
-        """Before a commit is decided: what the transaction made there is durable, and holds
-        at least `expected` messages or acks (else an ``abort_only`` error; a broker that
-        cannot be reached raises BrokerUnavailable, and the coordinator asks again)."""
 
 
 class TransactionBuffer(Participant, Protocol):
