@@ -1,16 +1,19 @@
 """The ``pulsartxn`` command. ``demo`` runs the main job: an exactly-once pipeline (on local
-Spark when PySpark is installed), ``serve`` serves a broker over Arrow Flight."""
+Spark when PySpark is installed), ``serve`` serves a broker over Arrow Flight, ``cluster``
+runs a local cluster of brokers on ZooKeeper."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 
 from pulsartxn import perf
 from pulsartxn.demo import run_demo
-from pulsartxn.errors import PulsarTxnError
+from pulsartxn.errors import InvalidConfiguration, PulsarTxnError
 from pulsartxn.server.serve import serve
 from pulsartxn.server.sessions import SessionLimits
 
@@ -44,6 +47,58 @@ def _demo(args: argparse.Namespace) -> int:
     for line in report:
         print(line)
     return 0
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    if args.brokers < 1:
+        raise ValueError(f"--brokers must be at least 1, not {args.brokers}")
+    from pulsartxn.cluster import LocalCluster  # kazoo: only a cluster needs it
+
+    stop = threading.Event()
+
+    def on_signal(signum, frame_):
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    cluster = LocalCluster(
+        args.data_dir,
+        args.brokers,
+        zk_port=args.zk_port,
+        base_port=args.base_port,
+        num_coordinators=args.num_coordinators,
+        sync=not args.no_sync,
+    )
+    try:
+        cluster.start()
+    except InvalidConfiguration as exc:
+        print(f"pulsartxn cluster: {exc}", file=sys.stderr)  # with its log's tail, as lines
+        return 1
+    print(
+        f"pulsartxn cluster serving {cluster.service_url} (metadata {cluster.zk_url}, "
+        f"logs in {cluster.data_dir})",
+        flush=True,
+    )
+    died = []
+    try:
+        while not stop.wait(0.5):
+            for i in range(len(cluster)):
+                if i not in died and not cluster.is_running(i):
+                    died.append(i)
+                    code = cluster.process(i).returncode
+                    print(
+                        f"pulsartxn cluster: broker {i} exited with {code}: see "
+                        f"{cluster.log_path(i)}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    finally:
+        codes = cluster.close()
+    bad = {i: code for i, code in codes.items() if code != 0}
+    for i, code in bad.items():
+        print(f"pulsartxn cluster: broker {i} stopped with {code}", file=sys.stderr)
+    print("pulsartxn cluster stopped", flush=True)
+    return 1 if died or bad else 0
 
 
 def _read_secret(path: str | None, what: str) -> str | None:
@@ -193,6 +248,34 @@ def build_parser() -> argparse.ArgumentParser:
         "not installed)",
     )
     demo.set_defaults(func=_demo)
+    clu = sub.add_parser(
+        "cluster",
+        help="a local cluster: a ZooKeeper and N brokers on 127.0.0.1, until SIGINT/SIGTERM",
+    )
+    clu.add_argument("--brokers", type=int, default=3, help="broker processes (default 3)")
+    clu.add_argument(
+        "--data-dir",
+        default="pulsartxn-cluster",
+        help="holds zookeeper/, broker-<i>/ and broker-<i>.log; the same one again brings the "
+        "same brokers back (default: pulsartxn-cluster)",
+    )
+    clu.add_argument(
+        "--zk-port", type=int, default=0, help="ZooKeeper's port (0: the last run's, or free)"
+    )
+    clu.add_argument(
+        "--base-port",
+        type=int,
+        default=0,
+        help="broker i serves on base-port + i (0: the last run's ports, or free ones)",
+    )
+    clu.add_argument(
+        "--num-coordinators",
+        type=int,
+        default=16,
+        help="transaction coordinators (set by the cluster's first start, for good)",
+    )
+    clu.add_argument("--no-sync", action="store_true", help="brokers do not fsync commits")
+    clu.set_defaults(func=_cluster)
     return parser
 
 

@@ -12,16 +12,19 @@ a bundle or coordinator is served by that broker only, and is unavailable while 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
 import threading
+import time
 import zlib
 from urllib.parse import quote
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry
 
 from ..errors import BrokerUnavailable, InvalidConfiguration, TopicAlreadyExists, excerpt
 from ..messaging.topic_name import TopicName
@@ -63,6 +66,24 @@ def parse_cluster_url(url: str) -> tuple[str, str]:
     return ",".join(parts), "/" + root
 
 
+def _unavailable(method):
+    """ZooKeeper out of reach (connection lost, session expired) is a retriable
+    BrokerUnavailable with its cause, never kazoo's own exception."""
+
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except KazooTimeoutError as exc:
+            raise BrokerUnavailable(f"ZooKeeper did not answer: {exc or 'timeout'}") from None
+        except KazooException as exc:
+            raise BrokerUnavailable(
+                f"ZooKeeper: {type(exc).__name__}{': ' + str(exc) if str(exc) else ''}"
+            ) from None
+
+    return call
+
+
 def _check_id(what: str, value: object) -> str:
     if not isinstance(value, str) or not _ID.match(value):
         raise InvalidConfiguration(f"{what} must be 1-200 of [A-Za-z0-9._:-], not {excerpt(value)}")
@@ -74,7 +95,10 @@ class ClusterMetadata:
 
     def __init__(self, url: str, session_timeout_s: float = 10.0) -> None:
         hosts, self.root = parse_cluster_url(url)
-        self._zk = KazooClient(hosts=hosts, timeout=session_timeout_s)
+        self._session_timeout_s = session_timeout_s
+        # Reconnection tries at most a second apart (kazoo's own delay grows to an hour).
+        retry = KazooRetry(max_tries=-1, max_delay=1.0)
+        self._zk = KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=retry)
         self._registered: tuple[str, bytes] | None = None
         self._lock = threading.Lock()
         # Live brokers as last read (None: read again), dropped when the set changes or the
@@ -104,6 +128,7 @@ class ClusterMetadata:
 
     # -- the cluster's settings and topics ---------------------------------------------------
 
+    @_unavailable
     def config(self, coordinators: int, bundles: int = DEFAULT_BUNDLES) -> dict:
         """The cluster's settings: those of its first broker (the arguments), for good."""
         path = f"{self.root}/config"
@@ -122,6 +147,7 @@ class ClusterMetadata:
     def _topic_path(self, full: str) -> str:
         return f"{self.root}/topics/{quote(full, safe='')}"
 
+    @_unavailable
     def create_topic(self, full: str, partitions: int) -> None:
         """Record a topic (TopicAlreadyExists if it is)."""
         try:
@@ -129,6 +155,7 @@ class ClusterMetadata:
         except NodeExistsError:
             raise TopicAlreadyExists(f"topic {full} already exists") from None
 
+    @_unavailable
     def topic(self, full: str) -> int | None:
         """A topic's partition count (0: non-partitioned), None if it does not exist."""
         try:
@@ -149,6 +176,7 @@ class ClusterMetadata:
 
     # -- brokers ---------------------------------------------------------------------------
 
+    @_unavailable
     def register(self, broker_id: str, address: str) -> None:
         """This broker is live at `address` for as long as its session lasts; registered again
         after a session expires (ZooKeeper restarted, a long pause)."""
@@ -165,15 +193,25 @@ class ClusterMetadata:
             return
         broker_id, data = registered
         path = f"{self.root}/brokers/{broker_id}"
-        try:
-            self._zk.create(path, data, ephemeral=True)
-        except NodeExistsError:
-            # Ours from a session still closing, or another process with the same id.
-            _, stat = self._zk.get(path)
-            if stat.ephemeralOwner != self._zk.client_id[0]:
-                raise InvalidConfiguration(
-                    f"broker {broker_id} is already registered by another live process"
-                ) from None
+        # A node of another session may be a killed process's, until its session expires
+        # (ZooKeeper's session timeout, longer across a ZooKeeper restart): waited out.
+        deadline = time.monotonic() + 3 * self._session_timeout_s
+        while True:
+            try:
+                self._zk.create(path, data, ephemeral=True)
+                return
+            except NodeExistsError:
+                try:
+                    _, stat = self._zk.get(path)
+                except NoNodeError:
+                    continue  # gone meanwhile: create it
+                if stat.ephemeralOwner == self._zk.client_id[0]:
+                    return  # ours, from before a reconnection
+                if time.monotonic() > deadline:
+                    raise InvalidConfiguration(
+                        f"broker {broker_id} is already registered by another live process"
+                    ) from None
+                time.sleep(0.2)
 
     def _on_state(self, state) -> None:
         # Kazoo's thread: nothing blocking here. A new session lost the ephemeral node.
@@ -189,6 +227,7 @@ class ClusterMetadata:
         except Exception:  # noqa: BLE001 - the next reconnection tries again
             pass
 
+    @_unavailable
     def live_brokers(self, fresh: bool = False) -> dict[str, str]:
         """broker id -> address of every live broker (as last read: a change shows once its
         watch event has come; `fresh`: read now)."""
@@ -215,6 +254,7 @@ class ClusterMetadata:
             raise InvalidConfiguration(f"kind must be one of {KINDS}, not {excerpt(kind)}")
         return f"{self.root}/owners/{kind}/{_check_id(kind, ident)}"
 
+    @_unavailable
     def owner(self, kind: str, ident: str) -> str | None:
         """The broker that holds `ident`, live or not; None if nobody took it yet."""
         found = self._owners.get((kind, ident))
@@ -227,6 +267,7 @@ class ClusterMetadata:
         self._owners[kind, ident] = found = data.decode()
         return found
 
+    @_unavailable
     def owned(self, kind: str) -> dict[str, list[str]]:
         """broker id -> the idents of `kind` it holds."""
         out: dict[str, list[str]] = {}
@@ -239,6 +280,7 @@ class ClusterMetadata:
             out.setdefault(data.decode(), []).append(ident)
         return out
 
+    @_unavailable
     def claim(self, kind: str, ident: str) -> str:
         """The owner of `ident`: the broker holding it, else (new) the live broker holding
         the fewest of `kind`, recorded once for good (the first claim wins a race)."""
@@ -260,6 +302,7 @@ class ClusterMetadata:
             return self.owner(kind, ident)
         return chosen
 
+    @_unavailable
     def take(self, kind: str, ident: str, broker_id: str) -> str:
         """Record `broker_id` as the owner of `ident` unless somebody is; the owner."""
         try:
@@ -268,6 +311,7 @@ class ClusterMetadata:
             return self.owner(kind, ident)
         return broker_id
 
+    @_unavailable
     def lookup(self, kind: str, ident: str) -> tuple[str, str]:
         """(owner, address) of `ident`, claiming it if new; BrokerUnavailable while its owner
         is down (retry: it takes it back when it returns)."""

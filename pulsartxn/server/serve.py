@@ -11,7 +11,6 @@ import threading
 from .. import errors
 from ..broker import Broker
 from . import protocol
-from .cluster import ClusterNode
 from .service import MAX_WAIT_MS, BrokerServer
 from .sessions import MAX_SESSIONS, SessionLimits
 
@@ -58,6 +57,8 @@ def serve(
         _check_free(host, port)  # one clear line, not gRPC's log and a traceback
     node = None
     if cluster is not None:
+        from .cluster import ClusterNode  # kazoo: only a cluster's broker needs it
+
         node = ClusterNode(
             cluster,
             broker_options.get("num_coordinators", 16),

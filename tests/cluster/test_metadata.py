@@ -16,12 +16,6 @@ from pulsartxn.cluster import ClusterMetadata, LocalZooKeeper, parse_cluster_url
 from pulsartxn.errors import BrokerUnavailable, InvalidConfiguration
 
 
-@pytest.fixture(scope="module")
-def zookeeper(tmp_path_factory):
-    with LocalZooKeeper(tmp_path_factory.mktemp("zk")) as zk:
-        yield zk
-
-
 @pytest.fixture
 def url(zookeeper):
     """A cluster root of its own for each test."""

@@ -1,0 +1,301 @@
+"""Brokers of a cluster, at the protocol's level: a real ZooKeeper, real broker processes on
+127.0.0.1, and one plain remote client per broker (the cluster client is tested on its own).
+A transaction opened at its coordinator's broker is used at each partition's owner with its
+capability, and ended at the coordinator: the seeds' distributed end, with kills."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import pulsartxn
+from pulsartxn.errors import (
+    CoordinatorNotFound,
+    InvalidTxnStatus,
+    NotOwner,
+    PulsarTxnError,
+    TopicAlreadyExists,
+)
+from pulsartxn.remote import RemoteClient
+
+
+class Brokers:
+    """A plain remote client per broker of a cluster, and what they look up."""
+
+    def __init__(self, cluster, reconnect_timeout_s: float = 60.0) -> None:
+        self.cluster = cluster
+        self.clients: dict[str, RemoteClient] = {}
+        self.reconnect_timeout_s = reconnect_timeout_s
+
+    def at(self, address: str) -> RemoteClient:
+        if address not in self.clients:
+            self.clients[address] = RemoteClient(
+                f"pulsartxn://{address}", reconnect_timeout_s=self.reconnect_timeout_s
+            )
+        return self.clients[address]
+
+    @property
+    def any(self) -> RemoteClient:
+        return self.at(self.cluster.addresses[0])
+
+    def owner(self, kind: str, name) -> str:
+        return self.any._json("lookup", {"kind": kind, "name": name})["address"]
+
+    def transaction(self, coordinator_id: int = 0, **kwargs):
+        """A transaction at its coordinator's broker: (handle, that broker's address)."""
+        address = self.owner("coordinator", coordinator_id)
+        return self.at(address).new_transaction(coordinator_id=coordinator_id, **kwargs), address
+
+    def handle(self, txn, address: str):
+        """`txn` as the broker at `address` uses it (with its capability)."""
+        if self.at(address) is txn._client:
+            return txn
+        return self.at(address).transaction(txn.id, txn.capability)
+
+    def close(self) -> None:
+        for c in self.clients.values():
+            c.close()
+
+
+@pytest.fixture
+def three(local_cluster):
+    cluster = local_cluster(3, num_coordinators=3)
+    brokers = Brokers(cluster)
+    yield cluster, brokers
+    brokers.close()
+
+
+def _spread(brokers: Brokers, topic: str, n: int) -> dict[str, str]:
+    brokers.any.create_topic(topic, n)
+    parts = brokers.any.topic_partitions(topic)
+    return {p: brokers.owner("partition", p) for p in parts}
+
+
+def _drain(consumer, wait_ms: int = 300) -> list[bytes]:
+    out = []
+    while True:
+        try:
+            msg = consumer.receive(wait_ms)
+        except pulsartxn.Timeout:
+            return out
+        out.append(msg.value())
+        consumer.acknowledge(msg)
+
+
+def test_lookups_ownership_and_topics(three):
+    cluster, brokers = three
+    info = brokers.any._json("cluster_info", {})
+    assert info["cluster"] is True and info["coordinators"] == 3
+    assert sorted(info["brokers"].values()) == sorted(cluster.addresses)
+    owners = _spread(brokers, "spread", 6)
+    assert set(owners.values()) == set(cluster.addresses)  # least loaded: all three
+    # Any broker answers the cluster's topics; an owner sticks.
+    for address in cluster.addresses:
+        assert brokers.at(address).topic_partitions("spread") == list(owners)
+        with pytest.raises(TopicAlreadyExists):
+            brokers.at(address).create_topic("spread", 2)
+    assert {p: brokers.owner("partition", p) for p in owners} == owners
+    # A broker that does not own a partition says so (the client looks it up again).
+    part, owner = next(iter(owners.items()))
+    other = next(a for a in cluster.addresses if a != owner)
+    with pytest.raises(NotOwner):
+        brokers.at(other).create_producer(part)
+    with pytest.raises(NotOwner):
+        brokers.at(other).subscribe(part, "s")
+    with pytest.raises(CoordinatorNotFound):
+        brokers.owner("coordinator", 3)
+    coordinator = brokers.owner("coordinator", 1)
+    elsewhere = next(a for a in cluster.addresses if a != coordinator)
+    with pytest.raises(NotOwner):
+        brokers.at(elsewhere).new_transaction(coordinator_id=1)
+    # Who owns what, from any broker.
+    view = brokers.at(elsewhere).admin.cluster()
+    assert sorted(b["address"] for b in view["brokers"].values()) == sorted(cluster.addresses)
+    assert sum(len(ids) for ids in view["coordinators"].values()) >= 1
+
+
+def test_a_transaction_across_three_brokers_commits_and_aborts_atomically(three):
+    cluster, brokers = three
+    owners = _spread(brokers, "atomic", 6)
+    consumers = {p: brokers.at(a).subscribe(p, "s") for p, a in owners.items()}
+    producers = {p: brokers.at(a).create_producer(p) for p, a in owners.items()}
+
+    def send_all(txn, tag: str) -> None:
+        for p, a in owners.items():
+            producers[p].send(f"{tag}:{p}".encode(), txn=brokers.handle(txn, a))
+
+    txn, home = brokers.transaction(0)
+    send_all(txn, "c")
+    assert all(_drain(c, 100) == [] for c in consumers.values())  # nothing before the commit
+    txn.commit()
+    assert txn.state is pulsartxn.TxnState.COMMITTED
+    for p, c in consumers.items():
+        assert _drain(c) == [f"c:{p}".encode()]
+    # A late send of the committed transaction is refused at every participant broker: its
+    # coordinator is the authority, not the participant's memory.
+    for p, a in owners.items():
+        with pytest.raises(InvalidTxnStatus):
+            producers[p].send(b"late", txn=brokers.handle(txn, a))
+    aborted, _ = brokers.transaction(1)
+    send_all(aborted, "a")
+    aborted.abort()
+    for p in owners:
+        producers[p].send(b"plain")
+    for c in consumers.values():
+        assert _drain(c) == [b"plain"]  # the aborted ones are never delivered
+
+
+def test_a_participant_killed_during_the_commit_gets_its_part_when_it_returns(three):
+    """kill -9 a participant broker holding the transaction's messages, then commit: the
+    decision is made (its messages were durable when answered), the others have their
+    part, and the killed one gets its part once it is back (COMMITTING until then): nothing
+    lost or twice, readers there held back only meanwhile."""
+    cluster, brokers = three
+    owners = _spread(brokers, "waited", 6)
+    txn, home = brokers.transaction(2)
+    victim = next(a for a in cluster.addresses if a != home)
+    for p, a in owners.items():
+        brokers.at(a).create_producer(p).send(p.encode(), txn=brokers.handle(txn, a))
+    index = cluster.addresses.index(victim)
+    cluster.kill(index)
+    txn.commit()
+    assert txn.state is pulsartxn.TxnState.COMMITTING  # the victim's part is retried
+    for p, a in owners.items():
+        if a != victim:
+            assert _drain(brokers.at(a).subscribe(p, "during")) == [p.encode()]
+    cluster.start(index)
+    deadline = time.monotonic() + 30
+    while txn.state is not pulsartxn.TxnState.COMMITTED:
+        assert time.monotonic() < deadline, "the commit did not complete"
+        time.sleep(0.1)
+    for p, a in owners.items():
+        assert _drain(brokers.at(a).subscribe(p, "after")) == [p.encode()]
+
+
+def test_the_coordinators_broker_killed_mid_commit_recovers_the_decision(three):
+    """Rounds of a transaction over partitions on three brokers, committed one after another
+    while the coordinator's broker is killed and restarted: every round is on all partitions
+    or on none, and every round whose commit returned is there."""
+    cluster, brokers = three
+    owners = _spread(brokers, "rounds", 3)
+    coordinator = brokers.owner("coordinator", 0)
+    writer = Brokers(cluster, reconnect_timeout_s=1.0)
+    producers = {p: writer.at(a).create_producer(p) for p, a in owners.items()}
+    committed: list[int] = []
+    stop = threading.Event()
+
+    def rounds() -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                txn, _ = writer.transaction(0, timeout_ms=5000)
+                for p, a in owners.items():
+                    producers[p].send(str(i).encode(), txn=writer.handle(txn, a))
+                txn.commit()
+                committed.append(i)
+            except PulsarTxnError:
+                return
+            i += 1
+
+    t = threading.Thread(target=rounds)
+    t.start()
+    time.sleep(1.0)
+    cluster.kill(cluster.addresses.index(coordinator))
+    stop.set()
+    t.join(30)
+    cluster.start(cluster.addresses.index(coordinator))
+    assert committed, "no round committed before the kill"
+    # The writer is gone: what it left open ends by its timeout (5 s), then readers go on.
+    seen = {}
+    deadline = time.monotonic() + 40
+    for p, a in owners.items():
+        c = brokers.at(a).subscribe(p, "check")
+        got: list[int] = []
+        while time.monotonic() < deadline:
+            got += [int(v) for v in _drain(c, 1000)]
+            if got and got[-1] >= committed[-1] and not brokers.any.admin.cluster_transactions(0):
+                got += [int(v) for v in _drain(c, 500)]
+                break
+        seen[p] = got
+    first = next(iter(seen.values()))
+    assert all(v == first for v in seen.values()), seen  # all partitions or none
+    assert set(committed) <= set(first)
+    assert len(first) == len(set(first))  # none twice
+    writer.close()
+
+
+def _try(fn):
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        return exc
+    return None
+
+
+def test_a_group_decides_transactions_with_participants_on_other_brokers(three):
+    cluster, brokers = three
+    owners = _spread(brokers, "grouped", 3)
+    home = brokers.owner("coordinator", 0)
+    c = brokers.at(home)
+    winner = c.new_transaction(coordinator_id=0, group="g")
+    loser = c.new_transaction(coordinator_id=0, group="g")
+    producers = {p: brokers.at(a).create_producer(p) for p, a in owners.items()}
+    for p, a in owners.items():
+        producers[p].send(b"win", txn=brokers.handle(winner, a))
+        producers[p].send(b"lose", txn=brokers.handle(loser, a))
+    out = c.commit_group("g", [winner])
+    assert out["committed"] == [winner.id] and out["aborted"] == [loser.id]
+    for p, a in owners.items():
+        assert _drain(brokers.at(a).subscribe(p, "s")) == [b"win"]
+
+
+def test_a_participant_down_while_its_transaction_times_out_is_released_after(three):
+    """kill -9 a participant broker holding an open transaction's messages; the transaction
+    times out at its coordinator meanwhile; once the participant is back, its readers go
+    past the aborted messages (the end reaches it, retried until it does)."""
+    cluster, brokers = three
+    owners = _spread(brokers, "released", 6)
+    txn, home = brokers.transaction(1, timeout_ms=1500)
+    part, victim = next((p, a) for p, a in owners.items() if a != home)
+    producer = brokers.at(victim).create_producer(part)
+    producer.send(b"held", txn=brokers.handle(txn, victim))
+    index = cluster.addresses.index(victim)
+    cluster.kill(index)
+    deadline = time.monotonic() + 20
+    while txn.state is pulsartxn.TxnState.OPEN:
+        assert time.monotonic() < deadline, "the transaction did not time out"
+        time.sleep(0.1)
+    cluster.start(index)
+    producer.send(b"after")  # the client reconnects and makes its producer again
+    consumer = brokers.at(victim).subscribe(part, "s")
+    assert consumer.receive(15_000).value() == b"after"
+    assert _drain(consumer, 300) == []
+    assert txn.state is pulsartxn.TxnState.TIMEOUT
+
+
+def test_zookeeper_restarted_brokers_register_again_and_carry_on(tmp_path):
+    from pulsartxn.cluster import ClusterMetadata, LocalCluster
+
+    with LocalCluster(tmp_path / "c", 2, num_coordinators=2, sync=False) as cluster:
+        cluster.start()
+        brokers = Brokers(cluster)
+        try:
+            owners = _spread(brokers, "zk", 4)
+            cluster.kill_zookeeper()
+            time.sleep(1.0)
+            cluster.start_zookeeper()
+            with ClusterMetadata(cluster.zk_url) as m:
+                deadline = time.monotonic() + 30
+                while len(m.live_brokers(fresh=True)) < 2:
+                    assert time.monotonic() < deadline, "brokers did not register again"
+                    time.sleep(0.2)
+            txn, home = brokers.transaction(1)
+            for p, a in owners.items():
+                brokers.at(a).create_producer(p).send(b"x", txn=brokers.handle(txn, a))
+            txn.commit()
+            for p, a in owners.items():
+                assert _drain(brokers.at(a).subscribe(p, "s")) == [b"x"]
+        finally:
+            brokers.close()
