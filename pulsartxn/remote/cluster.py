@@ -54,6 +54,7 @@ def connect(
         )
         if not client._in_cluster:
             return client
+        client._address = hosts[0]
         client._reconnect_s = min(reconnect_timeout_s, CONNECTION_RETRY_S)
         shared = Shared()
         shared.session = client._session
@@ -78,6 +79,7 @@ def connect(
                     keepalive_s,
                     shared,
                 )
+                client._address = address
                 break
             except Unreachable as exc:
                 last = exc
@@ -121,7 +123,7 @@ class ClusterClient:
         self._keepalive_s = keepalive_s
         self._shared = shared
         self._session = shared.session
-        address = first.service_url.split("://", 1)[1]
+        address = first._address
         self._conns: dict[str, RemoteClient] = {address: first}
         self._home = address  # the broker asked what any broker answers
         self._owners: dict[tuple, str] = {}  # (kind, name) -> the owner's address

@@ -221,7 +221,7 @@ def test_a_capability_works_on_any_broker_from_another_session(cluster, client):
     keys = _keys_per_partition(client, topic)
     txn = client.new_transaction()
     # Another process's client, knowing one broker only (it finds the others).
-    with pulsartxn.Client(f"pulsartxn://{cluster.addresses[2]}") as other:
+    with pulsartxn.Client(f"pulsartxn://{cluster.addresses[2]}/") as other:
         assert isinstance(other, ClusterClient)
         handle = other.transaction(txn.id, capability=txn.capability)
         producer = other.create_producer(topic)
