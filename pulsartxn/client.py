@@ -218,7 +218,7 @@ class Client:
         self._check_open()
         tid = as_txn_id(txn_id)
         service = self.broker.txn
-        service.state_of(tid)  # CoordinatorNotFound / TransactionNotFound
+        service.check_known(tid)  # CoordinatorNotFound / TransactionNotFound
         return Transaction(self, service, tid, counted=False)
 
     def commit_all(self, txns) -> None:

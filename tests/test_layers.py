@@ -39,6 +39,7 @@ LAYERS = (
             "pulsartxn.demo",
             "pulsartxn.perf",
             "pulsartxn.torture",
+            "pulsartxn.torture_cluster",
         ),
     ),
 )

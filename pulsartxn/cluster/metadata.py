@@ -106,6 +106,7 @@ class ClusterMetadata:
         self._live: dict[str, str] | None = None
         self._live_gen = 0  # bumped when it is dropped: a read begun before is not kept
         self._owners: dict[tuple[str, str], str] = {}
+        self._topics: dict[str, int] = {}
         self._zk.add_listener(self._on_state)
 
     def start(self, timeout_s: float = 15.0) -> ClusterMetadata:
@@ -157,12 +158,17 @@ class ClusterMetadata:
 
     @_unavailable
     def topic(self, full: str) -> int | None:
-        """A topic's partition count (0: non-partitioned), None if it does not exist."""
+        """A topic's partition count (0: non-partitioned), None if it does not exist. Counts
+        never change once recorded: read once."""
+        found = self._topics.get(full)
+        if found is not None:
+            return found
         try:
             data, _ = self._zk.get(self._topic_path(full))
         except NoNodeError:
             return None
-        return int(data)
+        self._topics[full] = found = int(data)
+        return found
 
     def close(self) -> None:
         self._zk.stop()
@@ -214,10 +220,13 @@ class ClusterMetadata:
                 time.sleep(0.2)
 
     def _on_state(self, state) -> None:
-        # Kazoo's thread: nothing blocking here. A new session lost the ephemeral node.
-        with self._lock:
-            self._live = None
-            self._live_gen += 1
+        # Kazoo's thread: nothing blocking here. While the connection is down (SUSPENDED)
+        # the brokers last seen live stay so; once back, or the session lost, read again.
+        # A new session lost the ephemeral node: register again.
+        if state != KazooState.SUSPENDED:
+            with self._lock:
+                self._live = None
+                self._live_gen += 1
         if state == KazooState.CONNECTED and self._registered is not None:
             self._zk.handler.spawn(self._reregister)
 

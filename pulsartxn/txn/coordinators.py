@@ -392,6 +392,13 @@ class Coordinators:
             return  # ended meanwhile (a timeout), or the broker is closing
         exc.args = (f"{exc.args[0] if exc.args else exc}; the transaction was aborted",)
 
+    def check_known(self, txn_id) -> None:
+        """Raise unless the transaction is known (CoordinatorNotFound, TransactionNotFound).
+        One whose coordinator is on another broker is checked by its first op here (its
+        registration there), not by a call of its own."""
+        if self._foreign(txn_id) is None:
+            self.state_of(txn_id)
+
     def state_of(self, txn_id) -> TxnState:
         if (foreign := self._foreign(txn_id)) is not None:
             return foreign.state_of(txn_id)

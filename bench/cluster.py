@@ -1,0 +1,200 @@
+"""A broker cluster's figures (issue 24), every ratio from the same run:
+
+    python -m bench.cluster [--seconds 8] [--workers 4] [--batch 100] [--sync]
+
+1. Commit latency: 300 transactions of one 100-byte message each on a cluster of 2 brokers,
+   committed one after another: the message on the coordinator's broker (the one-write end)
+   and on the other broker (a cross-broker end over the network); p50 and p99 of commit().
+2. A consume-process-produce pipeline over the partitions of an input and an output topic
+   spread over 1, 2 and 3 brokers (ZooKeeper places them, least loaded first): `--workers`
+   client processes, worker i reading input partition i and writing output partition i, each
+   round a transaction of `--batch` results (send_batch) and one cumulative acknowledgement,
+   coordinator i. Committed results per second over `--seconds`, and the ratio to 1 broker.
+
+Brokers and clients are real processes on 127.0.0.1 (LocalCluster: a real ZooKeeper),
+sync=False unless --sync. Not part of the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import tempfile
+import time
+
+from pulsartxn.cluster import LocalCluster
+from pulsartxn.remote import RemoteClient
+from pulsartxn.remote.handles import RemoteTransaction
+
+
+def _owner(client: RemoteClient, kind: str, name) -> str:
+    return client._json("lookup", {"kind": kind, "name": name})["address"]
+
+
+def commit_latency(sync: bool, n: int = 300) -> dict:
+    with tempfile.TemporaryDirectory() as d, LocalCluster(
+        d, 2, num_coordinators=2, sync=sync
+    ) as cluster:
+        cluster.start()
+        clients = {a: RemoteClient(f"pulsartxn://{a}") for a in cluster.addresses}
+        any_client = clients[cluster.addresses[0]]
+        any_client.create_topic("lat", 8)
+        owners = {
+            p: _owner(any_client, "partition", p) for p in any_client.topic_partitions("lat")
+        }
+        home = _owner(any_client, "coordinator", 0)
+        local = next(p for p, a in owners.items() if a == home)
+        remote = next(p for p, a in owners.items() if a != home)
+        producers = {p: clients[owners[p]].create_producer(p) for p in (local, remote)}
+
+        def one(part: str) -> float:
+            txn = clients[home].new_transaction(coordinator_id=0)
+            address = owners[part]
+            handle = txn if address == home else clients[address].transaction(
+                txn.id, txn.capability
+            )
+            producers[part].send(b"x" * 100, txn=handle)
+            t0 = time.perf_counter()
+            txn.commit()
+            return time.perf_counter() - t0
+
+        for _ in range(30):
+            one(local), one(remote)
+        times = {local: [], remote: []}
+        for _ in range(n):
+            for part in (local, remote):  # interleaved: both see the same machine
+                times[part].append(one(part))
+        for c in clients.values():
+            c.close()
+    single, cross = sorted(times[local]), sorted(times[remote])
+    return {
+        "single_p50": statistics.median(single) * 1e3,
+        "single_p99": single[int(len(single) * 0.99)] * 1e3,
+        "cross_p50": statistics.median(cross) * 1e3,
+        "cross_p99": cross[int(len(cross) * 0.99)] * 1e3,
+    }
+
+
+def _worker(addresses, i, coordinators, batch, seconds, start, out):
+    anyc = RemoteClient(f"pulsartxn://{addresses[0]}")
+    clients = {}
+
+    def at(a):
+        if a not in clients:
+            clients[a] = RemoteClient(f"pulsartxn://{a}")
+        return clients[a]
+
+    src = f"persistent://public/default/in-partition-{i}"
+    dst = f"persistent://public/default/out-partition-{i}"
+    src_at, dst_at = _owner(anyc, "partition", src), _owner(anyc, "partition", dst)
+    cid = i % coordinators
+    home = _owner(anyc, "coordinator", cid)
+    consumer = at(src_at).subscribe(src, "pipe")
+    producer = at(dst_at).create_producer(dst)
+    start.wait()
+    deadline = time.monotonic() + seconds
+    cpu = time.process_time()
+    done = 0
+    while time.monotonic() < deadline:
+        msgs = consumer.batch_receive(batch, 200)
+        if not msgs:
+            continue
+        txn = at(home).new_transaction(coordinator_id=cid)
+
+        def handle(a, txn=txn):
+            # What a cluster client does: the id and capability travel with each op.
+            if a == home:
+                return txn
+            return RemoteTransaction(at(a), txn.id, counted=False, capability=txn.capability)
+
+        producer.send_batch([m.value().upper() for m in msgs], txn=handle(dst_at))
+        consumer.acknowledge_cumulative(msgs[-1], txn=handle(src_at))
+        txn.commit()
+        done += len(msgs)
+    out.put((done, time.process_time() - cpu))
+    for c in list(clients.values()) + [anyc]:
+        c.close()
+
+
+def pipeline(brokers: int, workers: int, batch: int, seconds: float, sync: bool) -> float:
+    per_worker = int(40_000 * seconds)  # more than a worker can take in `seconds`
+    with tempfile.TemporaryDirectory() as d, LocalCluster(
+        d, brokers, num_coordinators=workers, sync=sync
+    ) as cluster:
+        cluster.start()
+        c = RemoteClient(f"pulsartxn://{cluster.addresses[0]}")
+        c.create_topic("in", workers)
+        c.create_topic("out", workers)
+        for part in c.topic_partitions("in"):
+            p = RemoteClient(f"pulsartxn://{_owner(c, 'partition', part)}")
+            producer = p.create_producer(part)
+            for k in range(0, per_worker, 5000):
+                producer.send_batch([b"v%09d" % j for j in range(k, k + 5000)])
+            p.close()
+        for i in range(workers):  # every coordinator placed before the clocks start
+            _owner(c, "coordinator", i)
+        ctx = mp.get_context("spawn")
+        start, out = ctx.Event(), ctx.Queue()
+        procs = [
+            ctx.Process(
+                target=_worker,
+                args=(cluster.addresses, i, workers, batch, seconds, start, out),
+            )
+            for i in range(workers)
+        ]
+        for p in procs:
+            p.start()
+        time.sleep(3.0)  # connected and subscribed
+        brokers_cpu = _cpu(cluster)
+        start.set()
+        answers = [out.get(timeout=seconds + 120) for _ in procs]
+        brokers_cpu = _cpu(cluster) - brokers_cpu
+        for p in procs:
+            p.join()
+        c.close()
+    total = sum(n for n, _ in answers)
+    return total / seconds, brokers_cpu / seconds, sum(t for _, t in answers) / seconds
+
+
+def _cpu(cluster) -> float:
+    """CPU seconds the cluster's broker processes have used so far."""
+    total = 0.0
+    for i in range(len(cluster)):
+        with open(f"/proc/{cluster.process(i).pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--sync", action="store_true", help="fsync every commit")
+    ap.add_argument("--skip-latency", action="store_true")
+    args = ap.parse_args()
+    if not args.skip_latency:
+        lat = commit_latency(args.sync)
+        print(
+            f"commit p50: single-broker {lat['single_p50']:.2f} ms, cross-broker "
+            f"{lat['cross_p50']:.2f} ms, ratio {lat['cross_p50'] / lat['single_p50']:.2f}x "
+            f"(p99 {lat['single_p99']:.2f} / {lat['cross_p99']:.2f} ms)",
+            flush=True,
+        )
+    rates = {}
+    for n in (1, 2, 3):
+        rates[n], brokers_cpu, clients_cpu = pipeline(
+            n, args.workers, args.batch, args.seconds, args.sync
+        )
+        print(
+            f"pipeline on {n} broker(s): {rates[n]:,.0f} msgs/s, {rates[n] / rates[1]:.2f}x "
+            f"of 1 broker (CPU: brokers {brokers_cpu:.2f}, clients {clients_cpu:.2f} cores)",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
