@@ -180,12 +180,19 @@ class RemoteClient:
         self._in_cluster = bool(answer.get("cluster"))
         return answer.get("new", True)
 
-    def _raw(self, action: str, args: dict, payload: bytes = b"") -> list[bytes]:
-        """One call, retried while the broker is unreachable (with backoff)."""
+    def _raw(self, action: str, args: dict, payload: bytes = b"", seen=None) -> list[bytes]:
+        """One call, retried while the broker is unreachable (with backoff). `seen`: the
+        generation a handle in `args` was made in; once the session has been opened again
+        the call is not re-sent with it (SessionLost: the caller makes the handle again; a
+        restarted broker numbers handles afresh, so the old number may be another's)."""
         body = frame({**args, "session": self._session}, payload)
         deadline = time.monotonic() + self._reconnect_s
         delay = 0.05
         while True:
+            if seen is not None:
+                with self._lock:  # a reopen under way finishes first
+                    if seen != self._generation:
+                        raise SessionLost("the session was opened again")
             try:
                 results = self._flight.do_action(flight.Action(action, body), self._options)
                 return [r.body.to_pybytes() for r in results]
@@ -206,9 +213,10 @@ class RemoteClient:
         for attempt in (0, 1):
             if owner is not None:
                 args = {**args, "handle": owner._ensure()}
-            seen = self._generation
+            # A handle's calls name the generation it was made in (see _raw).
+            seen = owner._generation if owner is not None else self._generation
             try:
-                return self._raw(action, args, payload)
+                return self._raw(action, args, payload, seen if owner is not None else None)
             except SessionLost:
                 if attempt:
                     raise

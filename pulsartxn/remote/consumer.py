@@ -62,7 +62,7 @@ class RemoteConsumer(Handle):
         client = self._client
         for attempt in (0, 1):
             handle = self._ensure()
-            seen = client._generation
+            seen = self._generation  # not sent once the session was opened again (as _raw)
             ticket = frame(
                 {
                     "op": "receive",
@@ -72,6 +72,12 @@ class RemoteConsumer(Handle):
                     "session": client._session,
                 }
             )
+            with client._lock:  # a reopen under way finishes first
+                moved = seen != client._generation
+            if moved:
+                if attempt:
+                    raise SessionLost("the session was opened again")
+                continue
             try:
                 table = client._flight.do_get(flight.Ticket(ticket), client._options).read_all()
             except flight.FlightUnavailableError as exc:
