@@ -1,6 +1,6 @@
 """A broker cluster's figures (issue 24), every ratio from the same run:
 
-    python -m bench.cluster [--seconds 8] [--workers 4] [--batch 100] [--sync]
+    python -m bench.cluster [--seconds 6] [--workers 8] [--batch 500] [--repeat 3] [--sync]
 
 1. Commit latency: 300 transactions of one 100-byte message each on a cluster of 2 brokers,
    committed one after another: the message on the coordinator's broker (the one-write end)
@@ -9,7 +9,9 @@
    spread over 1, 2 and 3 brokers (ZooKeeper places them, least loaded first): `--workers`
    client processes, worker i reading input partition i and writing output partition i, each
    round a transaction of `--batch` results (send_batch) and one cumulative acknowledgement,
-   coordinator i. Committed results per second over `--seconds`, and the ratio to 1 broker.
+   its coordinator one on the output partition's broker. Committed results per second over
+   `--seconds`, the median of `--repeat` runs, and the ratio to 1 broker; with the CPU the
+   brokers and the clients used (2 cores they share bound what more brokers can give).
 
 Brokers and clients are real processes on 127.0.0.1 (LocalCluster: a real ZooKeeper),
 sync=False unless --sync. Not part of the tests.
@@ -34,16 +36,15 @@ def _owner(client: RemoteClient, kind: str, name) -> str:
 
 
 def commit_latency(sync: bool, n: int = 300) -> dict:
-    with tempfile.TemporaryDirectory() as d, LocalCluster(
-        d, 2, num_coordinators=2, sync=sync
-    ) as cluster:
+    with (
+        tempfile.TemporaryDirectory() as d,
+        LocalCluster(d, 2, num_coordinators=2, sync=sync) as cluster,
+    ):
         cluster.start()
         clients = {a: RemoteClient(f"pulsartxn://{a}") for a in cluster.addresses}
         any_client = clients[cluster.addresses[0]]
         any_client.create_topic("lat", 8)
-        owners = {
-            p: _owner(any_client, "partition", p) for p in any_client.topic_partitions("lat")
-        }
+        owners = {p: _owner(any_client, "partition", p) for p in any_client.topic_partitions("lat")}
         home = _owner(any_client, "coordinator", 0)
         local = next(p for p, a in owners.items() if a == home)
         remote = next(p for p, a in owners.items() if a != home)
@@ -52,8 +53,8 @@ def commit_latency(sync: bool, n: int = 300) -> dict:
         def one(part: str) -> float:
             txn = clients[home].new_transaction(coordinator_id=0)
             address = owners[part]
-            handle = txn if address == home else clients[address].transaction(
-                txn.id, txn.capability
+            handle = (
+                txn if address == home else clients[address].transaction(txn.id, txn.capability)
             )
             producers[part].send(b"x" * 100, txn=handle)
             t0 = time.perf_counter()
@@ -89,7 +90,12 @@ def _worker(addresses, i, coordinators, batch, seconds, start, out):
     src = f"persistent://public/default/in-partition-{i}"
     dst = f"persistent://public/default/out-partition-{i}"
     src_at, dst_at = _owner(anyc, "partition", src), _owner(anyc, "partition", dst)
-    cid = i % coordinators
+    # The transaction's coordinator on the output partition's broker when one is there (its
+    # results then ride in the commit's own write), else coordinator i.
+    owners = anyc.admin.cluster()["brokers"]
+    at_dst = next((b for b, v in owners.items() if v["address"] == dst_at), None)
+    mine = anyc.admin.cluster()["coordinators"].get(at_dst, [])
+    cid = mine[i % len(mine)] if mine else i % coordinators
     home = _owner(anyc, "coordinator", cid)
     consumer = at(src_at).subscribe(src, "pipe")
     producer = at(dst_at).create_producer(dst)
@@ -120,9 +126,10 @@ def _worker(addresses, i, coordinators, batch, seconds, start, out):
 
 def pipeline(brokers: int, workers: int, batch: int, seconds: float, sync: bool) -> float:
     per_worker = int(40_000 * seconds)  # more than a worker can take in `seconds`
-    with tempfile.TemporaryDirectory() as d, LocalCluster(
-        d, brokers, num_coordinators=workers, sync=sync
-    ) as cluster:
+    with (
+        tempfile.TemporaryDirectory() as d,
+        LocalCluster(d, brokers, num_coordinators=workers, sync=sync) as cluster,
+    ):
         cluster.start()
         c = RemoteClient(f"pulsartxn://{cluster.addresses[0]}")
         c.create_topic("in", workers)
@@ -155,6 +162,8 @@ def pipeline(brokers: int, workers: int, batch: int, seconds: float, sync: bool)
             p.join()
         c.close()
     total = sum(n for n, _ in answers)
+    if os.environ.get("BENCH_VERBOSE"):
+        print("per worker:", sorted(n for n, _ in answers), flush=True)
     return total / seconds, brokers_cpu / seconds, sum(t for _, t in answers) / seconds
 
 
@@ -170,10 +179,11 @@ def _cpu(cluster) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=8.0)
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=500)
     ap.add_argument("--sync", action="store_true", help="fsync every commit")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each cluster size")
     ap.add_argument("--skip-latency", action="store_true")
     args = ap.parse_args()
     if not args.skip_latency:
@@ -184,14 +194,18 @@ def main() -> None:
             f"(p99 {lat['single_p99']:.2f} / {lat['cross_p99']:.2f} ms)",
             flush=True,
         )
-    rates = {}
-    for n in (1, 2, 3):
-        rates[n], brokers_cpu, clients_cpu = pipeline(
-            n, args.workers, args.batch, args.seconds, args.sync
-        )
+    runs: dict = {1: [], 2: [], 3: []}
+    for _ in range(args.repeat):  # interleaved: each size sees the same machine
+        for n in runs:
+            runs[n].append(pipeline(n, args.workers, args.batch, args.seconds, args.sync))
+    base = statistics.median(r for r, _, _ in runs[1])
+    for n, rows in runs.items():
+        rates = sorted(r for r, _, _ in rows)
         print(
-            f"pipeline on {n} broker(s): {rates[n]:,.0f} msgs/s, {rates[n] / rates[1]:.2f}x "
-            f"of 1 broker (CPU: brokers {brokers_cpu:.2f}, clients {clients_cpu:.2f} cores)",
+            f"pipeline on {n} broker(s): {statistics.median(rates):,.0f} msgs/s (runs "
+            f"{', '.join(f'{r:,.0f}' for r in rates)}), {statistics.median(rates) / base:.2f}x "
+            f"of 1 broker; CPU: brokers {statistics.median(b for _, b, _ in rows):.2f}, "
+            f"clients {statistics.median(c for _, _, c in rows):.2f} cores",
             flush=True,
         )
 

@@ -3,10 +3,10 @@ the calls between brokers that a transaction across them needs (seeds: TC deep d
 
 Ownership is in ZooKeeper (:mod:`pulsartxn.cluster.metadata`) and sticks to the broker whose
 data directory holds it. A participant broker registers a partition or subscription with the
-transaction's coordinator (durably, on the coordinator's broker) before it takes the first op
-of the transaction there, and answers that transaction's sends and acks once they are durable (as
-Pulsar's and Kafka's brokers do), so a commit decides at once, then ends each participant
-broker (markers, acks) over the network, retried until done. See docs/cluster.md.
+transaction's coordinator before it takes the first op of the transaction there, and answers
+that transaction's sends and acks once they are durable (as Pulsar's and Kafka's brokers do),
+so a commit decides at once, then ends each participant broker (markers, acks) over the
+network, retried until done. See docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -420,10 +420,10 @@ class ClusterNode:
         txn_id = TxnID.parse(args["txn"])
         service = self.broker.txn
         if args.get("partitions"):
-            service.add_partitions(txn_id, [str(p) for p in args["partitions"]], durable=True)
+            service.add_partitions(txn_id, [str(p) for p in args["partitions"]])
         if args.get("subscriptions"):
             pairs = [(str(p), str(s)) for p, s in args["subscriptions"]]
-            service.add_subscriptions(txn_id, pairs, durable=True)
+            service.add_subscriptions(txn_id, pairs)
         return {}
 
     def _on_state(self, args, payload) -> dict:

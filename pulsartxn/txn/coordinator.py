@@ -301,10 +301,8 @@ class Coordinator(TransactionEnd):
                 f"(max_active_txns_per_coordinator={limit}); end some first"
             )
 
-    def add(self, seq: int, kind: int, names: list, durable: bool = False) -> None:
-        """Log partitions (kind PARTITIONS) or subscriptions the transaction touches; durable
-        by its decision, or (`durable`: those of another broker, which writes once this
-        returns) now."""
+    def add(self, seq: int, kind: int, names: list) -> None:
+        """Log partitions (kind PARTITIONS) or subscriptions the transaction touches."""
         op = "add partitions to" if kind == log.PARTITIONS else "add subscriptions to"
         with self.lock:
             meta = self.live(seq, op)
@@ -317,7 +315,8 @@ class Coordinator(TransactionEnd):
         # A staged record written on its own, waited for.
         apply, done = self.stage(seq, kind, new, inflight=True)
         try:
-            self._write(apply, 64 * len(new), durable=durable)
+            # Durable by the transaction's decision, whose flush covers it.
+            self._write(apply, 64 * len(new), durable=False)
         except BaseException:
             done(False)
             with self.lock:

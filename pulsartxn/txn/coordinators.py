@@ -301,17 +301,16 @@ class Coordinators:
                 return c
         raise CoordinatorUnavailable("no transaction coordinator is available")
 
-    def add_partitions(self, txn_id, partitions, durable: bool = False) -> None:
-        """Register partitions; `durable`: written durably now (for another broker's)."""
+    def add_partitions(self, txn_id, partitions) -> None:
         if (foreign := self._foreign(txn_id)) is not None:
             return foreign.add_partitions(txn_id, list(partitions))
-        self.of(txn_id).add(txn_id.sequence, log.PARTITIONS, list(partitions), durable)
+        self.of(txn_id).add(txn_id.sequence, log.PARTITIONS, list(partitions))
 
-    def add_subscriptions(self, txn_id, subscriptions, durable: bool = False) -> None:
+    def add_subscriptions(self, txn_id, subscriptions) -> None:
         pairs = [(str(p), str(s)) for p, s in subscriptions]
         if (foreign := self._foreign(txn_id)) is not None:
             return foreign.add_subscriptions(txn_id, pairs)
-        self.of(txn_id).add(txn_id.sequence, log.SUBSCRIPTIONS, pairs, durable)
+        self.of(txn_id).add(txn_id.sequence, log.SUBSCRIPTIONS, pairs)
 
     def stage_partitions(self, txn_id, partitions):
         """(apply, done): the registration rides in the data write (see Coordinator.stage);
