@@ -7,7 +7,8 @@ honour it). It looks a topic partition or a coordinator up (which broker owns it
 answer, and when the owner turns out down, unreachable or not the owner (``NotOwner``: the
 lookup redirect), it forgets it and looks it up again with backoff until
 ``reconnect_timeout_s``, following the new address. Producers and consumers of a partitioned
-topic are one per partition, at each partition's owner (:mod:`.partitioned`).
+topic are one per partition, at each partition's owner (:mod:`.cluster_producer`,
+:mod:`.cluster_consumer`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from ..messaging.topic_name import TopicName
 from ..server import protocol
 from ..server.protocol import SessionLost
 from .client import RemoteClient, Shared, _flush_handles, parse_service_url, tls_roots
+from .cluster_consumer import ClusterConsumer
+from .cluster_producer import ClusterProducer
 from .handles import RemoteTransaction, Unreachable, txn_str
-from .partitioned import ClusterConsumer, ClusterProducer
 
 __all__ = ["ClusterAdmin", "ClusterClient", "connect"]
 

@@ -1,121 +1,29 @@
-"""Producers and consumers of a topic on a cluster: one remote producer or consumer per
-partition, each at the broker that owns its partition (following it when it restarts or is
-found elsewhere). A partitioned topic's producer picks partitions as the embedded producer
-does (a key's hash, else round robin), so the same messages land in the same partitions; its
-consumer merges what a fetcher per partition takes ahead, a bounded queue each.
+"""A topic's consumer on a cluster: one remote consumer per partition, each at the broker
+that owns its partition (following it), under one name; with several partitions, what a
+fetcher per partition takes ahead is merged into one bounded queue.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
-import itertools
 import threading
 import time
-import uuid
-
-import numpy as np
-import pyarrow as pa
 
 from .. import errors
 from ..messaging.consumer import check_count
 from ..messaging.message import Message, MessageId
-from ..messaging.producer import _route as route_key
-from ..messaging.producer import check_sequence_id
 from .consumer import RemoteConsumer
-from .handles import Handle
-from .producer import RemoteProducer
+from .placed import Placed, quietly
 
-__all__ = ["ClusterConsumer", "ClusterProducer", "route_plan"]
+__all__ = ["ClusterConsumer"]
 
 # A fetcher's wait at its broker for a partition's next message: what a redelivery or an
 # unsubscribe may wait for the fetchers to come back.
 FETCH_WAIT_MS = 200
 
 
-def route_plan(n: int, key_list, partitions: int, round_robin, chunk: int) -> dict:
-    """The rows of a send_batch of `n` messages each partition takes, as the embedded
-    producer routes them: by key (round robin for a row without one), or without keys in
-    chunks of `chunk` rows, round robin from the next partition in turn."""
-    if key_list is not None:
-        routes = np.fromiter(
-            (
-                route_key(k, partitions) if k is not None else next(round_robin) % partitions
-                for k in key_list
-            ),
-            dtype=np.int64,
-            count=n,
-        )
-        plan = {i: np.flatnonzero(routes == i) for i in range(partitions)}
-    else:
-        starts = np.arange(0, n, chunk)
-        owner = (next(round_robin) + np.arange(len(starts))) % partitions
-        plan = {}
-        for i in range(partitions):
-            picked = [np.arange(s, min(s + chunk, n)) for s, o in zip(starts, owner) if o == i]
-            if picked:
-                plan[i] = np.concatenate(picked)
-    return {i: rows for i, rows in plan.items() if len(rows)}
-
-
-def _validate(content, properties, partition_key, sequence_id):
-    """What the embedded producer checks before it picks a partition (so that a refused
-    message does not move the round robin here either)."""
-    if isinstance(content, (bytearray, memoryview)):
-        content = bytes(content)
-    if not isinstance(content, bytes):
-        raise TypeError(f"content must be bytes, not {type(content).__name__}")
-    if properties is not None and (
-        not isinstance(properties, dict)
-        or not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items())
-    ):
-        raise TypeError(
-            f"properties must be a dict of str to str, not {errors.excerpt(properties)}"
-        )
-    if partition_key is not None and not isinstance(partition_key, str):
-        raise TypeError(f"partition_key must be a str, not {type(partition_key).__name__}")
-    check_sequence_id(sequence_id)
-    return content
-
-
-class _Placed:
-    """A per-partition handle whose calls go to its partition's owner, wherever it is."""
-
-    def _place(self, cluster, partition: str) -> None:
-        self._cluster = cluster
-        self._partition = partition
-        self._place_lock = threading.Lock()
-
-    def _follow(self, fn):
-        def run(conn):
-            with self._place_lock:
-                if self._client is not conn:  # served elsewhere now: made again there
-                    self._client = conn
-                    self._handle = None
-            return fn()
-
-        return self._cluster._follow("partition", self._partition, run)
-
-    def _ensure(self) -> int:
-        return self._follow(lambda: Handle._ensure(self))
-
-
-class _PartProducer(_Placed, RemoteProducer):
-    """One partition's producer: a send re-sent at the owner after a failure is stored once
-    (the same producer name and sequence id)."""
-
-    def __init__(self, cluster, partition: str, producer_name, options) -> None:
-        self._place(cluster, partition)
-        RemoteProducer.__init__(self, None, partition, producer_name, options)
-
-    def _send_many(self, items, txn, handle=None) -> list:
-        return self._follow(lambda: RemoteProducer._send_many(self, items, txn, handle))
-
-    def flush(self) -> None:
-        self._follow(lambda: RemoteProducer.flush(self))
-
-
-class _PartConsumer(_Placed, RemoteConsumer):
+class _PartConsumer(Placed, RemoteConsumer):
     """One partition's consumer."""
 
     def __init__(self, cluster, partition: str, subscription: str, options) -> None:
@@ -165,199 +73,6 @@ class _PartConsumer(_Placed, RemoteConsumer):
         self._follow(lambda: RemoteConsumer.unsubscribe(self))
 
 
-# -- producers ---------------------------------------------------------------------------
-
-
-class ClusterProducer:
-    """``client.create_producer(topic)`` on a cluster: RemoteProducer's API, one producer
-    per partition under one name (de-duplication is per partition and name)."""
-
-    def __init__(self, cluster, topic: str, partitions: list[str], producer_name, options):
-        self._topic = topic
-        self._parts: list[_PartProducer] = []
-        name = producer_name
-        if name is None and len(partitions) > 1:
-            # One name on every partition, unique in the cluster (a broker's own names are
-            # unique only among its producers).
-            name = f"pulsartxn-{uuid.uuid4().hex[:16]}"
-        try:
-            for partition in partitions:
-                part = _PartProducer(cluster, partition, name, options)
-                name = part.name
-                self._parts.append(part)
-        except BaseException:
-            for part in self._parts:
-                _quietly(part.close)
-            raise
-        self.name = name
-        self._round_robin = itertools.count()
-        self._chunk = options.get("batching_max_messages") or 1000
-        self._closed = False
-
-    def topic(self) -> str:
-        return self._topic
-
-    def producer_name(self) -> str:
-        return self.name
-
-    def last_sequence_id(self) -> int:
-        return max(p.last_sequence_id() for p in self._parts)
-
-    def is_connected(self) -> bool:
-        return not self._closed
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise errors.AlreadyClosed(f"producer {self.name} is closed")
-
-    def _part_for(self, partition_key) -> _PartProducer:
-        n = len(self._parts)
-        if n == 1:
-            return self._parts[0]
-        if partition_key is not None:
-            return self._parts[route_key(partition_key, n)]
-        return self._parts[next(self._round_robin) % n]
-
-    def send(self, content, properties=None, partition_key=None, sequence_id=None, txn=None):
-        self._check_open()
-        content = _validate(content, properties, partition_key, sequence_id)
-        return self._part_for(partition_key).send(
-            content, properties, partition_key, sequence_id, txn
-        )
-
-    def send_async(
-        self,
-        content,
-        properties=None,
-        partition_key=None,
-        sequence_id=None,
-        txn=None,
-        callback=None,
-    ):
-        self._check_open()
-        content = _validate(content, properties, partition_key, sequence_id)
-        return self._part_for(partition_key).send_async(
-            content, properties, partition_key, sequence_id, txn, callback
-        )
-
-    def _split(self, values, keys):
-        """(values, keys, {partition: rows}) of a send_batch, routed as the embedded one."""
-        if isinstance(values, pa.ChunkedArray):
-            values = values.combine_chunks()
-        if not isinstance(values, pa.Array):
-            values = list(values)
-            for v in values:
-                if not isinstance(v, (bytes, bytearray, memoryview)):
-                    raise TypeError(f"values must be bytes, not {type(v).__name__}")
-            values = pa.array([bytes(v) for v in values], pa.binary())
-        n = len(values)
-        if keys is not None and len(keys) != n:
-            raise ValueError(f"keys has {len(keys)} items for {n} values")
-        if n == 0:
-            return values, keys, {}
-        key_list = None
-        if keys is not None:
-            if isinstance(keys, pa.ChunkedArray):
-                keys = keys.combine_chunks()
-            if not isinstance(keys, pa.Array):
-                keys = pa.array(list(keys), pa.string())
-            key_list = keys.to_pylist()
-        plan = route_plan(n, key_list, len(self._parts), self._round_robin, self._chunk)
-        return values, keys, plan
-
-    def send_batch(self, values, keys=None, txn=None) -> int:
-        self._check_open()
-        if len(self._parts) == 1:
-            return self._parts[0].send_batch(values, keys, txn)
-        values, keys, plan = self._split(values, keys)
-        jobs = []
-        for i, rows in plan.items():
-            take = pa.array(rows)
-            part_keys = None if keys is None else keys.take(take)
-            jobs.append((self._parts[i], values.take(take), part_keys))
-        if len(jobs) == 1:
-            part, part_values, part_keys = jobs[0]
-            return part.send_batch(part_values, part_keys, txn)
-        # Each partition's share at once (their brokers write in parallel); every one is
-        # waited for, and the first failure raised.
-        threads = [_Call(part.send_batch, v, k, txn) for part, v, k in jobs]
-        for t in threads:
-            t.join()
-        return sum(t.result() for t in threads)
-
-    def batch_stream(self, txn=None):
-        self._check_open()
-        if len(self._parts) == 1:
-            return self._parts[0].batch_stream(txn)
-        return ClusterBatchStream(self, txn)
-
-    def flush(self) -> None:
-        for part in self._parts:
-            part.flush()
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        first = None
-        for part in self._parts:
-            try:
-                part.close()
-            except errors.PulsarTxnError as exc:
-                first = first or exc
-        if first is not None:
-            raise first
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class ClusterBatchStream:
-    """``batch_stream`` of a partitioned topic: each batch routed as a send_batch, onto a
-    stream per partition opened at its first rows."""
-
-    def __init__(self, producer: ClusterProducer, txn) -> None:
-        self._producer = producer
-        self._txn = txn
-        self._streams: dict = {}
-        self.count = 0
-
-    def write(self, values: pa.Array, keys: pa.Array | None = None) -> None:
-        values, keys, plan = self._producer._split(values, keys)
-        for i, rows in plan.items():
-            stream = self._streams.get(i)
-            if stream is None:
-                stream = self._streams[i] = self._producer._parts[i].batch_stream(self._txn)
-            take = pa.array(rows)
-            stream.write(values.take(take), None if keys is None else keys.take(take))
-
-    def close(self) -> int:
-        streams, self._streams = self._streams, {}
-        for stream in streams.values():
-            self.count += stream.close()
-        return self.count
-
-    def cancel(self) -> None:
-        streams, self._streams = self._streams, {}
-        for stream in streams.values():
-            stream.cancel()
-
-    def __enter__(self) -> ClusterBatchStream:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.cancel()
-
-
-# -- consumers ---------------------------------------------------------------------------
-
-
 class ClusterConsumer:
     """``client.subscribe(topic, ...)`` on a cluster: RemoteConsumer's API over a consumer
     per partition (one name on all). With several partitions, a fetcher per partition takes
@@ -378,7 +93,7 @@ class ClusterConsumer:
                 self._parts.append(part)
         except BaseException:
             for part in self._parts:
-                _quietly(part.close)
+                quietly(part.close)
             raise
         self._name = opts["consumer_name"]
         self._queue_size = options.get("receiver_queue_size") or 1000
@@ -619,7 +334,7 @@ class ClusterConsumer:
             self._paused -= 1
             self._cond.notify_all()
         for part in self._parts:
-            _quietly(part.close)
+            quietly(part.close)
 
     def close(self) -> None:
         if self._closed:
@@ -629,39 +344,10 @@ class ClusterConsumer:
             self._queue.clear()  # dispatched here and unacknowledged: handed out again
             self._cond.notify_all()
         for part in self._parts:
-            _quietly(part.close)
+            quietly(part.close)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class _Call(threading.Thread):
-    """fn(*args) in a thread of its own; result() waits and gives its value or raises."""
-
-    def __init__(self, fn, *args) -> None:
-        super().__init__(daemon=True)
-        self._fn, self._args = fn, args
-        self._value = self._error = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self._value = self._fn(*self._args)
-        except BaseException as exc:  # noqa: BLE001 - raised by result()
-            self._error = exc
-
-    def result(self):
-        self.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
-def _quietly(close) -> None:
-    try:
-        close()
-    except errors.PulsarTxnError:
-        pass
