@@ -19,7 +19,7 @@ from .messaging.consumer import (
 from .messaging.message import MessageId
 from .messaging.producer import Producer
 from .messaging.topic_name import check_keyed_name
-from .remote import RemoteClient
+from .remote import connect
 from .txn.log import IN_PROCESS
 from .txn.transaction import Transaction, as_txn_id
 
@@ -31,10 +31,11 @@ class Client:
 
     def __new__(cls, service_url: str | None = None, token: str | None = None, **kwargs):
         """``Client("pulsartxn://host:port", token=None)``: a remote client (the same API over
-        the network service); ``broker.client()`` gives the in-process one."""
+        the network service), of a cluster with ``pulsartxn://h1:p1,h2:p2,...`` (or one of its
+        brokers); ``broker.client()`` gives the in-process one."""
         if service_url is None:
             return super().__new__(cls)
-        return RemoteClient(service_url, token, **kwargs)
+        return connect(service_url, token, **kwargs)
 
     @classmethod
     def _embedded(cls, broker, session: str | None = None) -> Client:

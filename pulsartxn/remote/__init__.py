@@ -1,17 +1,21 @@
 """``pulsartxn.Client("pulsartxn://host:port")``: the client API of API.md over the network
 service (``pulsartxn.server``), in its own layer: it imports the wire protocol, never the
-service."""
+service. ``connect`` gives a ClusterClient when the brokers are a cluster's."""
 
 from .client import RemoteAdmin, RemoteClient
+from .cluster import ClusterAdmin, ClusterClient, connect
 from .consumer import RemoteConsumer
 from .handles import RemoteTransaction
 from .producer import BatchStream, RemoteProducer
 
 __all__ = [
     "BatchStream",
+    "ClusterAdmin",
+    "ClusterClient",
     "RemoteAdmin",
     "RemoteClient",
     "RemoteConsumer",
     "RemoteProducer",
     "RemoteTransaction",
+    "connect",
 ]

@@ -29,10 +29,63 @@ from ..messaging.message import MessageId
 from ..server import protocol
 from ..server.protocol import SessionLost, frame, unframe
 from .consumer import RemoteConsumer
-from .handles import RemoteTransaction, txn_str
+from .handles import RemoteTransaction, txn_str, unreachable
 from .producer import RemoteProducer
 
-__all__ = ["RemoteAdmin", "RemoteClient"]
+__all__ = ["RemoteAdmin", "RemoteClient", "Shared", "parse_service_url"]
+
+
+class Shared:
+    """What every connection of one client shares: the session id (each broker keeps the
+    session of that id) and the capabilities of the transactions and groups it holds."""
+
+    def __init__(self) -> None:
+        self.session = uuid.uuid4().hex
+        self.capabilities: dict[str, str] = {}
+        self.group_capabilities: dict[str, str] = {}
+
+
+def parse_service_url(service_url) -> tuple[bool, list[str]]:
+    """(TLS, ["host:port", ...]) of ``pulsartxn[+ssl]://host:port[,host:port...]``, as
+    Pulsar's multi-host service URLs; anything else is a ValueError."""
+    bad = ValueError(
+        "service_url must be pulsartxn://host:port[,host:port...] or "
+        f"pulsartxn+ssl://host:port[,...], not {errors.excerpt(service_url)}"
+    )
+    if not isinstance(service_url, str):
+        raise bad
+    scheme, sep, rest = service_url.partition("://")
+    if not sep or scheme not in ("pulsartxn", "pulsartxn+ssl"):
+        raise bad
+    netloc = rest.split("/", 1)[0]  # a path is ignored, as it always was
+    if not netloc or "@" in netloc or "?" in netloc or "#" in netloc:
+        raise bad
+    hosts = []
+    for part in netloc.split(","):
+        try:
+            url = urlparse(f"//{part}")
+            host, port = url.hostname, url.port
+        except ValueError:
+            raise bad from None
+        if not host or not port:
+            raise bad
+        hosts.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    if len(set(hosts)) != len(hosts):
+        raise bad
+    return scheme == "pulsartxn+ssl", hosts
+
+
+def tls_roots(tls: bool, trust_certs_file_path: str | None):
+    """None for plain gRPC; for TLS, the PEM roots to check the server against (b"": the
+    system's)."""
+    if not tls:
+        if trust_certs_file_path is not None:
+            raise ValueError("tls_trust_certs_file_path needs a pulsartxn+ssl:// service_url")
+        return None
+    if trust_certs_file_path is None:
+        return b""
+    with open(trust_certs_file_path, "rb") as f:
+        return f.read()
 
 
 def _flush_handles(txns) -> None:
@@ -54,36 +107,58 @@ class RemoteClient:
         """``pulsartxn://host:port``, or ``pulsartxn+ssl://host:port`` (TLS: the server's
         certificate is checked against `tls_trust_certs_file_path`, a PEM file, else against
         the system's roots), as Pulsar's ``pulsar+ssl://``."""
-        url = urlparse(service_url)
-        if url.scheme not in ("pulsartxn", "pulsartxn+ssl") or not url.hostname or not url.port:
+        tls, hosts = parse_service_url(service_url)
+        if len(hosts) != 1:
             raise ValueError(
                 f"service_url must be pulsartxn://host:port or pulsartxn+ssl://host:port, "
                 f"not {service_url!r}"
             )
+        self._connect(
+            service_url,
+            hosts[0],
+            tls_roots(tls, tls_trust_certs_file_path),
+            token,
+            reconnect_timeout_s,
+            keepalive_s,
+            Shared(),
+        )
+
+    @classmethod
+    def _connection(
+        cls, address: str, roots, token, reconnect_timeout_s, keepalive_s, shared: Shared
+    ) -> RemoteClient:
+        """One broker of a cluster: its own connection and keepalive, in the session (id and
+        capabilities) `shared` with the cluster client's other brokers. `roots`: None for
+        plain gRPC, else the TLS roots (b"" for the system's)."""
+        self = cls.__new__(cls)
+        scheme = "pulsartxn" if roots is None else "pulsartxn+ssl"
+        self._connect(
+            f"{scheme}://{address}", address, roots, token, reconnect_timeout_s, keepalive_s, shared
+        )
+        return self
+
+    def _connect(
+        self, service_url, address, roots, token, reconnect_timeout_s, keepalive_s, shared
+    ) -> None:
         self.service_url = service_url
-        if url.scheme == "pulsartxn+ssl":
-            roots = None
-            if tls_trust_certs_file_path is not None:
-                with open(tls_trust_certs_file_path, "rb") as f:
-                    roots = f.read()
+        if roots is not None:
             self._flight = flight.FlightClient(
-                f"grpc+tls://{url.hostname}:{url.port}", tls_root_certs=roots
+                f"grpc+tls://{address}", tls_root_certs=roots or None
             )
-        elif tls_trust_certs_file_path is not None:
-            raise ValueError("tls_trust_certs_file_path needs a pulsartxn+ssl:// service_url")
         else:
-            self._flight = flight.FlightClient(f"grpc://{url.hostname}:{url.port}")
+            self._flight = flight.FlightClient(f"grpc://{address}")
         headers = [(b"authorization", b"Bearer " + token.encode())] if token else []
         self._options = flight.FlightCallOptions(headers=headers)
-        self._session = uuid.uuid4().hex
+        self._session = shared.session
         self._retries = 0  # calls re-sent after the broker was unreachable
         self._generation = 0
         self._reconnect_s = reconnect_timeout_s
         self._closed = False
         self._lock = threading.Lock()
         self._objects: weakref.WeakSet = weakref.WeakSet()
-        self._capabilities: dict[str, str] = {}  # TxnID string -> its capability
-        self._group_capabilities: dict[str, str] = {}  # group label -> its capability
+        self._capabilities = shared.capabilities  # TxnID string -> its capability
+        self._group_capabilities = shared.group_capabilities  # group label -> its capability
+        self._in_cluster = False  # the broker said it is one of a cluster
         try:
             self._hello()
         except BaseException:
@@ -101,23 +176,30 @@ class RemoteClient:
     def _hello(self) -> bool:
         """Open the session (or keep it, after a reconnect); whether it is new there."""
         (out,) = self._raw("hello", {"version": protocol.VERSION})
-        return unframe(out, 1 << 62)[0].get("new", True)
+        answer = unframe(out, 1 << 62)[0]
+        self._in_cluster = bool(answer.get("cluster"))
+        return answer.get("new", True)
 
-    def _raw(self, action: str, args: dict, payload: bytes = b"") -> list[bytes]:
-        """One call, retried while the broker is unreachable (with backoff)."""
+    def _raw(self, action: str, args: dict, payload: bytes = b"", seen=None) -> list[bytes]:
+        """One call, retried while the broker is unreachable (with backoff). `seen`: the
+        generation a handle in `args` was made in; once the session has been opened again
+        the call is not re-sent with it (SessionLost: the caller makes the handle again; a
+        restarted broker numbers handles afresh, so the old number may be another's)."""
         body = frame({**args, "session": self._session}, payload)
         deadline = time.monotonic() + self._reconnect_s
         delay = 0.05
         while True:
+            if seen is not None:
+                with self._lock:  # a reopen under way finishes first
+                    if seen != self._generation:
+                        raise SessionLost("the session was opened again")
             try:
                 results = self._flight.do_action(flight.Action(action, body), self._options)
                 return [r.body.to_pybytes() for r in results]
             except flight.FlightUnavailableError as exc:
                 self._retries += 1
                 if time.monotonic() + delay > deadline:
-                    raise errors.PulsarTxnError(
-                        f"broker at {self.service_url} unreachable: {exc}"
-                    ) from None
+                    raise unreachable(self, exc) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
             except flight.FlightError as exc:
@@ -131,32 +213,38 @@ class RemoteClient:
         for attempt in (0, 1):
             if owner is not None:
                 args = {**args, "handle": owner._ensure()}
+            # A handle's calls name the generation it was made in (see _raw).
+            seen = owner._generation if owner is not None else self._generation
             try:
-                return self._raw(action, args, payload)
+                return self._raw(action, args, payload, seen if owner is not None else None)
             except SessionLost:
                 if attempt:
                     raise
-                self._reopen()
+                self._reopen(seen)
         raise AssertionError("unreachable")
 
     def _json(self, action: str, args: dict, payload: bytes = b"", owner=None) -> dict:
         (out,) = self._call(action, args, payload, owner)
         return unframe(out, 1 << 62)[0]
 
-    def _reopen(self) -> None:
-        """After SessionLost: open the session again. Handles are made again only if it is
-        new there (two threads that both saw it lost reopen it once)."""
+    def _reopen(self, seen: int | None = None) -> None:
+        """After SessionLost, seen by a call made at generation `seen`: open the session
+        again. Handles are made again only if it is new there and nobody reopened it since
+        (two threads that both saw it lost reopen it once)."""
         with self._lock:
+            if seen is not None and seen != self._generation:
+                return  # another thread opened it again since
             if self._hello():
                 self._generation += 1
 
     def _keep_alive(self, every: float) -> None:
         while not self._stop.wait(every):
+            seen = self._generation
             try:
                 self._raw("keepalive", {})
             except SessionLost:
                 try:
-                    self._reopen()
+                    self._reopen(seen)
                 except errors.PulsarTxnError:
                     pass
             except errors.PulsarTxnError:
@@ -312,6 +400,8 @@ class RemoteClient:
             reader = self._flight.do_get(flight.Ticket(ticket), self._options)
             for chunk in reader:
                 yield chunk.data
+        except flight.FlightUnavailableError as exc:
+            raise unreachable(self, exc) from None
         except flight.FlightError as exc:
             raise protocol.from_flight_error(exc) from None
 

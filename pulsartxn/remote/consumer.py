@@ -11,7 +11,7 @@ from ..messaging.consumer import check_count
 from ..messaging.message import Message, MessageId
 from ..server import protocol
 from ..server.protocol import SessionLost, frame, unframe
-from .handles import Handle, RemoteTransaction, mid_hex, txn_str
+from .handles import Handle, RemoteTransaction, mid_hex, txn_str, unreachable
 
 
 class RemoteConsumer(Handle):
@@ -61,21 +61,31 @@ class RemoteConsumer(Handle):
         check_count("timeout_millis", timeout_millis, least=0)
         client = self._client
         for attempt in (0, 1):
+            handle = self._ensure()
+            seen = self._generation  # not sent once the session was opened again (as _raw)
             ticket = frame(
                 {
                     "op": "receive",
-                    "handle": self._ensure(),
+                    "handle": handle,
                     "max_num_messages": max_num_messages,
                     "timeout_millis": timeout_millis,
                     "session": client._session,
                 }
             )
+            with client._lock:  # a reopen under way finishes first
+                moved = seen != client._generation
+            if moved:
+                if attempt:
+                    raise SessionLost("the session was opened again")
+                continue
             try:
                 table = client._flight.do_get(flight.Ticket(ticket), client._options).read_all()
+            except flight.FlightUnavailableError as exc:
+                raise unreachable(client, exc) from None
             except flight.FlightError as exc:
                 err = protocol.from_flight_error(exc)
                 if isinstance(err, SessionLost) and not attempt:
-                    client._reopen()
+                    client._reopen(seen)
                     continue
                 raise err from None
             out = []

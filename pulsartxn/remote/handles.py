@@ -18,6 +18,15 @@ if TYPE_CHECKING:
     from .client import RemoteClient
 
 
+class Unreachable(errors.BrokerUnavailable):
+    """The broker a call was sent to could not be reached (after retrying): another broker of
+    a cluster may answer instead."""
+
+
+def unreachable(client, exc) -> Unreachable:
+    return Unreachable(f"broker at {client.service_url} unreachable: {exc}")
+
+
 def txn_str(txn) -> str | None:
     """The wire form of a `txn=` argument (a RemoteTransaction, a TxnID, its str or int)."""
     if txn is None:
@@ -59,7 +68,7 @@ class Handle:
             try:
                 self._handle = self._create()
             except SessionLost:  # the server restarted before the client noticed
-                self._client._reopen()
+                self._client._reopen(generation)
                 generation = self._client._generation
                 self._handle = self._create()
             self._generation = generation

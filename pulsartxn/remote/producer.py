@@ -16,7 +16,7 @@ from ..messaging.message import MessageId
 from ..messaging.producer import check_sequence_id
 from ..server import protocol
 from ..server.protocol import frame, unframe
-from .handles import Handle, RemoteTransaction, txn_str
+from .handles import Handle, RemoteTransaction, txn_str, unreachable
 
 SEND_BATCH_BYTES = 8 << 20  # a send_batch goes out in record batches of about this many bytes
 
@@ -59,6 +59,8 @@ class BatchStream:
             elif batch.schema != self._schema:
                 raise ValueError(f"batch schema {batch.schema} differs from the stream's")
             self._writer.write_batch(batch)
+        except flight.FlightUnavailableError as exc:
+            raise unreachable(self._producer._client, exc) from None
         except flight.FlightError as exc:
             raise protocol.from_flight_error(exc) from None
 
@@ -71,6 +73,8 @@ class BatchStream:
             writer.done_writing()
             meta = self._reader.read()
             writer.close()
+        except flight.FlightUnavailableError as exc:
+            raise unreachable(self._producer._client, exc) from None
         except flight.FlightError as exc:
             raise protocol.from_flight_error(exc) from None
         out = json.loads(meta.to_pybytes())
@@ -137,6 +141,11 @@ class RemoteProducer(Handle):
 
     def producer_name(self) -> str:
         return self.name
+
+    def last_sequence_id(self) -> int:
+        """The highest sequence id this producer has assigned or the broker has stored."""
+        with self._seq_lock:
+            return self._last_sequence
 
     def _next_seq(self, sequence_id):
         check_sequence_id(sequence_id)  # a refused id must not move the ids assigned after it
@@ -311,6 +320,9 @@ class RemoteProducer(Handle):
             writer.done_writing()
             meta = reader.read()
             writer.close()
+        except flight.FlightUnavailableError as exc:
+            # Not re-sent: the broker may have stored some of it (ids assigned there).
+            raise unreachable(self._client, exc) from None
         except flight.FlightError as exc:
             raise protocol.from_flight_error(exc) from None
         out = json.loads(meta.to_pybytes())

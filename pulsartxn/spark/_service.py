@@ -15,7 +15,7 @@ import threading
 
 from ..broker import Broker
 from ..errors import PulsarTxnError
-from ..remote import RemoteClient
+from ..remote import connect
 from ..server.service import BrokerServer
 
 DEFAULT_DATA_DIR = "pulsartxn-data"
@@ -24,7 +24,7 @@ SYNC_CONF = "spark.pulsartxn.sync"
 
 _lock = threading.Lock()
 _embedded: dict[str, _Embedded] = {}  # realpath of the data directory -> its server
-_executor_clients: dict[tuple, object] = {}  # (url, token) -> RemoteClient, per worker process
+_executor_clients: dict[tuple, object] = {}  # (url, token) -> its client, per worker process
 
 
 class _Embedded:
@@ -106,7 +106,7 @@ def driver_client(service_url: str, token: str | None, connect_timeout_s: float)
     """A client for the driver's side of a job; an unreachable broker fails within
     ``connect_timeout_s`` with an error that names the URL."""
     try:
-        return RemoteClient(service_url, token, reconnect_timeout_s=connect_timeout_s)
+        return connect(service_url, token, reconnect_timeout_s=connect_timeout_s)
     except PulsarTxnError as exc:
         raise ConnectionError(f"pulsartxn broker at {service_url} is unreachable: {exc}") from None
 
@@ -117,5 +117,5 @@ def executor_client(service_url: str, token: str | None):
     with _lock:
         client = _executor_clients.get(key)
         if client is None or client._closed:
-            client = _executor_clients[key] = RemoteClient(service_url, token)
+            client = _executor_clients[key] = connect(service_url, token)
         return client

@@ -1,0 +1,547 @@
+"""``pulsartxn.Client("pulsartxn://h1:p1,h2:p2")``: the remote client on a broker cluster.
+
+The same API as against one broker (:class:`RemoteClient`). The client keeps one connection
+per broker it needs, all in one session (one id, one set of capabilities: a transaction
+opened on one broker is used on another with its capability, as the cluster's brokers all
+honour it). It looks a topic partition or a coordinator up (which broker owns it), keeps the
+answer, and when the owner turns out down, unreachable or not the owner (``NotOwner``: the
+lookup redirect), it forgets it and looks it up again with backoff until
+``reconnect_timeout_s``, following the new address. Producers and consumers of a partitioned
+topic are one per partition, at each partition's owner (:mod:`.cluster_producer`,
+:mod:`.cluster_consumer`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import weakref
+import zlib
+
+from .. import errors
+from .._native import TxnID
+from ..messaging.consumer import ConsumerType, InitialPosition, Isolation, check_subscribe_enums
+from ..messaging.topic_name import TopicName
+from ..server import protocol
+from ..server.protocol import SessionLost
+from .client import RemoteClient, Shared, _flush_handles, parse_service_url, tls_roots
+from .cluster_consumer import ClusterConsumer
+from .cluster_producer import ClusterProducer
+from .handles import RemoteTransaction, Unreachable, txn_str
+
+__all__ = ["ClusterAdmin", "ClusterClient", "connect"]
+
+# How long one connection retries an unreachable broker before the cluster client looks its
+# partition or coordinator up again (it may be served elsewhere by then).
+CONNECTION_RETRY_S = 1.0
+_BACKOFF_FIRST_S = 0.05
+_BACKOFF_MAX_S = 1.0
+
+
+def connect(
+    service_url: str,
+    token: str | None = None,
+    reconnect_timeout_s: float = 30.0,
+    keepalive_s: float = 1.0,
+    tls_trust_certs_file_path: str | None = None,
+):
+    """What ``pulsartxn.Client(service_url)`` gives: a :class:`ClusterClient` when the broker
+    reached (the URL's brokers are tried in turn) is one of a cluster, else the
+    :class:`RemoteClient` of that one broker, as before clusters."""
+    tls, hosts = parse_service_url(service_url)
+    if len(hosts) == 1:
+        client = RemoteClient(
+            service_url, token, reconnect_timeout_s, keepalive_s, tls_trust_certs_file_path
+        )
+        if not client._in_cluster:
+            return client
+        client._address = hosts[0]
+        client._reconnect_s = min(reconnect_timeout_s, CONNECTION_RETRY_S)
+        shared = Shared()
+        shared.session = client._session
+        shared.capabilities = client._capabilities
+        shared.group_capabilities = client._group_capabilities
+        roots = tls_roots(tls, tls_trust_certs_file_path)
+        return ClusterClient(
+            service_url, hosts, roots, token, reconnect_timeout_s, keepalive_s, shared, client
+        )
+    roots = tls_roots(tls, tls_trust_certs_file_path)
+    shared = Shared()
+    deadline = time.monotonic() + reconnect_timeout_s
+    delay = _BACKOFF_FIRST_S
+    while True:
+        for address in hosts:
+            try:
+                client = RemoteClient._connection(
+                    address,
+                    roots,
+                    token,
+                    min(reconnect_timeout_s, CONNECTION_RETRY_S),
+                    keepalive_s,
+                    shared,
+                )
+                client._address = address
+                break
+            except Unreachable as exc:
+                last = exc
+        else:
+            if time.monotonic() + delay > deadline:
+                raise errors.BrokerUnavailable(
+                    f"no broker of {service_url} could be reached: {last}"
+                ) from None
+            time.sleep(delay)
+            delay = min(delay * 2, _BACKOFF_MAX_S)
+            continue
+        break
+    if not client._in_cluster:
+        client._reconnect_s = reconnect_timeout_s  # one broker, as a single-host URL gives
+        return client
+    return ClusterClient(
+        service_url, hosts, roots, token, reconnect_timeout_s, keepalive_s, shared, client
+    )
+
+
+class ClusterClient:
+    """API.md's client over a cluster of brokers (see the module's docstring). Made by
+    :func:`connect`, from the connection to the first broker reached."""
+
+    def __init__(
+        self,
+        service_url: str,
+        hosts: list[str],
+        roots,
+        token,
+        reconnect_timeout_s: float,
+        keepalive_s: float,
+        shared: Shared,
+        first: RemoteClient,
+    ) -> None:
+        self.service_url = service_url
+        self._hosts = list(hosts)
+        self._roots = roots
+        self._token = token
+        self._reconnect_s = reconnect_timeout_s
+        self._keepalive_s = keepalive_s
+        self._shared = shared
+        self._session = shared.session
+        address = first._address
+        self._conns: dict[str, RemoteClient] = {address: first}
+        self._home = address  # the broker asked what any broker answers
+        self._owners: dict[tuple, str] = {}  # (kind, name) -> the owner's address
+        self._lock = threading.Lock()
+        self._closed = False
+        self._closing = False  # close() under way: nothing waits for a broker that is down
+        self._retry_count = 0  # calls re-sent after a broker was down or not the owner
+        self._round_robin = itertools.count()
+        self._objects: weakref.WeakSet = weakref.WeakSet()  # closed with the client
+        try:
+            info = first._json("cluster_info", {})
+        except BaseException:
+            first.close()
+            raise
+        self._coordinators: int = info["coordinators"]
+        for addr in info.get("brokers", {}).values():
+            if addr and addr not in self._hosts:
+                self._hosts.append(addr)
+        self.admin = ClusterAdmin(self)
+
+    # -- connections and owners --------------------------------------------------------------
+
+    @property
+    def _retries(self) -> int:
+        """Calls re-sent so far, over every connection (a transaction's end that was re-sent
+        may have gone through the first time)."""
+        with self._lock:
+            conns = list(self._conns.values())
+        return self._retry_count + sum(c._retries for c in conns)
+
+    def _capability_of(self, txn: str | None) -> str | None:
+        return None if txn is None else self._shared.capabilities.get(txn)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.AlreadyClosed("client is closed")
+
+    def _conn(self, address: str) -> RemoteClient:
+        """The connection to the broker at `address`, opened at first use (Unreachable if it
+        cannot be reached)."""
+        self._check_open()
+        with self._lock:
+            conn = self._conns.get(address)
+        if conn is not None:
+            return conn
+        conn = RemoteClient._connection(
+            address,
+            self._roots,
+            self._token,
+            min(self._reconnect_s, CONNECTION_RETRY_S),
+            self._keepalive_s,
+            self._shared,
+        )
+        with self._lock:
+            kept = self._conns.setdefault(address, conn)
+            closed = self._closed
+        if kept is not conn or closed:
+            conn.close()  # another thread opened it first, or the client closed meanwhile
+            self._check_open()
+        return kept
+
+    def _any(self, fn):
+        """fn(connection) on any live broker (the one last reached first), for what every
+        broker answers (topics' metadata, lookups)."""
+        deadline = None
+        delay = _BACKOFF_FIRST_S
+        while True:
+            with self._lock:
+                order = [self._home] + [
+                    a for a in self._hosts + list(self._conns) if a != self._home
+                ]
+            last = None
+            for address in dict.fromkeys(order):
+                try:
+                    out = fn(self._conn(address))
+                except Unreachable as exc:
+                    last = exc
+                    continue
+                self._home = address
+                return out
+            now = time.monotonic()
+            deadline = deadline or now + self._reconnect_s
+            with self._lock:
+                self._retry_count += 1
+            if now + delay > deadline:
+                raise errors.BrokerUnavailable(
+                    f"no broker of {self.service_url} could be reached: {last}"
+                ) from None
+            time.sleep(delay)
+            delay = min(delay * 2, _BACKOFF_MAX_S)
+
+    def _owner(self, kind: str, name) -> str:
+        key = (kind, name)
+        address = self._owners.get(key)
+        if address is None:
+            out = self._any(lambda c: c._json("lookup", {"kind": kind, "name": name}))
+            address = out["address"]
+            if not address:  # a broker that is no cluster's answers for itself
+                address = self._home
+            self._owners[key] = address
+        return address
+
+    def _follow(self, kind: str, name, fn):
+        """fn(connection to the owner of partition or coordinator `name`); while the owner is
+        down, unreachable or elsewhere (NotOwner), looked up again with backoff, up to
+        reconnect_timeout_s from the first failure."""
+        deadline = None
+        delay = _BACKOFF_FIRST_S
+        while True:
+            conn = None
+            try:
+                conn = self._conn(self._owner(kind, name))
+                seen = conn._generation
+                return fn(conn)
+            except (errors.BrokerUnavailable, SessionLost) as exc:
+                if isinstance(exc, SessionLost):
+                    if conn is None:
+                        raise
+                    _reopen(conn, seen)  # the broker restarted: the session opened again
+                else:
+                    self._owners.pop((kind, name), None)
+                now = time.monotonic()
+                deadline = deadline or now + self._reconnect_s
+                with self._lock:
+                    self._retry_count += 1
+                self._check_open()
+                if self._closing or now + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, _BACKOFF_MAX_S)
+
+    def _coordinator(self, coordinator_id: int) -> _CoordinatorRoute:
+        return _CoordinatorRoute(self, coordinator_id)
+
+    def _group_coordinator(self, group) -> int:
+        if not isinstance(group, str) or not group:
+            raise ValueError(f"group must be a non-empty str, not {errors.excerpt(group)}")
+        return zlib.crc32(group.encode()) % self._coordinators
+
+    def _partitions(self, topic: str, create: bool = True) -> list[str]:
+        """The partitions of `topic` (itself, if not partitioned); an unknown topic is one
+        of no partitions, made by its first producer or consumer (`create`)."""
+        if not isinstance(topic, str):
+            raise TypeError(f"topic must be a str, not {type(topic).__name__}")
+        try:
+            return self.topic_partitions(topic)
+        except errors.TopicNotFound:
+            if not create:
+                raise
+            return [TopicName.parse(topic).full]
+
+    # -- API.md ----------------------------------------------------------------------------
+
+    def create_producer(
+        self,
+        topic: str,
+        producer_name: str | None = None,
+        batching_enabled: bool = True,
+        batching_max_messages: int | None = None,
+        batching_max_allowed_size_in_bytes: int | None = None,
+        batching_max_publish_delay_ms: float | None = None,
+    ):
+        self._check_open()
+        options = {
+            "batching_enabled": batching_enabled,
+            "batching_max_messages": batching_max_messages,
+            "batching_max_allowed_size_in_bytes": batching_max_allowed_size_in_bytes,
+            "batching_max_publish_delay_ms": batching_max_publish_delay_ms,
+        }
+        full = TopicName.parse(topic).full if isinstance(topic, str) else topic
+        p = ClusterProducer(self, full, self._partitions(topic), producer_name, options)
+        self._objects.add(p)
+        return p
+
+    def subscribe(
+        self,
+        topic: str,
+        subscription_name: str,
+        subscription_type: ConsumerType = ConsumerType.Exclusive,
+        initial_position: InitialPosition = InitialPosition.Earliest,
+        isolation: Isolation = Isolation.READ_COMMITTED,
+        consumer_name: str | None = None,
+        negative_ack_redelivery_delay_ms: int = 60_000,
+        receiver_queue_size: int | None = None,
+    ):
+        self._check_open()
+        check_subscribe_enums(
+            subscription_type=subscription_type,
+            initial_position=initial_position,
+            isolation=isolation,
+        )
+        opts = {
+            "subscription_type": subscription_type.name,
+            "initial_position": initial_position.name,
+            "isolation": isolation.name,
+            "consumer_name": consumer_name,
+            "negative_ack_redelivery_delay_ms": negative_ack_redelivery_delay_ms,
+            "receiver_queue_size": receiver_queue_size,
+        }
+        full = TopicName.parse(topic).full if isinstance(topic, str) else topic
+        c = ClusterConsumer(self, full, self._partitions(topic), subscription_name, opts)
+        self._objects.add(c)
+        return c
+
+    def new_transaction(
+        self, timeout_ms=None, coordinator_id=None, group=None, group_capability=None
+    ):
+        """A transaction of this session, on coordinator `coordinator_id`, else the group's
+        (all of a group's transactions live on one coordinator), else the next in turn."""
+        self._check_open()
+        if coordinator_id is None:
+            if group is not None:
+                coordinator_id = self._group_coordinator(group)
+            else:
+                coordinator_id = next(self._round_robin) % self._coordinators
+        if group_capability is None and group is not None:
+            group_capability = self._shared.group_capabilities.get(group)
+        route = self._coordinator(coordinator_id)
+        out = route._json(
+            "new_transaction",
+            {
+                "timeout_ms": timeout_ms,
+                "coordinator_id": coordinator_id,
+                "group": group,
+                "group_capability": group_capability,
+            },
+        )
+        if group is not None and out.get("group_capability"):
+            self._shared.group_capabilities[group] = out["group_capability"]
+        self._shared.capabilities[out["txn"]] = out["capability"]
+        return RemoteTransaction(route, TxnID.parse(out["txn"]), capability=out["capability"])
+
+    def group_capability(self, group: str, capability: str | None = None) -> str:
+        """As RemoteClient.group_capability, at the group's coordinator."""
+        route = self._coordinator(self._group_coordinator(group))
+        return route.call(lambda c: c.group_capability(group, capability))
+
+    def transaction(self, txn_id, capability: str | None = None):
+        """A handle on a transaction by id (at its coordinator's owner); one of another
+        session needs its `capability` to be used or ended."""
+        self._check_open()
+        key = txn_str(txn_id)
+        if capability is not None:
+            self._shared.capabilities[key] = capability
+        tid = TxnID.parse(key)
+        t = RemoteTransaction(
+            self._coordinator(tid.coordinator_id),
+            tid,
+            counted=False,
+            capability=self._capability_of(key),
+        )
+        t.state  # noqa: B018 - TransactionNotFound / CoordinatorNotFound now
+        return t
+
+    def commit_all(self, txns) -> None:
+        """One decision over transactions of coordinators that one broker owns; across
+        brokers it could not be atomic, and is refused."""
+        self._check_open()
+        txns = list(txns)
+        keys = [txn_str(t) for t in txns]
+        coordinators = sorted({TxnID.parse(k).coordinator_id for k in keys})
+        if not coordinators:
+            self._any(lambda c: c.commit_all([]))
+            return
+        owners = {c: self._owner("coordinator", c) for c in coordinators}
+        if len(set(owners.values())) > 1:
+            raise errors.InvalidConfiguration(
+                "commit_all over transactions whose coordinators are on different brokers "
+                f"({', '.join(f'coordinator {c}: {a}' for c, a in owners.items())}) could not "
+                "be atomic: open them on one coordinator (coordinator_id=, or one group), or "
+                "commit them one by one"
+            )
+        _flush_handles(txns)
+        route = self._coordinator(coordinators[0])
+        route._json(
+            "commit_all", {"txns": keys, "capabilities": [self._capability_of(k) for k in keys]}
+        )
+
+    def commit_group(
+        self, group: str, winners, idempotency_key=None, group_capability=None
+    ) -> dict:
+        self._check_open()
+        winners = list(winners)
+        route = self._coordinator(self._group_coordinator(group))
+        return route.call(
+            lambda c: c.commit_group(group, winners, idempotency_key, group_capability)
+        )
+
+    def abort_group(self, group: str, group_capability=None) -> dict:
+        self._check_open()
+        route = self._coordinator(self._group_coordinator(group))
+        return route.call(lambda c: c.abort_group(group, group_capability))
+
+    def scan(self, topic: str, start=None, end=None):
+        """Every partition of `topic` from its owner, in partition order."""
+        self._check_open()
+        for partition in self._partitions(topic, create=False):
+            reader, first = self._follow("partition", partition, _opener(partition, start, end))
+            if first is None:
+                continue
+            yield first
+            yield from reader
+
+    def create_topic(self, topic: str, partitions: int = 0) -> None:
+        self._check_open()
+        self._any(lambda c: c.create_topic(topic, partitions))
+
+    def topic_partitions(self, topic: str) -> list[str]:
+        self._check_open()
+        return self._any(lambda c: c.topic_partitions(topic))
+
+    def close(self) -> None:
+        """Closes its producers (what they hold is sent, to brokers that answer: one that is
+        down is not waited for) and consumers, then every connection."""
+        if self._closed:
+            return
+        self._closing = True
+        for obj in list(self._objects):
+            try:
+                obj.close()
+            except errors.PulsarTxnError:
+                pass
+        self._objects.clear()
+        with self._lock:
+            self._closed = True
+            conns = list(self._conns.values())
+        for conn in conns:
+            conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ClusterClient({self.service_url!r})"
+
+
+def _opener(partition: str, start, end):
+    """A scan of one partition opened on a connection: (the rest, its first batch); what a
+    broker refuses before the first batch (NotOwner, down) is followed."""
+
+    def open_(conn):
+        reader = conn.scan(partition, start, end)
+        return reader, next(reader, None)
+
+    return open_
+
+
+class _CoordinatorRoute:
+    """Calls at the owner of one coordinator: what a RemoteTransaction's handle uses as its
+    client (its state and its end go to the coordinator, wherever it is served)."""
+
+    def __init__(self, cluster: ClusterClient, coordinator_id: int) -> None:
+        self._cluster = cluster
+        self.coordinator_id = coordinator_id
+
+    @property
+    def _retries(self) -> int:
+        return self._cluster._retries
+
+    def _capability_of(self, txn):
+        return self._cluster._capability_of(txn)
+
+    def call(self, fn):
+        self._cluster._check_open()
+        return self._cluster._follow("coordinator", self.coordinator_id, fn)
+
+    def _json(self, action: str, args: dict, payload: bytes = b"", owner=None) -> dict:
+        return self.call(lambda c: c._json(action, args, payload))
+
+
+class ClusterAdmin:
+    """``client.admin`` on a cluster: a coordinator's views at its owner, the cluster's
+    (``cluster()``: who owns what; ``cluster_transactions()``, ``cluster_coordinators()``)
+    and the rest at any broker."""
+
+    _METHODS = protocol.ADMIN_METHODS + protocol.CLUSTER_ADMIN_METHODS
+
+    def __init__(self, client: ClusterClient) -> None:
+        self._client = client
+
+    def __getattr__(self, name):
+        if name not in self._METHODS:
+            raise AttributeError(name)
+        client = self._client
+
+        def call(*args):
+            wire = [str(a) if isinstance(a, TxnID) else a for a in args]
+
+            def run(conn):
+                return conn._json("admin", {"method": name, "args": wire})["result"]
+
+            coordinator = None
+            if name == "coordinator_stats" and args and _is_int(args[0]):
+                coordinator = args[0]
+            elif name == "transaction_metadata" and args:
+                try:
+                    coordinator = TxnID.parse(txn_str(args[0])).coordinator_id
+                except (TypeError, ValueError):
+                    coordinator = None  # the broker says what is wrong with it
+            client._check_open()
+            if coordinator is not None and 0 <= coordinator < client._coordinators:
+                return client._follow("coordinator", coordinator, run)
+            return client._any(run)
+
+        return call
+
+
+def _reopen(conn: RemoteClient, seen: int) -> None:
+    try:
+        conn._reopen(seen)
+    except (errors.BrokerUnavailable, SessionLost):
+        pass  # retried as any call
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,291 @@
+"""A topic's producer on a cluster: one remote producer per partition, each at the broker
+that owns its partition (following it when it restarts or is found elsewhere), under one
+name. A partitioned topic's messages go to the partitions the embedded producer would pick
+(a key's hash, else round robin), so the same messages land in the same partitions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import uuid
+
+import numpy as np
+import pyarrow as pa
+
+from .. import errors
+from ..messaging.producer import _route as route_key
+from ..messaging.producer import check_sequence_id
+from .placed import Placed, quietly
+from .producer import RemoteProducer
+
+__all__ = ["ClusterBatchStream", "ClusterProducer", "route_plan"]
+
+
+def route_plan(n: int, key_list, partitions: int, round_robin, chunk: int) -> dict:
+    """The rows of a send_batch of `n` messages each partition takes, as the embedded
+    producer routes them: by key (round robin for a row without one), or without keys in
+    chunks of `chunk` rows, round robin from the next partition in turn."""
+    if key_list is not None:
+        routes = np.fromiter(
+            (
+                route_key(k, partitions) if k is not None else next(round_robin) % partitions
+                for k in key_list
+            ),
+            dtype=np.int64,
+            count=n,
+        )
+        plan = {i: np.flatnonzero(routes == i) for i in range(partitions)}
+    else:
+        starts = np.arange(0, n, chunk)
+        owner = (next(round_robin) + np.arange(len(starts))) % partitions
+        plan = {}
+        for i in range(partitions):
+            picked = [np.arange(s, min(s + chunk, n)) for s, o in zip(starts, owner) if o == i]
+            if picked:
+                plan[i] = np.concatenate(picked)
+    return {i: rows for i, rows in plan.items() if len(rows)}
+
+
+def _validate(content, properties, partition_key, sequence_id):
+    """What the embedded producer checks before it picks a partition (so that a refused
+    message does not move the round robin here either)."""
+    if isinstance(content, (bytearray, memoryview)):
+        content = bytes(content)
+    if not isinstance(content, bytes):
+        raise TypeError(f"content must be bytes, not {type(content).__name__}")
+    if properties is not None and (
+        not isinstance(properties, dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items())
+    ):
+        raise TypeError(
+            f"properties must be a dict of str to str, not {errors.excerpt(properties)}"
+        )
+    if partition_key is not None and not isinstance(partition_key, str):
+        raise TypeError(f"partition_key must be a str, not {type(partition_key).__name__}")
+    check_sequence_id(sequence_id)
+    return content
+
+
+class _PartProducer(Placed, RemoteProducer):
+    """One partition's producer: a send re-sent at the owner after a failure is stored once
+    (the same producer name and sequence id)."""
+
+    def __init__(self, cluster, partition: str, producer_name, options) -> None:
+        self._place(cluster, partition)
+        RemoteProducer.__init__(self, None, partition, producer_name, options)
+
+    def _send_many(self, items, txn, handle=None) -> list:
+        return self._follow(lambda: RemoteProducer._send_many(self, items, txn, handle))
+
+    def flush(self) -> None:
+        self._follow(lambda: RemoteProducer.flush(self))
+
+
+class ClusterProducer:
+    """``client.create_producer(topic)`` on a cluster: RemoteProducer's API, one producer
+    per partition under one name (de-duplication is per partition and name)."""
+
+    def __init__(self, cluster, topic: str, partitions: list[str], producer_name, options):
+        self._topic = topic
+        self._parts: list[_PartProducer] = []
+        name = producer_name
+        if name is None and len(partitions) > 1:
+            # One name on every partition, unique in the cluster (a broker's own names are
+            # unique only among its producers).
+            name = f"pulsartxn-{uuid.uuid4().hex[:16]}"
+        try:
+            for partition in partitions:
+                part = _PartProducer(cluster, partition, name, options)
+                name = part.name
+                self._parts.append(part)
+        except BaseException:
+            for part in self._parts:
+                quietly(part.close)
+            raise
+        self.name = name
+        self._round_robin = itertools.count()
+        self._chunk = options.get("batching_max_messages") or 1000
+        self._closed = False
+
+    def topic(self) -> str:
+        return self._topic
+
+    def producer_name(self) -> str:
+        return self.name
+
+    def last_sequence_id(self) -> int:
+        return max(p.last_sequence_id() for p in self._parts)
+
+    def is_connected(self) -> bool:
+        return not self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.AlreadyClosed(f"producer {self.name} is closed")
+
+    def _part_for(self, partition_key) -> _PartProducer:
+        n = len(self._parts)
+        if n == 1:
+            return self._parts[0]
+        if partition_key is not None:
+            return self._parts[route_key(partition_key, n)]
+        return self._parts[next(self._round_robin) % n]
+
+    def send(self, content, properties=None, partition_key=None, sequence_id=None, txn=None):
+        self._check_open()
+        content = _validate(content, properties, partition_key, sequence_id)
+        return self._part_for(partition_key).send(
+            content, properties, partition_key, sequence_id, txn
+        )
+
+    def send_async(
+        self,
+        content,
+        properties=None,
+        partition_key=None,
+        sequence_id=None,
+        txn=None,
+        callback=None,
+    ):
+        self._check_open()
+        content = _validate(content, properties, partition_key, sequence_id)
+        return self._part_for(partition_key).send_async(
+            content, properties, partition_key, sequence_id, txn, callback
+        )
+
+    def _split(self, values, keys):
+        """(values, keys, {partition: rows}) of a send_batch, routed as the embedded one."""
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        if not isinstance(values, pa.Array):
+            values = list(values)
+            for v in values:
+                if not isinstance(v, (bytes, bytearray, memoryview)):
+                    raise TypeError(f"values must be bytes, not {type(v).__name__}")
+            values = pa.array([bytes(v) for v in values], pa.binary())
+        n = len(values)
+        if keys is not None and len(keys) != n:
+            raise ValueError(f"keys has {len(keys)} items for {n} values")
+        if n == 0:
+            return values, keys, {}
+        key_list = None
+        if keys is not None:
+            if isinstance(keys, pa.ChunkedArray):
+                keys = keys.combine_chunks()
+            if not isinstance(keys, pa.Array):
+                keys = pa.array(list(keys), pa.string())
+            key_list = keys.to_pylist()
+        plan = route_plan(n, key_list, len(self._parts), self._round_robin, self._chunk)
+        return values, keys, plan
+
+    def send_batch(self, values, keys=None, txn=None) -> int:
+        self._check_open()
+        if len(self._parts) == 1:
+            return self._parts[0].send_batch(values, keys, txn)
+        values, keys, plan = self._split(values, keys)
+        jobs = []
+        for i, rows in plan.items():
+            take = pa.array(rows)
+            part_keys = None if keys is None else keys.take(take)
+            jobs.append((self._parts[i], values.take(take), part_keys))
+        if len(jobs) == 1:
+            part, part_values, part_keys = jobs[0]
+            return part.send_batch(part_values, part_keys, txn)
+        # Each partition's share at once (their brokers write in parallel); every one is
+        # waited for, and the first failure raised.
+        threads = [_Call(part.send_batch, v, k, txn) for part, v, k in jobs]
+        for t in threads:
+            t.join()
+        return sum(t.result() for t in threads)
+
+    def batch_stream(self, txn=None):
+        self._check_open()
+        if len(self._parts) == 1:
+            return self._parts[0].batch_stream(txn)
+        return ClusterBatchStream(self, txn)
+
+    def flush(self) -> None:
+        for part in self._parts:
+            part.flush()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        first = None
+        for part in self._parts:
+            try:
+                part.close()
+            except errors.PulsarTxnError as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ClusterBatchStream:
+    """``batch_stream`` of a partitioned topic: each batch routed as a send_batch, onto a
+    stream per partition opened at its first rows."""
+
+    def __init__(self, producer: ClusterProducer, txn) -> None:
+        self._producer = producer
+        self._txn = txn
+        self._streams: dict = {}
+        self.count = 0
+
+    def write(self, values: pa.Array, keys: pa.Array | None = None) -> None:
+        values, keys, plan = self._producer._split(values, keys)
+        for i, rows in plan.items():
+            stream = self._streams.get(i)
+            if stream is None:
+                stream = self._streams[i] = self._producer._parts[i].batch_stream(self._txn)
+            take = pa.array(rows)
+            stream.write(values.take(take), None if keys is None else keys.take(take))
+
+    def close(self) -> int:
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            self.count += stream.close()
+        return self.count
+
+    def cancel(self) -> None:
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream.cancel()
+
+    def __enter__(self) -> ClusterBatchStream:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.cancel()
+
+
+class _Call(threading.Thread):
+    """fn(*args) in a thread of its own; result() waits and gives its value or raises."""
+
+    def __init__(self, fn, *args) -> None:
+        super().__init__(daemon=True)
+        self._fn, self._args = fn, args
+        self._value = self._error = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self._value = self._fn(*self._args)
+        except BaseException as exc:  # noqa: BLE001 - raised by result()
+            self._error = exc
+
+    def result(self):
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
