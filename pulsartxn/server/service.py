@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import secrets
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -64,7 +65,9 @@ class BrokerServer(Streams, flight.FlightServerBase):
         self.cluster = cluster
         self.max_request_bytes = max_request_bytes
         self.sessions = Sessions(broker, session_timeout_s, limits or SessionLimits(), max_sessions)
-        self._handles = itertools.count(1)
+        # Handle numbers of one process start are never those of another: a call re-sent
+        # after a restart cannot name another producer or consumer of its session.
+        self._handles = itertools.count(secrets.randbelow(1 << 48) + 1)
         self._actions = {
             name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_on_")
         }
@@ -446,9 +449,14 @@ class BrokerServer(Streams, flight.FlightServerBase):
             raise TypeError(f"admin args must be a list, not {errors.excerpt(call_args)}")
         if self.cluster is not None and method in protocol.CLUSTER_ADMIN_METHODS:
             return {"result": jsonable(getattr(self.cluster, method)(*call_args))}
+        if method in _ABOUT_A_TOPIC and call_args and isinstance(call_args[0], str):
+            self._serve_topic(call_args[0], create=False)  # its owner's figures, no other
         if method not in self._ADMIN:
             raise ValueError(f"unknown admin call {errors.excerpt(method)}")
         return {"result": jsonable(getattr(self.broker.admin, method)(*call_args))}
+
+
+_ABOUT_A_TOPIC = ("topic_stats", "transaction_buffer_stats", "pending_ack_stats")
 
 
 def _keywords(method, *positional: str) -> frozenset:

@@ -12,6 +12,7 @@ import atexit
 import os
 import sys
 import threading
+import zlib
 
 from ..broker import Broker
 from ..errors import PulsarTxnError
@@ -119,3 +120,18 @@ def executor_client(service_url: str, token: str | None):
         if client is None or client._closed:
             client = _executor_clients[key] = connect(service_url, token)
         return client
+
+
+def job_coordinator(client, key: str) -> int | None:
+    """The coordinator a Spark job's transactions (one group) use, stable across processes:
+    on a cluster none is named (the cluster client puts a group's transactions on the
+    coordinator its label hashes to, where the group's decision goes too); else one of the
+    broker's ready coordinators, by `key`."""
+    from ..remote.cluster import ClusterClient
+
+    if isinstance(client, ClusterClient):
+        return None
+    ready = [c["coordinator_id"] for c in client.admin.coordinators() if c["state"] == "READY"]
+    if not ready:
+        raise RuntimeError("no transaction coordinator is ready")
+    return ready[zlib.crc32(key.encode()) % len(ready)]

@@ -9,7 +9,6 @@ the default ``service_url`` of the registered source.
 from __future__ import annotations
 
 import uuid
-import zlib
 from dataclasses import dataclass
 
 from pyspark.sql.datasource import (
@@ -23,7 +22,7 @@ from pyspark.sql.datasource import (
 )
 
 from ..errors import NotAuthorized
-from ._service import driver_client, executor_client, service_url_for
+from ._service import driver_client, executor_client, job_coordinator, service_url_for
 from .read import DEFAULT_ROWS_PER_SPLIT, READ_DDL, plan_splits, scan_ahead
 from .write import DEFAULT_TXN_TIMEOUT_MS, write_attempt
 
@@ -197,16 +196,11 @@ class _Writer(DataSourceArrowWriter):
         self.timeout_ms = int(options.get("txn_timeout_ms", DEFAULT_TXN_TIMEOUT_MS))
         client = _client(options)
         try:
-            ready = [
-                c["coordinator_id"] for c in client.admin.coordinators() if c["state"] == "READY"
-            ]
+            # Stable across processes: Spark may make the writer again where it commits.
+            self.coordinator_id = job_coordinator(client, self.options["topic"])
             self.group_capability = _claim(client, self.label)
         finally:
             client.close()
-        if not ready:
-            raise RuntimeError(f"no transaction coordinator is ready at {options['service_url']}")
-        # Stable across processes: Spark may make the writer again where it commits.
-        self.coordinator_id = ready[zlib.crc32(self.options["topic"].encode()) % len(ready)]
 
     def write(self, iterator):
         from pyspark import TaskContext

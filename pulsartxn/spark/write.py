@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from .._native import TxnID
 from ..messaging.topic_name import TopicName
-from ._service import driver_client, executor_client, service_url_for
+from ._service import driver_client, executor_client, job_coordinator, service_url_for
 
 REPORT_SCHEMA = "partition_id int, attempt int, txn_msb long, txn_lsb long, rows long"
 DEFAULT_TXN_TIMEOUT_MS = 600_000  # a task attempt must finish writing within this
@@ -196,10 +196,7 @@ class WriteJob:
         self.txn_timeout_ms = txn_timeout_ms
         self.label = label or f"spark-write-{uuid.uuid4().hex}"
         self.inject = inject
-        ready = [c["coordinator_id"] for c in client.admin.coordinators() if c["state"] == "READY"]
-        if not ready:
-            raise RuntimeError(f"no transaction coordinator is ready at {service_url}")
-        self.coordinator_id = ready[hash(self.label) % len(ready)]
+        self.coordinator_id = job_coordinator(client, self.label)
         # The job's claim on its label: the tasks join with it, the decision needs it (a
         # network session of another job cannot decide or join this one).
         self.group_capability = client.group_capability(self.label)

@@ -104,6 +104,9 @@ def test_lookups_ownership_and_topics(three):
         brokers.at(other).create_producer(part)
     with pytest.raises(NotOwner):
         brokers.at(other).subscribe(part, "s")
+    with pytest.raises(NotOwner):  # a partition's figures are its owner's alone
+        brokers.at(other).admin.topic_stats(part)
+    assert brokers.at(owner).admin.topic_stats(part)["topic"] == part
     with pytest.raises(CoordinatorNotFound):
         brokers.owner("coordinator", 3)
     coordinator = brokers.owner("coordinator", 1)
