@@ -249,6 +249,10 @@ class RemoteClient:
                     pass
             except errors.PulsarTxnError:
                 pass
+            except Exception:  # noqa: BLE001 - closed under it ("FlightClient is closed")
+                if self._stop.is_set():
+                    return
+                raise
 
     # -- API.md ----------------------------------------------------------------------------
 
