@@ -95,6 +95,45 @@ def _flush_handles(txns) -> None:
             t.flush_for_commit()
 
 
+def producer_options(
+    batching_enabled,
+    batching_max_messages,
+    batching_max_allowed_size_in_bytes,
+    batching_max_publish_delay_ms,
+) -> dict:
+    """create_producer's options as they travel (the remote clients' one list)."""
+    return {
+        "batching_enabled": batching_enabled,
+        "batching_max_messages": batching_max_messages,
+        "batching_max_allowed_size_in_bytes": batching_max_allowed_size_in_bytes,
+        "batching_max_publish_delay_ms": batching_max_publish_delay_ms,
+    }
+
+
+def subscribe_options(
+    subscription_type,
+    initial_position,
+    isolation,
+    consumer_name,
+    negative_ack_redelivery_delay_ms,
+    receiver_queue_size,
+) -> dict:
+    """subscribe's options as they travel, its enums checked first."""
+    check_subscribe_enums(
+        subscription_type=subscription_type,
+        initial_position=initial_position,
+        isolation=isolation,
+    )
+    return {
+        "subscription_type": subscription_type.name,
+        "initial_position": initial_position.name,
+        "isolation": isolation.name,
+        "consumer_name": consumer_name,
+        "negative_ack_redelivery_delay_ms": negative_ack_redelivery_delay_ms,
+        "receiver_queue_size": receiver_queue_size,
+    }
+
+
 class RemoteClient:
     def __init__(
         self,
@@ -265,12 +304,12 @@ class RemoteClient:
         batching_max_allowed_size_in_bytes: int | None = None,
         batching_max_publish_delay_ms: float | None = None,
     ):
-        options = {
-            "batching_enabled": batching_enabled,
-            "batching_max_messages": batching_max_messages,
-            "batching_max_allowed_size_in_bytes": batching_max_allowed_size_in_bytes,
-            "batching_max_publish_delay_ms": batching_max_publish_delay_ms,
-        }
+        options = producer_options(
+            batching_enabled,
+            batching_max_messages,
+            batching_max_allowed_size_in_bytes,
+            batching_max_publish_delay_ms,
+        )
         p = RemoteProducer(self, topic, producer_name, options)
         self._objects.add(p)
         return p
@@ -286,19 +325,14 @@ class RemoteClient:
         negative_ack_redelivery_delay_ms: int = 60_000,
         receiver_queue_size: int | None = None,
     ):
-        check_subscribe_enums(
-            subscription_type=subscription_type,
-            initial_position=initial_position,
-            isolation=isolation,
+        opts = subscribe_options(
+            subscription_type,
+            initial_position,
+            isolation,
+            consumer_name,
+            negative_ack_redelivery_delay_ms,
+            receiver_queue_size,
         )
-        opts = {
-            "subscription_type": subscription_type.name,
-            "initial_position": initial_position.name,
-            "isolation": isolation.name,
-            "consumer_name": consumer_name,
-            "negative_ack_redelivery_delay_ms": negative_ack_redelivery_delay_ms,
-            "receiver_queue_size": receiver_queue_size,
-        }
         c = RemoteConsumer(self, topic, subscription_name, opts)
         self._objects.add(c)
         return c

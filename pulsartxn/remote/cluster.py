@@ -21,11 +21,19 @@ import zlib
 
 from .. import errors
 from .._native import TxnID
-from ..messaging.consumer import ConsumerType, InitialPosition, Isolation, check_subscribe_enums
+from ..messaging.consumer import ConsumerType, InitialPosition, Isolation
 from ..messaging.topic_name import TopicName
 from ..server import protocol
 from ..server.protocol import SessionLost
-from .client import RemoteClient, Shared, _flush_handles, parse_service_url, tls_roots
+from .client import (
+    RemoteClient,
+    Shared,
+    _flush_handles,
+    parse_service_url,
+    producer_options,
+    subscribe_options,
+    tls_roots,
+)
 from .cluster_consumer import ClusterConsumer
 from .cluster_producer import ClusterProducer
 from .handles import RemoteTransaction, Unreachable, txn_str
@@ -289,12 +297,12 @@ class ClusterClient:
         batching_max_publish_delay_ms: float | None = None,
     ):
         self._check_open()
-        options = {
-            "batching_enabled": batching_enabled,
-            "batching_max_messages": batching_max_messages,
-            "batching_max_allowed_size_in_bytes": batching_max_allowed_size_in_bytes,
-            "batching_max_publish_delay_ms": batching_max_publish_delay_ms,
-        }
+        options = producer_options(
+            batching_enabled,
+            batching_max_messages,
+            batching_max_allowed_size_in_bytes,
+            batching_max_publish_delay_ms,
+        )
         full = TopicName.parse(topic).full if isinstance(topic, str) else topic
         p = ClusterProducer(self, full, self._partitions(topic), producer_name, options)
         self._objects.add(p)
@@ -312,19 +320,14 @@ class ClusterClient:
         receiver_queue_size: int | None = None,
     ):
         self._check_open()
-        check_subscribe_enums(
-            subscription_type=subscription_type,
-            initial_position=initial_position,
-            isolation=isolation,
+        opts = subscribe_options(
+            subscription_type,
+            initial_position,
+            isolation,
+            consumer_name,
+            negative_ack_redelivery_delay_ms,
+            receiver_queue_size,
         )
-        opts = {
-            "subscription_type": subscription_type.name,
-            "initial_position": initial_position.name,
-            "isolation": isolation.name,
-            "consumer_name": consumer_name,
-            "negative_ack_redelivery_delay_ms": negative_ack_redelivery_delay_ms,
-            "receiver_queue_size": receiver_queue_size,
-        }
         full = TopicName.parse(topic).full if isinstance(topic, str) else topic
         c = ClusterConsumer(self, full, self._partitions(topic), subscription_name, opts)
         self._objects.add(c)
