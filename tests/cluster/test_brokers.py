@@ -302,3 +302,52 @@ def test_zookeeper_restarted_brokers_register_again_and_carry_on(tmp_path):
                 assert _drain(brokers.at(a).subscribe(p, "s")) == [b"x"]
         finally:
             brokers.close()
+
+
+def test_with_tokens_a_transaction_is_its_openers_at_every_broker(local_cluster, tmp_path):
+    """Brokers with a client token and an admin token: the brokers reach each other with the
+    admin token; a transaction is used at another broker only with its capability, which
+    every broker of the cluster honours."""
+    (tmp_path / "token").write_text("client-secret")
+    (tmp_path / "admin").write_text("admin-secret")
+    cluster = local_cluster(
+        2,
+        num_coordinators=2,
+        extra_args=(
+            "--token-file",
+            str(tmp_path / "token"),
+            "--admin-token-file",
+            str(tmp_path / "admin"),
+        ),
+    )
+
+    def client(address):
+        return RemoteClient(f"pulsartxn://{address}", token="client-secret")
+
+    a, b = (client(x) for x in cluster.addresses)
+    other_b = client(cluster.addresses[1])
+    try:
+        with pytest.raises(pulsartxn.NotAuthorized):  # peer calls need the admin token
+            b._json("peer_state", {"txn": "0:1"})
+        a.create_topic("tok", 4)
+        parts = a.topic_partitions("tok")
+        owner = {p: a._json("lookup", {"kind": "partition", "name": p})["address"] for p in parts}
+        part = next(p for p, x in owner.items() if x == cluster.addresses[1])
+        home = a._json("lookup", {"kind": "coordinator", "name": 0})["address"]
+        opener = a if home == cluster.addresses[0] else b
+        txn = opener.new_transaction(coordinator_id=0)
+        producer = other_b.create_producer(part)  # another session than the opener's
+        with pytest.raises(pulsartxn.NotAuthorized):  # the id alone is not enough
+            other_b._json(
+                "send_many",
+                {"handle": producer._ensure(), "txn": str(txn.id), "messages": [{"n": 1}]},
+                b"x",
+            )
+        handle = other_b.transaction(txn.id, txn.capability)  # good at this broker too
+        producer.send(b"with-capability", txn=handle)
+        txn.commit()
+        consumer = other_b.subscribe(part, "s")
+        assert consumer.receive(5000).value() == b"with-capability"
+    finally:
+        for c in (a, b, other_b):
+            c.close()

@@ -80,9 +80,9 @@ def test_the_data_source_over_three_brokers(spark, cluster_url, cluster_client):
     _spread(cluster_client, topic, 6)
     ptx.register(spark)
     df = spark.range(500, numPartitions=2).selectExpr("cast(id as string) as value")
-    df.write.format("pulsartxn").option("service_url", cluster_url).option(
-        "topic", topic
-    ).mode("append").save()
+    df.write.format("pulsartxn").option("service_url", cluster_url).option("topic", topic).mode(
+        "append"
+    ).save()
     back = (
         spark.read.format("pulsartxn")
         .option("service_url", cluster_url)
