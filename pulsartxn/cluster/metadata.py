@@ -320,14 +320,20 @@ class ClusterMetadata:
             return self.owner(kind, ident)
         return broker_id
 
+    def address(self, broker_id: str) -> str | None:
+        """The address of a live broker, None when it is down (a broker missing from what
+        was last read is read again: it may have just come back)."""
+        address = self.live_brokers().get(broker_id)
+        if address is None:
+            address = self.live_brokers(fresh=True).get(broker_id)
+        return address
+
     @_unavailable
     def lookup(self, kind: str, ident: str) -> tuple[str, str]:
         """(owner, address) of `ident`, claiming it if new; BrokerUnavailable while its owner
         is down (retry: it takes it back when it returns)."""
         owner = self.claim(kind, ident)
-        address = self.live_brokers().get(owner)
-        if address is None:
-            address = self.live_brokers(fresh=True).get(owner)
+        address = self.address(owner)
         if address is None:
             raise BrokerUnavailable(f"{kind} {ident} is owned by broker {owner}, which is down")
         return owner, address

@@ -23,7 +23,7 @@ from .._native import TxnID
 from ..cluster.metadata import ClusterMetadata, bundle_of
 from ..messaging.topic_name import TopicName
 from ..txn.participant import PARTITION, SUBSCRIPTION
-from ..txn.state import FINAL, CoordinatorStatus, TxnState
+from ..txn.state import FINAL, TxnState
 from . import protocol
 from .peers import ForeignTxns, RemoteParticipant
 from .protocol import frame, unframe
@@ -117,28 +117,21 @@ class ClusterNode:
     def _held(self) -> dict:
         """Transactions of coordinators elsewhere that participants here hold and that this
         broker does not know to be open: txn id -> those participants."""
-        coords = self.broker.txn.coordinators
+        elsewhere = self.broker.txn.elsewhere
         known = self.foreign.known()
-
-        def foreign(t: TxnID) -> bool:
-            cid = t.coordinator_id
-            return cid < len(coords) and coords[cid].status is CoordinatorStatus.ELSEWHERE
-
         held: dict = {}
-        for part in self.broker.topics.loaded():
-            buffer = part.buffer
-            with buffer.lock:
-                ids = list(buffer.ongoing)
+
+        def hold(participant, ids) -> None:
             for t in ids:
-                if t not in known and foreign(t):
-                    held.setdefault(t, []).append(buffer)
+                if t not in known and elsewhere(t):
+                    held.setdefault(t, []).append(participant)
+
+        for part in self.broker.topics.loaded():
+            with part.buffer.lock:
+                hold(part.buffer, list(part.buffer.ongoing))
             for sub in list(part.subscriptions.values()):
-                pending = sub.pending_ack
-                with pending.lock:
-                    ids = list(pending.counts)
-                for t in ids:
-                    if t not in known and foreign(t):
-                        held.setdefault(t, []).append(pending)
+                with sub.pending_ack.lock:
+                    hold(sub.pending_ack, list(sub.pending_ack.counts))
         return held
 
     def reconcile(self) -> None:
@@ -235,9 +228,7 @@ class ClusterNode:
         owner = self.meta.owner(kind, ident)
         if owner is None:
             raise errors.TransactionNotFound(f"{kind} {ident} has never been served")
-        address = self.meta.live_brokers().get(owner)
-        if address is None:
-            address = self.meta.live_brokers(fresh=True).get(owner)
+        address = self.meta.address(owner)
         if address is None:
             raise errors.BrokerUnavailable(f"{kind} {ident} is owned by broker {owner}, down")
         return address

@@ -12,7 +12,7 @@ from .. import errors
 from .._native import TxnID
 from ..cluster.metadata import bundle_of
 from ..txn.participant import PARTITION
-from ..txn.state import FINAL, CoordinatorStatus, TxnState
+from ..txn.state import FINAL, TxnState
 
 if TYPE_CHECKING:
     from .cluster import ClusterNode
@@ -109,9 +109,7 @@ class ForeignTxns:
 
     def is_foreign(self, txn_id: TxnID) -> bool:
         """Whether the transaction's coordinator is on another broker."""
-        coords = self.node.broker.txn.coordinators
-        cid = txn_id.coordinator_id
-        return cid < len(coords) and coords[cid].status is CoordinatorStatus.ELSEWHERE
+        return self.node.broker.txn.elsewhere(txn_id)
 
 
 def _hashable(name):

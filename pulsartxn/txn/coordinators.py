@@ -146,6 +146,12 @@ class Coordinators:
         c.check_ready()
         return c
 
+    def elsewhere(self, txn_id) -> bool:
+        """Whether another broker of the cluster owns the transaction's coordinator."""
+        coords = self.coordinators
+        cid = txn_id.coordinator_id
+        return cid < len(coords) and coords[cid].status is CoordinatorStatus.ELSEWHERE
+
     def _foreign(self, txn_id) -> ForeignCoordinators | None:
         """The way to a transaction whose coordinator another broker owns, else None."""
         if self.placement is None:
