@@ -27,12 +27,7 @@ import tempfile
 import time
 
 from pulsartxn.cluster import LocalCluster
-from pulsartxn.remote import RemoteClient
-from pulsartxn.remote.handles import RemoteTransaction
-
-
-def _owner(client: RemoteClient, kind: str, name) -> str:
-    return client._json("lookup", {"kind": kind, "name": name})["address"]
+from pulsartxn.torture_cluster import PerBroker
 
 
 def commit_latency(sync: bool, n: int = 300) -> dict:
@@ -41,22 +36,19 @@ def commit_latency(sync: bool, n: int = 300) -> dict:
         LocalCluster(d, 2, num_coordinators=2, sync=sync) as cluster,
     ):
         cluster.start()
-        clients = {a: RemoteClient(f"pulsartxn://{a}") for a in cluster.addresses}
-        any_client = clients[cluster.addresses[0]]
+        brokers = PerBroker(cluster.addresses)
+        any_client = brokers.at(cluster.addresses[0])
         any_client.create_topic("lat", 8)
-        owners = {p: _owner(any_client, "partition", p) for p in any_client.topic_partitions("lat")}
-        home = _owner(any_client, "coordinator", 0)
+        parts = any_client.topic_partitions("lat")
+        owners = {p: brokers.owner("partition", p) for p in parts}
+        home = brokers.owner("coordinator", 0)
         local = next(p for p, a in owners.items() if a == home)
         remote = next(p for p, a in owners.items() if a != home)
-        producers = {p: clients[owners[p]].create_producer(p) for p in (local, remote)}
+        producers = {p: brokers.at(owners[p]).create_producer(p) for p in (local, remote)}
 
         def one(part: str) -> float:
-            txn = clients[home].new_transaction(coordinator_id=0)
-            address = owners[part]
-            handle = (
-                txn if address == home else clients[address].transaction(txn.id, txn.capability)
-            )
-            producers[part].send(b"x" * 100, txn=handle)
+            txn = brokers.at(home).new_transaction(coordinator_id=0)
+            producers[part].send(b"x" * 100, txn=brokers.handle(txn, owners[part]))
             t0 = time.perf_counter()
             txn.commit()
             return time.perf_counter() - t0
@@ -67,8 +59,7 @@ def commit_latency(sync: bool, n: int = 300) -> dict:
         for _ in range(n):
             for part in (local, remote):  # interleaved: both see the same machine
                 times[part].append(one(part))
-        for c in clients.values():
-            c.close()
+        brokers.close()
     single, cross = sorted(times[local]), sorted(times[remote])
     return {
         "single_p50": statistics.median(single) * 1e3,
@@ -79,26 +70,19 @@ def commit_latency(sync: bool, n: int = 300) -> dict:
 
 
 def _worker(addresses, i, coordinators, batch, seconds, start, out):
-    anyc = RemoteClient(f"pulsartxn://{addresses[0]}")
-    clients = {}
-
-    def at(a):
-        if a not in clients:
-            clients[a] = RemoteClient(f"pulsartxn://{a}")
-        return clients[a]
-
+    brokers = PerBroker(addresses)
     src = f"persistent://public/default/in-partition-{i}"
     dst = f"persistent://public/default/out-partition-{i}"
-    src_at, dst_at = _owner(anyc, "partition", src), _owner(anyc, "partition", dst)
+    src_at, dst_at = brokers.owner("partition", src), brokers.owner("partition", dst)
     # The transaction's coordinator on the output partition's broker when one is there (its
     # results then ride in the commit's own write), else coordinator i.
-    owners = anyc.admin.cluster()["brokers"]
-    at_dst = next((b for b, v in owners.items() if v["address"] == dst_at), None)
-    mine = anyc.admin.cluster()["coordinators"].get(at_dst, [])
+    view = brokers.at(addresses[0]).admin.cluster()
+    at_dst = next((b for b, v in view["brokers"].items() if v["address"] == dst_at), None)
+    mine = view["coordinators"].get(at_dst, [])
     cid = mine[i % len(mine)] if mine else i % coordinators
-    home = _owner(anyc, "coordinator", cid)
-    consumer = at(src_at).subscribe(src, "pipe")
-    producer = at(dst_at).create_producer(dst)
+    home = brokers.owner("coordinator", cid)
+    consumer = brokers.at(src_at).subscribe(src, "pipe")
+    producer = brokers.at(dst_at).create_producer(dst)
     start.wait()
     deadline = time.monotonic() + seconds
     cpu = time.process_time()
@@ -107,21 +91,14 @@ def _worker(addresses, i, coordinators, batch, seconds, start, out):
         msgs = consumer.batch_receive(batch, 200)
         if not msgs:
             continue
-        txn = at(home).new_transaction(coordinator_id=cid)
-
-        def handle(a, txn=txn):
-            # What a cluster client does: the id and capability travel with each op.
-            if a == home:
-                return txn
-            return RemoteTransaction(at(a), txn.id, counted=False, capability=txn.capability)
-
-        producer.send_batch([m.value().upper() for m in msgs], txn=handle(dst_at))
-        consumer.acknowledge_cumulative(msgs[-1], txn=handle(src_at))
+        txn = brokers.at(home).new_transaction(coordinator_id=cid)
+        values = [m.value().upper() for m in msgs]
+        producer.send_batch(values, txn=brokers.handle(txn, dst_at))
+        consumer.acknowledge_cumulative(msgs[-1], txn=brokers.handle(txn, src_at))
         txn.commit()
         done += len(msgs)
     out.put((done, time.process_time() - cpu))
-    for c in list(clients.values()) + [anyc]:
-        c.close()
+    brokers.close()
 
 
 def pipeline(brokers: int, workers: int, batch: int, seconds: float, sync: bool) -> float:
@@ -131,17 +108,16 @@ def pipeline(brokers: int, workers: int, batch: int, seconds: float, sync: bool)
         LocalCluster(d, brokers, num_coordinators=workers, sync=sync) as cluster,
     ):
         cluster.start()
-        c = RemoteClient(f"pulsartxn://{cluster.addresses[0]}")
+        brokers = PerBroker(cluster.addresses)
+        c = brokers.at(cluster.addresses[0])
         c.create_topic("in", workers)
         c.create_topic("out", workers)
         for part in c.topic_partitions("in"):
-            p = RemoteClient(f"pulsartxn://{_owner(c, 'partition', part)}")
-            producer = p.create_producer(part)
+            producer = brokers.at(brokers.owner("partition", part)).create_producer(part)
             for k in range(0, per_worker, 5000):
                 producer.send_batch([b"v%09d" % j for j in range(k, k + 5000)])
-            p.close()
         for i in range(workers):  # every coordinator placed before the clocks start
-            _owner(c, "coordinator", i)
+            brokers.owner("coordinator", i)
         ctx = mp.get_context("spawn")
         start, out = ctx.Event(), ctx.Queue()
         procs = [
@@ -160,7 +136,7 @@ def pipeline(brokers: int, workers: int, batch: int, seconds: float, sync: bool)
         brokers_cpu = _cpu(cluster) - brokers_cpu
         for p in procs:
             p.join()
-        c.close()
+        brokers.close()
     total = sum(n for n, _ in answers)
     if os.environ.get("BENCH_VERBOSE"):
         print("per worker:", sorted(n for n, _ in answers), flush=True)

@@ -42,10 +42,12 @@ class TortureFailure(AssertionError):
     """An invariant does not hold after the kills."""
 
 
-class _Brokers:
-    """A plain remote client per broker address, and the owners they look up."""
+class PerBroker:
+    """A plain remote client per broker address of a cluster, the owners they look up, and a
+    transaction's handle at any of them (what the cluster client does for its user, done by
+    hand: the torture, bench.cluster and the protocol-level tests place every call)."""
 
-    def __init__(self, addresses, reconnect_timeout_s: float) -> None:
+    def __init__(self, addresses, reconnect_timeout_s: float = 30.0) -> None:
         self.addresses = list(addresses)
         self.reconnect_timeout_s = reconnect_timeout_s
         self.clients: dict[str, RemoteClient] = {}
@@ -58,12 +60,24 @@ class _Brokers:
         return self.clients[address]
 
     def owner(self, kind: str, name) -> str:
+        """The address of the broker owning a partition or coordinator (any broker answers;
+        one that is down or unreachable is passed over, a definite answer is raised)."""
         for address in self.addresses:
             try:
                 return self.at(address)._json("lookup", {"kind": kind, "name": name})["address"]
-            except errors.PulsarTxnError:
+            except errors.BrokerUnavailable:
                 continue
+            except errors.PulsarTxnError as exc:
+                if type(exc) is not errors.PulsarTxnError:  # not "unreachable"
+                    raise
         raise errors.BrokerUnavailable(f"no broker answers a lookup of {kind} {name}")
+
+    def handle(self, txn, address: str):
+        """`txn` (opened at its coordinator's broker) as the broker at `address` uses it: its
+        id and capability travel with each op."""
+        if self.at(address) is txn._client:
+            return txn
+        return RemoteTransaction(self.at(address), txn.id, counted=False, capability=txn.capability)
 
     def close(self) -> None:
         for c in self.clients.values():
@@ -80,7 +94,7 @@ def child(addresses: list[str], journal_path: str, seconds: float) -> None:
     """Run the pipeline for `seconds` (or until killed), journaling each commit that
     returned (its results), fsynced."""
     fd = os.open(journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    brokers = _Brokers(addresses, reconnect_timeout_s=30.0)
+    brokers = PerBroker(addresses, reconnect_timeout_s=30.0)
     parts = brokers.at(addresses[0]).topic_partitions(IN)
     outs = brokers.at(addresses[0]).topic_partitions(OUT)
     deadline = time.monotonic() + seconds
@@ -102,13 +116,6 @@ def child(addresses: list[str], journal_path: str, seconds: float) -> None:
                 coordinator_id=i % COORDINATORS, timeout_ms=TXN_TIMEOUT_MS
             )
 
-            def handle(address, txn=txn, home=home):
-                if address == home:
-                    return txn
-                return RemoteTransaction(
-                    brokers.at(address), txn.id, counted=False, capability=txn.capability
-                )
-
             values = [m.value() for m in msgs]
             try:
                 by_out: dict = {}
@@ -118,8 +125,8 @@ def child(addresses: list[str], journal_path: str, seconds: float) -> None:
                     address = brokers.owner("partition", out)
                     if out not in producers:
                         producers[out] = brokers.at(address).create_producer(out)
-                    producers[out].send_batch(vs, txn=handle(address))
-                consumer.acknowledge_cumulative(msgs[-1], txn=handle(owner))
+                    producers[out].send_batch(vs, txn=brokers.handle(txn, address))
+                consumer.acknowledge_cumulative(msgs[-1], txn=brokers.handle(txn, owner))
                 txn.commit()
             except errors.PulsarTxnError:
                 # A broker was down too long (the transaction timed out, say): abort what is
@@ -150,7 +157,7 @@ def _subscribe(client: RemoteClient, part: str, timeout_s: float = 60.0):
 # -- the parent: kills and checks ----------------------------------------------------------
 
 
-def _inputs(brokers: _Brokers, n: int) -> list[bytes]:
+def _inputs(brokers: PerBroker, n: int) -> list[bytes]:
     values = []
     for p, part in enumerate(brokers.at(brokers.addresses[0]).topic_partitions(IN)):
         producer = brokers.at(brokers.owner("partition", part)).create_producer(part)
@@ -166,7 +173,7 @@ def _spawn(addresses, journal: str, seconds: float) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _read_outputs(brokers: _Brokers, tag: str) -> list[bytes]:
+def _read_outputs(brokers: PerBroker, tag: str) -> list[bytes]:
     got = []
     for part in brokers.at(brokers.addresses[0]).topic_partitions(OUT):
         consumer = brokers.at(brokers.owner("partition", part)).subscribe(part, f"check-{tag}")
@@ -187,7 +194,7 @@ def _lines(path: str) -> int:
         return 0
 
 
-def _settled(brokers: _Brokers, timeout_s: float) -> None:
+def _settled(brokers: PerBroker, timeout_s: float) -> None:
     """Until no broker holds an open transaction (those of killed children time out)."""
     deadline = time.monotonic() + timeout_s
     while brokers.at(brokers.addresses[0]).admin.cluster_transactions(0):
@@ -207,7 +214,7 @@ def run(iterations: int, seed: int, data: str, inputs: int = 300, log=print) -> 
         sync=False,
         extra_args=("--session-timeout-s", "2"),  # a killed child's consumers go soon
     ) as cluster:
-        brokers = _Brokers(cluster.addresses, reconnect_timeout_s=30.0)
+        brokers = PerBroker(cluster.addresses, reconnect_timeout_s=30.0)
         try:
             admin = brokers.at(cluster.addresses[0])
             admin.create_topic(IN, PARTITIONS)

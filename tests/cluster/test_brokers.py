@@ -19,44 +19,24 @@ from pulsartxn.errors import (
     TopicAlreadyExists,
 )
 from pulsartxn.remote import RemoteClient
+from pulsartxn.torture_cluster import PerBroker
 
 
-class Brokers:
-    """A plain remote client per broker of a cluster, and what they look up."""
+class Brokers(PerBroker):
+    """A plain remote client per broker of `cluster`, and what they look up."""
 
     def __init__(self, cluster, reconnect_timeout_s: float = 60.0) -> None:
+        super().__init__(cluster.addresses, reconnect_timeout_s)
         self.cluster = cluster
-        self.clients: dict[str, RemoteClient] = {}
-        self.reconnect_timeout_s = reconnect_timeout_s
-
-    def at(self, address: str) -> RemoteClient:
-        if address not in self.clients:
-            self.clients[address] = RemoteClient(
-                f"pulsartxn://{address}", reconnect_timeout_s=self.reconnect_timeout_s
-            )
-        return self.clients[address]
 
     @property
     def any(self) -> RemoteClient:
         return self.at(self.cluster.addresses[0])
 
-    def owner(self, kind: str, name) -> str:
-        return self.any._json("lookup", {"kind": kind, "name": name})["address"]
-
     def transaction(self, coordinator_id: int = 0, **kwargs):
         """A transaction at its coordinator's broker: (handle, that broker's address)."""
         address = self.owner("coordinator", coordinator_id)
         return self.at(address).new_transaction(coordinator_id=coordinator_id, **kwargs), address
-
-    def handle(self, txn, address: str):
-        """`txn` as the broker at `address` uses it (with its capability)."""
-        if self.at(address) is txn._client:
-            return txn
-        return self.at(address).transaction(txn.id, txn.capability)
-
-    def close(self) -> None:
-        for c in self.clients.values():
-            c.close()
 
 
 @pytest.fixture
