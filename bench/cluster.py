@@ -26,6 +26,7 @@ import statistics
 import tempfile
 import time
 
+import pulsartxn
 from pulsartxn.cluster import LocalCluster
 from pulsartxn.torture_cluster import PerBroker
 
@@ -81,7 +82,9 @@ def _worker(addresses, i, coordinators, batch, seconds, start, out):
     mine = view["coordinators"].get(at_dst, [])
     cid = mine[i % len(mine)] if mine else i % coordinators
     home = brokers.owner("coordinator", cid)
-    consumer = brokers.at(src_at).subscribe(src, "pipe")
+    consumer = brokers.at(src_at).subscribe(
+        src, "pipe", initial_position=pulsartxn.InitialPosition.Earliest
+    )
     producer = brokers.at(dst_at).create_producer(dst)
     start.wait()
     deadline = time.monotonic() + seconds

@@ -50,7 +50,7 @@ def test_scan(benchmark, client, values):
 
 def test_receive_acknowledge(benchmark, client, values):
     producer = client.create_producer("t")
-    consumer = client.subscribe("t", "s")
+    consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
 
     def setup():
         producer.send_batch(values[:5000])

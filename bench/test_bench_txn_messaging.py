@@ -108,7 +108,11 @@ def test_receive_read_committed(benchmark, client, values, abort_every):
     names = itertools.count()
 
     def setup():
-        return (client.subscribe("rc", f"s{next(names)}"),), {}
+        return (
+            client.subscribe(
+                "rc", f"s{next(names)}", initial_position=pulsartxn.InitialPosition.Earliest
+            ),
+        ), {}
 
     def run(consumer):
         for _ in range(expect):
@@ -129,7 +133,11 @@ def test_receive_acknowledge(benchmark, client, values, txn):
     names = itertools.count()
 
     def setup():
-        return (client.subscribe("a", f"s{next(names)}"),), {}
+        return (
+            client.subscribe(
+                "a", f"s{next(names)}", initial_position=pulsartxn.InitialPosition.Earliest
+            ),
+        ), {}
 
     def run(consumer):
         for _ in range(n // PER_TXN):

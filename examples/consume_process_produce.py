@@ -191,7 +191,10 @@ def main(argv: list[str] | None = None) -> int:
 
         consumers = [
             client.subscribe(
-                topic, SUBSCRIPTION, subscription_type=pulsartxn.ConsumerType.Exclusive
+                topic,
+                SUBSCRIPTION,
+                subscription_type=pulsartxn.ConsumerType.Exclusive,
+                initial_position=pulsartxn.InitialPosition.Earliest,
             )
             for topic in INPUTS
         ]

@@ -12,6 +12,7 @@ from .client import Client
 from .errors import *  # noqa: F403 - the hierarchy, listed once (errors.__all__)
 from .messaging.consumer import ConsumerType, InitialPosition, Isolation
 from .messaging.message import Message, MessageId
+from .messaging.producer import BatchingType, CompressionType, Result
 from .txn.state import TxnState
 from .txn.transaction import Transaction
 
@@ -22,11 +23,14 @@ __all__ = [
     "TxnID",
     "Broker",
     "Client",
+    "BatchingType",
+    "CompressionType",
     "ConsumerType",
     "InitialPosition",
     "Isolation",
     "Message",
     "MessageId",
+    "Result",
     "Transaction",
     "TxnState",
     *_errors.__all__,

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from .errors import PulsarTxnError, excerpt
+from ._native import TxnID
+from ._native.keywords import strict_class
+from .errors import InvalidConfiguration, PulsarTxnError, excerpt
 from .txn.transaction import as_txn_id
 
 
+@strict_class
 class Admin:
+    """``broker.admin`` (also ``client.admin``): stats and coordinator management; the remote
+    and cluster clients' admins have the same methods."""
+
     def __init__(self, broker) -> None:
         self._broker = broker
 
@@ -82,7 +88,7 @@ class Admin:
         stats["decision_errors"] = list(service.groups.errors)
         return stats
 
-    def transaction_metadata(self, txn_id) -> dict:
+    def transaction_metadata(self, txn_id: TxnID | str | int) -> dict:
         """State, timeout, open time, produced partitions and acked subscriptions of a live
         transaction; state only (``{"txn_id", "state"}``) for one recently finished."""
         self._broker.check_open()
@@ -138,3 +144,23 @@ class Admin:
         else:
             out["partitions"] = per
         return out
+
+    # -- a cluster's views (docs/cluster.md): a standalone broker has none ------------------
+
+    def cluster(self) -> dict:
+        """Live brokers and the owners of bundles and coordinators (a cluster's only)."""
+        raise _standalone("cluster")
+
+    def cluster_transactions(self, min_open_ms: float = 0) -> list[dict]:
+        """Every live broker's transactions open at least min_open_ms (a cluster's only)."""
+        raise _standalone("cluster_transactions")
+
+    def cluster_coordinators(self) -> list[dict]:
+        """The coordinators each broker serves (a cluster's only)."""
+        raise _standalone("cluster_coordinators")
+
+
+def _standalone(call: str) -> InvalidConfiguration:
+    return InvalidConfiguration(
+        f"admin.{call}() needs a broker cluster (docs/cluster.md); this broker is standalone"
+    )

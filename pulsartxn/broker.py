@@ -12,6 +12,7 @@ import time
 import weakref
 
 from ._native import FlushTimer
+from ._native.keywords import strict_class
 from .admin import Admin
 from .client import Client
 from .config import BrokerConfig
@@ -98,6 +99,7 @@ class _BatchFlusher:
         self._thread.join()
 
 
+@strict_class
 class Broker:
     """``Broker(data_dir, ...)``: an embedded broker on an LMDB data directory."""
 

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import threading
 import weakref
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
+import pyarrow as pa
 
+from ._native import TxnID
+from ._native.keywords import strict_class
+from .admin import Admin
 from .errors import AlreadyClosed, ProducerBusy, excerpt
 from .messaging.consumer import (
     Consumer,
@@ -15,27 +21,46 @@ from .messaging.consumer import (
     InitialPosition,
     Isolation,
     check_subscribe_enums,
+    resolve_subscription_type,
 )
-from .messaging.message import MessageId
-from .messaging.producer import Producer
+from .messaging.listener import check_listener, start_listener
+from .messaging.message import Message, MessageId
+from .messaging.producer import BatchingType, CompressionType, Producer, check_producer_options
 from .messaging.topic_name import check_keyed_name
-from .remote import connect
+from .remote import ClusterClient, RemoteClient, connect
 from .txn.log import IN_PROCESS
 from .txn.transaction import Transaction, as_txn_id
 
 SCAN_ENTRIES = 1024
 
 
-class Client:
-    """``broker.client()`` (in process) or ``Client("pulsartxn://host:port")`` (network issue)."""
+@strict_class
+class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abstract
+    """``broker.client()`` (in process) or ``Client("pulsartxn://host:port")`` (network issue).
 
-    def __new__(cls, service_url: str | None = None, token: str | None = None, **kwargs):
+    The remote and cluster clients are registered subclasses: ``isinstance(c, Client)`` holds
+    for all three, and they offer the same methods with the same signatures."""
+
+    def __new__(
+        cls,
+        service_url: str | None = None,
+        token: str | None = None,
+        reconnect_timeout_s: float = 30.0,
+        keepalive_s: float = 1.0,
+        tls_trust_certs_file_path: str | None = None,
+    ) -> Client:
         """``Client("pulsartxn://host:port", token=None)``: a remote client (the same API over
         the network service), of a cluster with ``pulsartxn://h1:p1,h2:p2,...`` (or one of its
         brokers); ``broker.client()`` gives the in-process one."""
         if service_url is None:
             return super().__new__(cls)
-        return connect(service_url, token, **kwargs)
+        return connect(
+            service_url,
+            token,
+            reconnect_timeout_s=reconnect_timeout_s,
+            keepalive_s=keepalive_s,
+            tls_trust_certs_file_path=tls_trust_certs_file_path,
+        )
 
     @classmethod
     def _embedded(cls, broker, session: str | None = None) -> Client:
@@ -50,7 +75,7 @@ class Client:
         return self
 
     @property
-    def admin(self):
+    def admin(self) -> Admin:
         return self.broker.admin
 
     def _check_open(self) -> None:
@@ -67,7 +92,7 @@ class Client:
             txn = self.transaction(txn)
         elif txn._service is not self.broker.txn:
             raise ValueError(f"transaction {txn.id} belongs to another broker")
-        txn.check_open("produce or acknowledge")
+        txn._check_open("produce or acknowledge")
         return txn
 
     # -- producers -------------------------------------------------------------------------
@@ -80,7 +105,24 @@ class Client:
         batching_max_messages: int | None = None,
         batching_max_allowed_size_in_bytes: int | None = None,
         batching_max_publish_delay_ms: float | None = None,
+        send_timeout_millis: int = 30_000,
+        block_if_queue_full: bool = False,
+        max_pending_messages: int = 1000,
+        compression_type: CompressionType = CompressionType.NONE,
+        batching_type: BatchingType = BatchingType.Default,
+        chunking_enabled: bool = False,
     ) -> Producer:
+        """A producer on `topic`. pulsar-client's send_timeout_millis, block_if_queue_full,
+        max_pending_messages, compression_type, batching_type and chunking_enabled are
+        checked and mean what docs/API.md ("Differences from pulsar-client") says."""
+        check_producer_options(
+            send_timeout_millis,
+            block_if_queue_full,
+            max_pending_messages,
+            compression_type,
+            batching_type,
+            chunking_enabled,
+        )
         self._check_open()
         if producer_name is not None:
             check_keyed_name("producer_name", producer_name)
@@ -129,15 +171,23 @@ class Client:
         self,
         topic: str,
         subscription_name: str,
-        subscription_type: ConsumerType = ConsumerType.Exclusive,
-        initial_position: InitialPosition = InitialPosition.Earliest,
+        subscription_type: ConsumerType | None = None,
+        initial_position: InitialPosition = InitialPosition.Latest,
         isolation: Isolation = Isolation.READ_COMMITTED,
         consumer_name: str | None = None,
         negative_ack_redelivery_delay_ms: int = 60_000,
         receiver_queue_size: int | None = None,
+        consumer_type: ConsumerType | None = None,
+        message_listener: Callable[[Consumer, Message], None] | None = None,
     ) -> Consumer:
-        """receiver_queue_size: the most messages one batch_receive takes (default: the
-        broker's, 1000), capped to the broker's max_receiver_queue_size."""
+        """A consumer of `subscription_name` on `topic` (Exclusive unless `subscription_type`,
+        or pulsar-client's `consumer_type`, says otherwise; a new subscription starts at the
+        Latest message unless `initial_position` says Earliest). receiver_queue_size: the most
+        messages one batch_receive takes (default: the broker's, 1000), capped to the
+        broker's max_receiver_queue_size. message_listener(consumer, message): called per
+        message on a listener thread (receive() is then refused)."""
+        subscription_type = resolve_subscription_type(subscription_type, consumer_type)
+        check_listener(message_listener)
         self._check_open()
         check_keyed_name("subscription_name", subscription_name)
         if consumer_name is not None:
@@ -177,6 +227,8 @@ class Client:
                 cfg.dispatch_max_bytes,
             )
         self._consumers.add(consumer)
+        if message_listener is not None:
+            start_listener(consumer, message_listener)
         return consumer
 
     def _consumer_closed(self, consumer: Consumer) -> None:
@@ -203,7 +255,7 @@ class Client:
         self,
         timeout_ms: int | None = None,
         coordinator_id: int | None = None,
-        group=None,
+        group: str | None = None,
         group_capability: str | None = None,
     ) -> Transaction:
         """Begin a transaction. (`group_capability`: what a network session needs to join a
@@ -212,7 +264,7 @@ class Client:
         meta = self.broker.txn.new_transaction(timeout_ms, coordinator_id, group, self._owner)
         return Transaction(self, self.broker.txn, meta.txn_id, counted=True)
 
-    def transaction(self, txn_id, capability: str | None = None) -> Transaction:
+    def transaction(self, txn_id: TxnID | str | int, capability: str | None = None) -> Transaction:
         """A handle on an existing transaction by id (TxnID, its str or its int). (An
         in-process client is trusted: the `capability` a network session needs is not.)"""
         self._check_open()
@@ -221,7 +273,7 @@ class Client:
         service.check_known(tid)  # CoordinatorNotFound / TransactionNotFound
         return Transaction(self, service, tid, counted=False)
 
-    def commit_all(self, txns) -> None:
+    def commit_all(self, txns: Iterable[Transaction | TxnID]) -> None:
         """Commit the transactions as one atomic unit: one log record decides all of them;
         if any one is not OPEN, the call fails and nothing is committed."""
         self._check_open()
@@ -235,7 +287,11 @@ class Client:
         return None
 
     def commit_group(
-        self, group: str, winners, idempotency_key=None, group_capability: str | None = None
+        self,
+        group: str,
+        winners: Iterable[Transaction | TxnID],
+        idempotency_key: tuple[str, int] | None = None,
+        group_capability: str | None = None,
     ) -> dict:
         """Commit exactly `winners` and abort every other transaction labelled `group`, in one
         decision. With idempotency_key=(app_id, version), a key whose version was already
@@ -256,7 +312,7 @@ class Client:
 
     def scan(
         self, topic: str, start: int | MessageId | None = None, end: int | MessageId | None = None
-    ):
+    ) -> Iterator[pa.RecordBatch]:
         """Read-only, columnar read of a topic as pyarrow RecordBatches; moves no cursor.
 
         start/end: entry ids (end exclusive) applied to every partition, or MessageIds
@@ -273,6 +329,20 @@ class Client:
             bounds.append((part, lo, min(hi, stop)))
         return _scan(bounds)
 
+    def create_topic(self, topic: str, partitions: int = 0) -> None:
+        """Create `topic` with `partitions` partitions (0: non-partitioned)."""
+        self._check_open()
+        self.broker.create_topic(topic, partitions)
+
+    def topic_partitions(self, topic: str) -> list[str]:
+        """The partitions' names of `topic` (or [topic] when it is not partitioned)."""
+        self._check_open()
+        return self.broker.topic_partitions(topic)
+
+    def get_topic_partitions(self, topic: str) -> list[str]:
+        """pulsar-client's name of topic_partitions."""
+        return self.topic_partitions(topic)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -288,8 +358,14 @@ class Client:
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# One type family (docs/API.md): the network clients and their handles are registered as
+# virtual subclasses, as they live in the remote layer, below this one.
+Client.register(RemoteClient)
+Client.register(ClusterClient)
 
 
 def _check_group(group) -> None:
@@ -303,8 +379,8 @@ def _flush_for_commit(txns) -> dict:
     expected = {}
     for t in txns:
         if isinstance(t, Transaction):
-            t.flush_for_commit()
-            counts = t.counts()
+            t._flush_for_commit()
+            counts = t._counts()
             if counts is not None:
                 expected[t.id] = counts
     return expected

@@ -36,7 +36,10 @@ def run_demo(
             broker.create_topic(ORDERS, partitions=4)
         client = broker.client()
         processor = client.subscribe(
-            ORDERS, SUBSCRIPTION, subscription_type=pulsartxn.ConsumerType.Shared
+            ORDERS,
+            SUBSCRIPTION,
+            subscription_type=pulsartxn.ConsumerType.Shared,
+            initial_position=pulsartxn.InitialPosition.Earliest,
         )
         first_id = broker.admin.topic_stats(ORDERS)["messages"]
         start = time.perf_counter()

@@ -171,7 +171,10 @@ def _worker_txn(client, args, rec, stop, pacer):
 
 def _worker_pipeline(client, args, rec, stop, pacer):
     consumer = client.subscribe(
-        args.topic, args.subscription, subscription_type=pulsartxn.ConsumerType.Shared
+        args.topic,
+        args.subscription,
+        subscription_type=pulsartxn.ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
     )
     producer = client.create_producer(args.output)
     size = max(args.txn_size, 1)

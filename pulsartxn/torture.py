@@ -65,7 +65,11 @@ def _worker(broker, journal: Journal, w: int, seed: int) -> None:
     rng = random.Random(seed * 1000 + w)
     client = broker.client()
     consumer = client.subscribe(
-        IN, SUB, subscription_type=pulsartxn.ConsumerType.Shared, consumer_name=f"w{w}"
+        IN,
+        SUB,
+        subscription_type=pulsartxn.ConsumerType.Shared,
+        consumer_name=f"w{w}",
+        initial_position=pulsartxn.InitialPosition.Earliest,
     )
     producers = {t: client.create_producer(t) for t in (OUT, OUT2)}
     n = 0

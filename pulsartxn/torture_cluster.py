@@ -28,6 +28,7 @@ import zlib
 
 from . import errors
 from .cluster import LocalCluster
+from .messaging.consumer import InitialPosition
 from .remote import RemoteClient
 from .remote.handles import RemoteTransaction
 
@@ -147,7 +148,7 @@ def _subscribe(client: RemoteClient, part: str, timeout_s: float = 60.0):
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            return client.subscribe(part, SUB)
+            return client.subscribe(part, SUB, initial_position=InitialPosition.Earliest)
         except errors.ConsumerBusy:
             if time.monotonic() > deadline:
                 raise
@@ -176,7 +177,9 @@ def _spawn(addresses, journal: str, seconds: float) -> subprocess.Popen:
 def _read_outputs(brokers: PerBroker, tag: str) -> list[bytes]:
     got = []
     for part in brokers.at(brokers.addresses[0]).topic_partitions(OUT):
-        consumer = brokers.at(brokers.owner("partition", part)).subscribe(part, f"check-{tag}")
+        consumer = brokers.at(brokers.owner("partition", part)).subscribe(
+            part, f"check-{tag}", initial_position=InitialPosition.Earliest
+        )
         while True:
             msgs = consumer.batch_receive(1000, 500)
             if not msgs:

@@ -36,8 +36,12 @@ def test_huge_inputs_are_not_echoed_back(tmp_path):
         txn = client.new_transaction()
         calls = [
             lambda: client.create_producer(HUGE),
-            lambda: client.subscribe(HUGE, "s"),
-            lambda: client.subscribe("t", HUGE),
+            lambda: client.subscribe(
+                HUGE, "s", initial_position=pulsartxn.InitialPosition.Earliest
+            ),
+            lambda: client.subscribe(
+                "t", HUGE, initial_position=pulsartxn.InitialPosition.Earliest
+            ),
             lambda: client.create_producer("t", producer_name=HUGE),
             lambda: broker.create_topic("persistent://" + HUGE),
             lambda: producer.send(b"x", properties={"k": HUGE, "n": 1}),

@@ -78,7 +78,7 @@ def run_pulsartxn(
     with pulsartxn.Broker(path, sync=True, durable_begin=durable_begin) as broker:
         client = broker.client()
         client.create_producer("in").send_batch(payloads)
-        consumer = client.subscribe("in", "fn")
+        consumer = client.subscribe("in", "fn", initial_position=pulsartxn.InitialPosition.Earliest)
         out = client.create_producer("out")
         lat, done = [], 0
         start = time.perf_counter()

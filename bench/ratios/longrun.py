@@ -66,7 +66,12 @@ def _behind_an_unacked_message(tmp: str, n: int) -> Row:
         for _ in range(n + 1):
             producer.send_async(b"x" * 10)
         producer.flush()
-        consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+        consumer = client.subscribe(
+            "t",
+            "s",
+            subscription_type=ConsumerType.Shared,
+            initial_position=pulsartxn.InitialPosition.Earliest,
+        )
         consumer.receive()  # never acknowledged
         quarters = []
         for _ in range(4):
@@ -108,6 +113,7 @@ def _in_flight(tmp: str, many: int, timed_acks: int) -> Row:
                 "s",
                 subscription_type=ConsumerType.Shared,
                 receiver_queue_size=in_flight + timed_acks,
+                initial_position=pulsartxn.InitialPosition.Earliest,
             )
             consumer.batch_receive(in_flight + timed_acks, 1000)
             consumer.redeliver_unacknowledged_messages()  # each one now has a count too
@@ -133,7 +139,11 @@ def _open_transactions(tmp: str, many: int) -> Row:
             client = broker.client()
             client.create_producer("t").send_batch([b"x" * 10] * open_txns)
             consumer = client.subscribe(
-                "t", "s", subscription_type=ConsumerType.Shared, receiver_queue_size=open_txns
+                "t",
+                "s",
+                subscription_type=ConsumerType.Shared,
+                receiver_queue_size=open_txns,
+                initial_position=pulsartxn.InitialPosition.Earliest,
             )
             txns = []
             for m in consumer.batch_receive(open_txns, 1000):

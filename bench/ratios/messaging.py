@@ -148,7 +148,9 @@ def measure(quick: bool = False) -> list[Row]:
                 )
             )
 
-            consumer = client.subscribe("single", "bench")
+            consumer = client.subscribe(
+                "single", "bench", initial_position=pulsartxn.InitialPosition.Earliest
+            )
 
             def consume():
                 for _ in range(n_consume):
@@ -166,7 +168,9 @@ def measure(quick: bool = False) -> list[Row]:
                     None,
                 )
             )
-            c2 = client.subscribe("single", "bench-batch")
+            c2 = client.subscribe(
+                "single", "bench-batch", initial_position=pulsartxn.InitialPosition.Earliest
+            )
 
             def consume_batches():
                 got = 0

@@ -232,7 +232,9 @@ def _read_rows(client, values: list[bytes], n_txns: int, rounds: int) -> list[Ro
 
     def receive(topic):
         def run():
-            consumer = client.subscribe(topic, f"recv-{next(subs)}")
+            consumer = client.subscribe(
+                topic, f"recv-{next(subs)}", initial_position=pulsartxn.InitialPosition.Earliest
+            )
             for _ in range(expect[topic]):
                 consumer.receive(1000)
             consumer.close()
@@ -241,7 +243,9 @@ def _read_rows(client, values: list[bytes], n_txns: int, rounds: int) -> list[Ro
 
     def batch_receive(topic):
         def run():
-            consumer = client.subscribe(topic, f"batch-{next(subs)}")
+            consumer = client.subscribe(
+                topic, f"batch-{next(subs)}", initial_position=pulsartxn.InitialPosition.Earliest
+            )
             got = 0
             while got < expect[topic]:
                 got += len(consumer.batch_receive(1000, 1000))
@@ -293,13 +297,17 @@ def _ack_rows(client, values: list[bytes], n_acks: int, rounds: int) -> list[Row
     subs = iter(range(1 << 30))
 
     def plain():
-        consumer = client.subscribe("acks", f"plain-{next(subs)}")
+        consumer = client.subscribe(
+            "acks", f"plain-{next(subs)}", initial_position=pulsartxn.InitialPosition.Earliest
+        )
         for _ in range(n_acks):
             consumer.acknowledge(consumer.receive(1000))
         consumer.close()
 
     def in_txn():
-        consumer = client.subscribe("acks", f"txn-{next(subs)}")
+        consumer = client.subscribe(
+            "acks", f"txn-{next(subs)}", initial_position=pulsartxn.InitialPosition.Earliest
+        )
         for _ in range(n_acks // PER_TXN):
             txn = client.new_transaction()
             for _ in range(PER_TXN):
@@ -308,7 +316,9 @@ def _ack_rows(client, values: list[bytes], n_acks: int, rounds: int) -> list[Row
         consumer.close()
 
     def plain_batch():
-        consumer = client.subscribe("acks", f"bplain-{next(subs)}")
+        consumer = client.subscribe(
+            "acks", f"bplain-{next(subs)}", initial_position=pulsartxn.InitialPosition.Earliest
+        )
         got = 0
         while got < n_acks:
             msgs = consumer.batch_receive(PER_TXN, 1000)
@@ -318,7 +328,9 @@ def _ack_rows(client, values: list[bytes], n_acks: int, rounds: int) -> list[Row
         consumer.close()
 
     def txn_batch():
-        consumer = client.subscribe("acks", f"btxn-{next(subs)}")
+        consumer = client.subscribe(
+            "acks", f"btxn-{next(subs)}", initial_position=pulsartxn.InitialPosition.Earliest
+        )
         got = 0
         while got < n_acks:
             txn = client.new_transaction()

@@ -45,11 +45,12 @@ class PartitionProducer:
     def send_async(
         self,
         content: Any,
+        callback: Callable[[Any, Any], None] | None = None,
         properties: dict[str, str] | None = None,
         partition_key: str | None = None,
         sequence_id: int | None = None,
         txn: Any = None,
-        callback: Any = None,
+        **more: Any,
     ) -> Future: ...
     def add(
         self,

@@ -166,10 +166,14 @@ cdef class PartitionProducer:
         self.txn_last = None
         self.txn_batch = None
 
-    def send_async(self, content, properties=None, partition_key=None, sequence_id=None,
-                   txn=None, callback=None):
+    def send_async(self, content, callback=None, properties=None, partition_key=None,
+                   sequence_id=None, txn=None, **more):
         """Producer.send_async of a one-partition producer: the plain case here, the rest
-        (validation, keys, properties, sequence ids, callbacks, errors) in the producer."""
+        (validation, keys, properties, sequence ids, callbacks, errors, keywords it does not
+        name: the producer's method says which it takes) in the producer."""
+        if more:
+            return type(self.producer).send_async(self.producer, content, callback, properties,
+                                                  partition_key, sequence_id, txn, **more)
         if (
             type(content) is bytes
             and properties is None

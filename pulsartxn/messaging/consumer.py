@@ -7,6 +7,7 @@ import itertools
 import threading
 import time
 
+from .._native.keywords import strict_class
 from ..errors import (
     AlreadyClosed,
     InvalidConfiguration,
@@ -16,6 +17,7 @@ from ..errors import (
     excerpt,
 )
 from ..txn.log import IN_PROCESS
+from .listener import MessageListener
 from .message import Message, MessageId
 from .subscription import EXCLUSIVE, FAILOVER, SHARED, Subscription
 
@@ -64,10 +66,34 @@ def check_subscribe_enums(**values) -> None:
             raise TypeError(f"{name} must be {article} {kind.__name__}, not {excerpt(value)}")
 
 
+def resolve_subscription_type(
+    subscription_type: ConsumerType | None, consumer_type: ConsumerType | None
+) -> ConsumerType:
+    """subscribe's type: `subscription_type` or pulsar-client's name for it, `consumer_type`
+    (not both); Exclusive when neither is given."""
+    if subscription_type is not None and consumer_type is not None:
+        raise TypeError(
+            "subscribe() got both subscription_type and consumer_type (pulsar-client's name "
+            "for it): give one"
+        )
+    chosen = consumer_type if consumer_type is not None else subscription_type
+    if chosen is None:
+        return ConsumerType.Exclusive
+    if not isinstance(chosen, ConsumerType):
+        name = "consumer_type" if consumer_type is not None else "subscription_type"
+        raise TypeError(f"{name} must be a ConsumerType, not {excerpt(chosen)}")
+    return chosen
+
+
 _names = itertools.count()
 
 
+@strict_class
 class Consumer:
+    """``client.subscribe(topic, subscription, ...)``: receive and acknowledge messages."""
+
+    _listener: MessageListener | None = None  # with a message_listener, it receives
+
     def __init__(
         self,
         client,
@@ -237,6 +263,8 @@ class Consumer:
 
     def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; raises Timeout when none arrives within timeout_millis."""
+        if self._listener is not None:
+            self._listener.refuse("receive")
         self._check_open()
         check_count("timeout_millis", timeout_millis, least=0, optional=True)
         msg = self._poll()
@@ -255,6 +283,8 @@ class Consumer:
         """Up to max_num_messages, waiting at most timeout_millis for them to arrive. One call
         takes at most the receiver queue size and the broker's dispatch_max_bytes of message
         data (a larger message comes alone): callers loop for more."""
+        if self._listener is not None:
+            self._listener.refuse("batch_receive")
         self._check_open()
         check_count("max_num_messages", max_num_messages, least=1)
         check_count("timeout_millis", timeout_millis, least=0)
@@ -328,15 +358,15 @@ class Consumer:
         name = (sub.partition.topic, sub.name)
         # The subscription's registration with the coordinator rides in the pending-ack log
         # write of these acks (or in the commit), not in a write of its own.
-        registration = txn.stage_subscription(name)
+        registration = txn._stage_subscription(name)
         try:
             sub.pending_ack.ack(txn.id, entry_id, batch_index, batch_size, cumulative, registration)
         except TransactionConflict as exc:
             txn._failed(exc)
             raise
         if registration is not None:
-            txn.subscriptions.add(name)
-        txn.ack_counts[name] = txn.ack_counts.get(name, 0) + 1
+            txn._subscriptions.add(name)
+        txn._ack_counts[name] = txn._ack_counts.get(name, 0) + 1
         if self._store_acks:
             sub.pending_ack.store(txn.id)
         return name
@@ -366,6 +396,8 @@ class Consumer:
             sub.wait_persisted()
         self._wake()
         self._client._consumer_closed(self)
+        if self._listener is not None:
+            self._listener.stop()
 
     def is_connected(self) -> bool:
         return not self._closed

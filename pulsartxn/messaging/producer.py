@@ -10,16 +10,20 @@ transaction's messages wait in batches of their own (``txn_batches.py``).
 
 from __future__ import annotations
 
+import enum
 import itertools
 import time
 import zlib
+from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from .._native import PartitionProducer, value_sizes
+from .._native.keywords import strict_class
 from .._native.types import MAX_SEQUENCE_ID, sequences_used_up
 from ..errors import AlreadyClosed, MessageTooBig, excerpt
 from ..txn.log import IN_PROCESS
@@ -47,6 +51,97 @@ def check_sequence_id(sequence_id) -> None:
         )
 
 
+class Result(enum.Enum):
+    """What a send_async callback gets first on success, as pulsar-client's ``Result.Ok``
+    (on failure it gets the exception)."""
+
+    Ok = "Ok"
+
+
+class CompressionType(enum.Enum):
+    """pulsar-client's compression kinds; messages are stored uncompressed (NONE only)."""
+
+    NONE = "NONE"
+    LZ4 = "LZ4"
+    ZLib = "ZLib"
+    ZSTD = "ZSTD"
+    SNAPPY = "SNAPPY"
+
+
+class BatchingType(enum.Enum):
+    """pulsar-client's batch builders: Default only (KeyBased is not implemented)."""
+
+    Default = "Default"
+    KeyBased = "KeyBased"
+
+
+def check_producer_options(
+    send_timeout_millis: object,
+    block_if_queue_full: object,
+    max_pending_messages: object,
+    compression_type: object,
+    batching_type: object,
+    chunking_enabled: object,
+) -> None:
+    """pulsar-client's producer options, checked alike by every client (docs/API.md,
+    "Differences from pulsar-client" says what each means here); bad values raise."""
+    for name, value in (
+        ("send_timeout_millis", send_timeout_millis),
+        ("max_pending_messages", max_pending_messages),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, not {excerpt(value)}")
+    for name, value in (
+        ("block_if_queue_full", block_if_queue_full),
+        ("chunking_enabled", chunking_enabled),
+    ):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, not {excerpt(value)}")
+    if not isinstance(compression_type, CompressionType):
+        raise TypeError(
+            f"compression_type must be a CompressionType, not {excerpt(compression_type)}"
+        )
+    if compression_type is not CompressionType.NONE:
+        raise ValueError(
+            f"compression_type {compression_type.name} is not implemented: pulsartxn stores "
+            "messages uncompressed (CompressionType.NONE)"
+        )
+    if not isinstance(batching_type, BatchingType):
+        raise TypeError(f"batching_type must be a BatchingType, not {excerpt(batching_type)}")
+    if batching_type is not BatchingType.Default:
+        raise ValueError("batching_type KeyBased is not implemented: use BatchingType.Default")
+    if chunking_enabled:
+        raise ValueError(
+            "chunking_enabled=True is not implemented: a message is at most the broker's "
+            "max_message_size (MessageTooBig beyond)"
+        )
+
+
+def check_callback(callback: object) -> None:
+    """TypeError unless send_async's callback (its second argument, as pulsar-client's) is
+    None or callable."""
+    if callback is not None and not callable(callback):
+        raise TypeError(
+            "send_async's second argument is the callback(result, message_id), as "
+            f"pulsar-client's; not {excerpt(callback)} (properties= is a keyword)"
+        )
+
+
+def with_callback(fut: Future, callback: Callable[[object, object], None]) -> Future:
+    """Call ``callback(Result.Ok, message_id)`` once `fut` succeeds, ``(exception, None)``
+    if it fails."""
+
+    def done(f) -> None:
+        exc = f.exception()
+        if exc is None:
+            callback(Result.Ok, f.result())
+        else:
+            callback(exc, None)
+
+    fut.add_done_callback(done)
+    return fut
+
+
 def _is_local_txn(service, txn) -> bool:
     """`txn` is a Transaction of `service` (this broker's coordinators): one whose messages a
     partition's container may batch as they come."""
@@ -59,6 +154,7 @@ def _route(key: str | bytes, n: int) -> int:
     return zlib.crc32(raw) % n
 
 
+@strict_class
 class Producer(TransactionBatches):
     """``client.create_producer(topic, ...)``: send, send_async, send_batch, flush, close."""
 
@@ -155,14 +251,15 @@ class Producer(TransactionBatches):
 
     def send_async(
         self,
-        content,
-        properties=None,
-        partition_key=None,
-        sequence_id=None,
-        txn=None,
-        callback=None,
+        content: bytes,
+        callback: Callable[[Any, MessageId | None], None] | None = None,
+        properties: dict[str, str] | None = None,
+        partition_key: str | None = None,
+        sequence_id: int | None = None,
+        txn: Transaction | None = None,
     ) -> Future:
-        """Queue one message; the future gives its MessageId once it is durable.
+        """Queue one message; the future gives its MessageId once it is durable, and
+        ``callback(Result.Ok, message_id)`` (or ``(exception, None)``) is called then.
 
         The future is a MessageFuture, a light handle on its batch's shared outcome rather than
         a Future subclass: ``isinstance(fut, concurrent.futures.Future)`` is True (through its
@@ -178,14 +275,11 @@ class Producer(TransactionBatches):
     def _send_async(self, content, properties, partition_key, sequence_id, txn, callback) -> Future:
         if self._closed:
             self._check_open()
+        check_callback(callback)
         if txn is not None:
             content, properties = self._validate(content, properties, partition_key, sequence_id)
             fut = self._txn_add(txn, content, properties, partition_key, sequence_id)
-            if callback is not None:
-                fut.add_done_callback(
-                    lambda f: callback(f.exception(), None if f.exception() else f.result())
-                )
-            return fut
+            return fut if callback is None else with_callback(fut, callback)
         if (
             type(content) is not bytes
             or properties is not None
@@ -200,14 +294,15 @@ class Producer(TransactionBatches):
         else:
             part = self._part_for(partition_key)
         fut = part.add(content, properties, partition_key, sequence_id)
-        if callback is not None:
-            fut.add_done_callback(
-                lambda f: callback(f.exception(), None if f.exception() else f.result())
-            )
-        return fut
+        return fut if callback is None else with_callback(fut, callback)
 
     def send(
-        self, content, properties=None, partition_key=None, sequence_id=None, txn=None
+        self,
+        content: bytes,
+        properties: dict[str, str] | None = None,
+        partition_key: str | None = None,
+        sequence_id: int | None = None,
+        txn: Transaction | None = None,
     ) -> MessageId:
         """Send one message; durable when it returns."""
         self._check_open()
@@ -345,7 +440,7 @@ class Producer(TransactionBatches):
         staged = None
         if txn is not None:
             # The partition's registration with the coordinator rides in this write.
-            staged = txn.stage_partition(part.partition.topic)
+            staged = txn._stage_partition(part.partition.topic)
             try:
                 buffer.begin_append(txn.id)
             except BaseException:
@@ -364,7 +459,7 @@ class Producer(TransactionBatches):
             raise
         if txn is not None:
             topic = part.partition.topic
-            txn.send_counts[topic] = txn.send_counts.get(topic, 0) + len(rows)
+            txn._send_counts[topic] = txn._send_counts.get(topic, 0) + len(rows)
             fut.add_done_callback(lambda f: f.exception() and buffer.append_failed(txn.id))
             if ride:  # nobody waits for it: a failure leaves the transaction able only to abort
                 fut.add_done_callback(lambda f: f.exception() and txn._failed(f.exception()))

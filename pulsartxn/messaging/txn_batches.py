@@ -59,7 +59,7 @@ class TransactionBatches:
                 batch = self._txn_batches[key] = TxnBatch(part, txn, sequence_id)
                 batch.outcome.on_wait = _SendNow(self, key, batch)
                 part.txn_opened(txn, batch)
-                txn.add_producer(self)
+                txn._add_producer(self)
             fut = batch.add(content, properties, partition_key)
             if resent:
                 batch.resent = True
@@ -99,7 +99,7 @@ class TransactionBatches:
         staged = None
         try:
             # The partition's registration with the coordinator rides in this write.
-            staged = txn.stage_partition(partition.topic)
+            staged = txn._stage_partition(partition.topic)
             partition.buffer.begin_append(txn.id)
         except Exception as exc:  # noqa: BLE001 - every message of the batch gets it
             if staged is not None:
@@ -143,7 +143,7 @@ class TransactionBatches:
         op.held = self.client._owner == IN_PROCESS
         fut = partition.storage.submit(op, lazy=True)
         txn._riding.append((op, staged is not None, partition.topic))
-        txn.send_counts[partition.topic] = txn.send_counts.get(partition.topic, 0) + n
+        txn._send_counts[partition.topic] = txn._send_counts.get(partition.topic, 0) + n
         batch.inflight = fut
 
         def failed(f):

@@ -13,19 +13,25 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlparse
 
 import pyarrow.flight as flight
 
 from .. import errors
 from .._native import TxnID
+from .._native.keywords import strict_class
 from ..messaging.consumer import (
     ConsumerType,
     InitialPosition,
     Isolation,
     check_subscribe_enums,
+    resolve_subscription_type,
 )
-from ..messaging.message import MessageId
+from ..messaging.listener import check_listener, start_listener
+from ..messaging.message import Message, MessageId
+from ..messaging.producer import BatchingType, CompressionType, check_producer_options
 from ..server import protocol
 from ..server.protocol import SessionLost, frame, unframe
 from .consumer import RemoteConsumer
@@ -92,7 +98,7 @@ def _flush_handles(txns) -> None:
     """Handles' messages still batched client-side land before a decision commits them."""
     for t in txns:
         if isinstance(t, RemoteTransaction):
-            t.flush_for_commit()
+            t._flush_for_commit()
 
 
 def producer_options(
@@ -134,6 +140,7 @@ def subscribe_options(
     }
 
 
+@strict_class
 class RemoteClient:
     def __init__(
         self,
@@ -303,7 +310,22 @@ class RemoteClient:
         batching_max_messages: int | None = None,
         batching_max_allowed_size_in_bytes: int | None = None,
         batching_max_publish_delay_ms: float | None = None,
+        send_timeout_millis: int = 30_000,
+        block_if_queue_full: bool = False,
+        max_pending_messages: int = 1000,
+        compression_type: CompressionType = CompressionType.NONE,
+        batching_type: BatchingType = BatchingType.Default,
+        chunking_enabled: bool = False,
     ):
+        """A producer on `topic` (API.md, "Producing")."""
+        check_producer_options(
+            send_timeout_millis,
+            block_if_queue_full,
+            max_pending_messages,
+            compression_type,
+            batching_type,
+            chunking_enabled,
+        )
         options = producer_options(
             batching_enabled,
             batching_max_messages,
@@ -318,13 +340,19 @@ class RemoteClient:
         self,
         topic: str,
         subscription_name: str,
-        subscription_type: ConsumerType = ConsumerType.Exclusive,
-        initial_position: InitialPosition = InitialPosition.Earliest,
+        subscription_type: ConsumerType | None = None,
+        initial_position: InitialPosition = InitialPosition.Latest,
         isolation: Isolation = Isolation.READ_COMMITTED,
         consumer_name: str | None = None,
         negative_ack_redelivery_delay_ms: int = 60_000,
         receiver_queue_size: int | None = None,
+        consumer_type: ConsumerType | None = None,
+        message_listener: Callable[[Any, Message], None] | None = None,
     ):
+        """A consumer (API.md, "Consuming"); `consumer_type` is pulsar-client's name of
+        `subscription_type`, `message_listener(consumer, message)` runs on a listener thread."""
+        subscription_type = resolve_subscription_type(subscription_type, consumer_type)
+        check_listener(message_listener)
         opts = subscribe_options(
             subscription_type,
             initial_position,
@@ -335,6 +363,8 @@ class RemoteClient:
         )
         c = RemoteConsumer(self, topic, subscription_name, opts)
         self._objects.add(c)
+        if message_listener is not None:
+            start_listener(c, message_listener)
         return c
 
     def _capability_of(self, txn: str | None) -> str | None:
@@ -446,6 +476,10 @@ class RemoteClient:
     def create_topic(self, topic: str, partitions: int = 0) -> None:
         self._json("create_topic", {"topic": topic, "partitions": partitions})
 
+    def get_topic_partitions(self, topic: str) -> list[str]:
+        """pulsar-client's name of topic_partitions."""
+        return self.topic_partitions(topic)
+
     def topic_partitions(self, topic: str) -> list[str]:
         return self._json("topic_partitions", {"topic": topic})["partitions"]
 
@@ -472,18 +506,58 @@ class RemoteClient:
         self.close()
 
 
+@strict_class
 class RemoteAdmin:
-    _METHODS = protocol.ADMIN_METHODS + protocol.CLUSTER_ADMIN_METHODS
+    """``client.admin`` of a remote broker: the embedded Admin's methods, asked over the
+    network (they need the admin token when the server has one)."""
 
     def __init__(self, client: RemoteClient) -> None:
         self._client = client
 
-    def __getattr__(self, name):
-        if name not in self._METHODS:
-            raise AttributeError(name)
+    def _call(self, name: str, *args: Any) -> Any:
+        wire = [str(a) if isinstance(a, TxnID) else a for a in args]
+        return self._client._json("admin", {"method": name, "args": wire})["result"]
 
-        def call(*args):
-            args = [str(a) if isinstance(a, TxnID) else a for a in args]
-            return self._client._json("admin", {"method": name, "args": args})["result"]
+    def topic_stats(self, topic: str) -> dict:
+        """Messages and bytes in and out, storage size, and backlog per subscription."""
+        return self._call("topic_stats", topic)
 
-        return call
+    def coordinators(self) -> list[dict]:
+        """One line per coordinator: id, state, active transactions, low watermark."""
+        return self._call("coordinators")
+
+    def coordinator_stats(self, coordinator_id: int) -> dict:
+        """A coordinator's counters, latency, finalizing transactions and recovery."""
+        return self._call("coordinator_stats", coordinator_id)
+
+    def transaction_metadata(self, txn_id: TxnID | str | int) -> dict:
+        """State, timeout, open time, produced partitions and acked subscriptions."""
+        return self._call("transaction_metadata", txn_id)
+
+    def slow_transactions(self, min_open_ms: float) -> list[dict]:
+        """Live transactions open for at least min_open_ms, oldest first."""
+        return self._call("slow_transactions", min_open_ms)
+
+    def scale_coordinators(self, n: int) -> None:
+        """Grow the number of coordinators (shrinking is refused)."""
+        return self._call("scale_coordinators", n)
+
+    def transaction_buffer_stats(self, topic: str) -> dict:
+        """Max read position, ongoing and aborted transactions, last snapshot."""
+        return self._call("transaction_buffer_stats", topic)
+
+    def pending_ack_stats(self, topic: str, subscription: str) -> dict:
+        """Transactions holding acks, held entries, acks, log records and writes."""
+        return self._call("pending_ack_stats", topic, subscription)
+
+    def cluster(self) -> dict:
+        """Live brokers and the owners of bundles and coordinators (a cluster's only)."""
+        return self._call("cluster")
+
+    def cluster_transactions(self, min_open_ms: float = 0) -> list[dict]:
+        """Every live broker's transactions open at least min_open_ms (a cluster's only)."""
+        return self._call("cluster_transactions", min_open_ms)
+
+    def cluster_coordinators(self) -> list[dict]:
+        """The coordinators each broker serves (a cluster's only)."""
+        return self._call("cluster_coordinators")

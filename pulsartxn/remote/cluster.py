@@ -18,10 +18,21 @@ import threading
 import time
 import weakref
 import zlib
+from collections.abc import Callable
+from typing import Any
 
 from .. import errors
 from .._native import TxnID
-from ..messaging.consumer import ConsumerType, InitialPosition, Isolation
+from .._native.keywords import strict_class
+from ..messaging.consumer import (
+    ConsumerType,
+    InitialPosition,
+    Isolation,
+    resolve_subscription_type,
+)
+from ..messaging.listener import check_listener, start_listener
+from ..messaging.message import Message
+from ..messaging.producer import BatchingType, CompressionType, check_producer_options
 from ..messaging.topic_name import TopicName
 from ..server.protocol import SessionLost
 from .client import (
@@ -110,6 +121,7 @@ def connect(
     )
 
 
+@strict_class
 class ClusterClient:
     """API.md's client over a cluster of brokers (see the module's docstring). Made by
     :func:`connect`, from the connection to the first broker reached."""
@@ -295,7 +307,22 @@ class ClusterClient:
         batching_max_messages: int | None = None,
         batching_max_allowed_size_in_bytes: int | None = None,
         batching_max_publish_delay_ms: float | None = None,
+        send_timeout_millis: int = 30_000,
+        block_if_queue_full: bool = False,
+        max_pending_messages: int = 1000,
+        compression_type: CompressionType = CompressionType.NONE,
+        batching_type: BatchingType = BatchingType.Default,
+        chunking_enabled: bool = False,
     ):
+        """A producer on `topic` (API.md, "Producing")."""
+        check_producer_options(
+            send_timeout_millis,
+            block_if_queue_full,
+            max_pending_messages,
+            compression_type,
+            batching_type,
+            chunking_enabled,
+        )
         self._check_open()
         options = producer_options(
             batching_enabled,
@@ -312,13 +339,19 @@ class ClusterClient:
         self,
         topic: str,
         subscription_name: str,
-        subscription_type: ConsumerType = ConsumerType.Exclusive,
-        initial_position: InitialPosition = InitialPosition.Earliest,
+        subscription_type: ConsumerType | None = None,
+        initial_position: InitialPosition = InitialPosition.Latest,
         isolation: Isolation = Isolation.READ_COMMITTED,
         consumer_name: str | None = None,
         negative_ack_redelivery_delay_ms: int = 60_000,
         receiver_queue_size: int | None = None,
+        consumer_type: ConsumerType | None = None,
+        message_listener: Callable[[Any, Message], None] | None = None,
     ):
+        """A consumer (API.md, "Consuming"); `consumer_type` is pulsar-client's name of
+        `subscription_type`, `message_listener(consumer, message)` runs on a listener thread."""
+        subscription_type = resolve_subscription_type(subscription_type, consumer_type)
+        check_listener(message_listener)
         self._check_open()
         opts = subscribe_options(
             subscription_type,
@@ -331,6 +364,8 @@ class ClusterClient:
         full = TopicName.parse(topic).full if isinstance(topic, str) else topic
         c = ClusterConsumer(self, full, self._partitions(topic), subscription_name, opts)
         self._objects.add(c)
+        if message_listener is not None:
+            start_listener(c, message_listener)
         return c
 
     def new_transaction(
@@ -435,6 +470,10 @@ class ClusterClient:
     def create_topic(self, topic: str, partitions: int = 0) -> None:
         self._check_open()
         self._any(lambda c: c.create_topic(topic, partitions))
+
+    def get_topic_partitions(self, topic: str) -> list[str]:
+        """pulsar-client's name of topic_partitions."""
+        return self.topic_partitions(topic)
 
     def topic_partitions(self, topic: str) -> list[str]:
         self._check_open()

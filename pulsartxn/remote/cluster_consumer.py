@@ -11,7 +11,9 @@ import threading
 import time
 
 from .. import errors
+from .._native.keywords import strict_class
 from ..messaging.consumer import check_count
+from ..messaging.listener import MessageListener
 from ..messaging.message import Message, MessageId
 from .consumer import RemoteConsumer
 from .placed import Placed, quietly
@@ -73,6 +75,7 @@ class _PartConsumer(Placed, RemoteConsumer):
         self._follow(lambda: RemoteConsumer.unsubscribe(self))
 
 
+@strict_class
 class ClusterConsumer:
     """``client.subscribe(topic, ...)`` on a cluster: RemoteConsumer's API over a consumer
     per partition (one name on all). With several partitions, a fetcher per partition takes
@@ -80,6 +83,8 @@ class ClusterConsumer:
     order (as Pulsar's receiver queue); what is taken ahead and not handed out is dispatched
     to this consumer and unacknowledged, so the broker hands it out again when it closes,
     and a redelivery drops it here first."""
+
+    _listener: MessageListener | None = None  # with a message_listener, it receives
 
     def __init__(self, cluster, topic: str, partitions: list[str], subscription, options):
         self._topic = topic
@@ -220,6 +225,8 @@ class ClusterConsumer:
     # -- receiving ---------------------------------------------------------------------------
 
     def receive(self, timeout_millis=None) -> Message:
+        if self._listener is not None:
+            self._listener.refuse("receive")
         self._check_open()
         if len(self._parts) == 1:
             return self._parts[0].receive(timeout_millis)
@@ -240,6 +247,8 @@ class ClusterConsumer:
     def batch_receive(self, max_num_messages=1000, timeout_millis=100) -> list[Message]:
         """Up to max_num_messages (at most receiver_queue_size), waiting at most
         timeout_millis for them."""
+        if self._listener is not None:
+            self._listener.refuse("batch_receive")
         self._check_open()
         if len(self._parts) == 1:
             return self._parts[0].batch_receive(max_num_messages, timeout_millis)
@@ -345,6 +354,8 @@ class ClusterConsumer:
             self._cond.notify_all()
         for part in self._parts:
             quietly(part.close)
+        if self._listener is not None:
+            self._listener.stop()
 
     def __enter__(self):
         return self

@@ -9,13 +9,18 @@ from __future__ import annotations
 import itertools
 import threading
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from .. import errors
+from .._native.keywords import strict_class
+from ..messaging.message import MessageId
 from ..messaging.producer import _route as route_key
-from ..messaging.producer import check_sequence_id
+from ..messaging.producer import check_callback, check_sequence_id
+from .handles import RemoteTransaction
 from .placed import Placed, quietly
 from .producer import RemoteProducer
 
@@ -82,6 +87,7 @@ class _PartProducer(Placed, RemoteProducer):
         self._follow(lambda: RemoteProducer.flush(self))
 
 
+@strict_class
 class ClusterProducer:
     """``client.create_producer(topic)`` on a cluster: RemoteProducer's API, one producer
     per partition under one name (de-duplication is per partition and name)."""
@@ -141,17 +147,18 @@ class ClusterProducer:
 
     def send_async(
         self,
-        content,
-        properties=None,
-        partition_key=None,
-        sequence_id=None,
-        txn=None,
-        callback=None,
+        content: bytes,
+        callback: Callable[[Any, MessageId | None], None] | None = None,
+        properties: dict[str, str] | None = None,
+        partition_key: str | None = None,
+        sequence_id: int | None = None,
+        txn: RemoteTransaction | None = None,
     ):
         self._check_open()
         content = _validate(content, properties, partition_key, sequence_id)
+        check_callback(callback)
         return self._part_for(partition_key).send_async(
-            content, properties, partition_key, sequence_id, txn, callback
+            content, callback, properties, partition_key, sequence_id, txn
         )
 
     def _split(self, values, keys):

@@ -7,14 +7,21 @@ import time
 import pyarrow.flight as flight
 
 from .. import errors
+from .._native.keywords import strict_class
 from ..messaging.consumer import check_count
+from ..messaging.listener import MessageListener
 from ..messaging.message import Message, MessageId
 from ..server import protocol
 from ..server.protocol import SessionLost, frame, unframe
 from .handles import Handle, RemoteTransaction, mid_hex, txn_str, unreachable
 
 
+@strict_class
 class RemoteConsumer(Handle):
+    """``client.subscribe(...)`` on a remote broker: receive and acknowledge messages."""
+
+    _listener: MessageListener | None = None  # with a message_listener, it receives
+
     def __init__(self, client, topic, subscription, options) -> None:
         super().__init__(client)
         self._topic = topic
@@ -43,6 +50,8 @@ class RemoteConsumer(Handle):
 
     def receive(self, timeout_millis=None) -> Message:
         """The server waits at most its MAX_WAIT_MS a call: a longer wait asks again."""
+        if self._listener is not None:
+            self._listener.refuse("receive")
         check_count("timeout_millis", timeout_millis, least=0, optional=True)
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
         while True:
@@ -57,6 +66,8 @@ class RemoteConsumer(Handle):
 
     def batch_receive(self, max_num_messages=1000, timeout_millis=100) -> list[Message]:
         """Dispatch as a DoGet stream of record batches of about 4 MiB each."""
+        if self._listener is not None:
+            self._listener.refuse("batch_receive")
         check_count("max_num_messages", max_num_messages, least=1)
         check_count("timeout_millis", timeout_millis, least=0)
         client = self._client
@@ -107,7 +118,7 @@ class RemoteConsumer(Handle):
         )
         if isinstance(txn, RemoteTransaction) and out.get("participant"):
             key = tuple(out["participant"])
-            txn.ack_counts[key] = txn.ack_counts.get(key, 0) + 1
+            txn._ack_counts[key] = txn._ack_counts.get(key, 0) + 1
 
     def acknowledge(self, msg_or_id, txn=None) -> None:
         self._ack(msg_or_id, txn, False)
@@ -138,3 +149,5 @@ class RemoteConsumer(Handle):
         handle = self._handle
         self._closed = True
         self._close_remote("close_consumer", handle)
+        if self._listener is not None:
+            self._listener.stop()

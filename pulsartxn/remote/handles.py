@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from .. import errors
 from .._native import TxnID
+from .._native.keywords import strict_class
 from ..messaging.message import Message, MessageId
 from ..server.protocol import SessionLost
 from ..txn.state import TxnState
@@ -92,6 +93,7 @@ class Handle:
         self.close()
 
 
+@strict_class
 class RemoteTransaction(TransactionContext):
     def __init__(
         self, client: RemoteClient, txn_id: TxnID, counted: bool = True, capability=None
@@ -104,27 +106,27 @@ class RemoteTransaction(TransactionContext):
         # Acks per (partition, subscription) and messages per partition made through this
         # handle; `counted`: it opened the transaction, so they are all of them (its commit
         # states them, and the broker checks it still holds them).
-        self.ack_counts: dict = {}
-        self.send_counts: dict = {}
-        self.counted = counted
-        self.producers: weakref.WeakSet = weakref.WeakSet()  # with queued sends of this txn
+        self._ack_counts: dict = {}
+        self._send_counts: dict = {}
+        self._counted = counted
+        self._producers: weakref.WeakSet = weakref.WeakSet()  # with queued sends of this txn
 
     def _stored(self, partitions) -> None:
         for name, n in partitions:
-            self.send_counts[name] = self.send_counts.get(name, 0) + n
+            self._send_counts[name] = self._send_counts.get(name, 0) + n
 
     @property
     def state(self) -> TxnState:
         out = self._client._json("txn_state", {"txn": str(self.id), "capability": self.capability})
         return TxnState(out["state"])
 
-    def flush_for_commit(self) -> None:
-        for producer in list(self.producers):
+    def _flush_for_commit(self) -> None:
+        for producer in list(self._producers):
             producer.flush()  # everything sent in the transaction lands before its end
 
     def _end(self, commit: bool, timeout_ms) -> None:
         if commit:
-            self.flush_for_commit()
+            self._flush_for_commit()
         retries = self._client._retries
         try:
             self._client._json(
@@ -134,9 +136,9 @@ class RemoteTransaction(TransactionContext):
                     "capability": self.capability,
                     "commit": commit,
                     "timeout_ms": timeout_ms,
-                    "counted": self.counted,
-                    "expected_acks": [[list(k), n] for k, n in self.ack_counts.items()],
-                    "expected_sends": sorted(self.send_counts.items()),
+                    "counted": self._counted,
+                    "expected_acks": [[list(k), n] for k, n in self._ack_counts.items()],
+                    "expected_sends": sorted(self._send_counts.items()),
                 },
             )
         except errors.InvalidTxnStatus:

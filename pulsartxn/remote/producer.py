@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
 from .. import errors
+from .._native.keywords import strict_class
 from ..messaging.message import MessageId
-from ..messaging.producer import check_sequence_id
+from ..messaging.producer import check_callback, check_sequence_id, with_callback
 from ..server import protocol
 from ..server.protocol import frame, unframe
 from .handles import Handle, RemoteTransaction, txn_str, unreachable
@@ -102,6 +105,7 @@ class BatchStream:
             self.cancel()
 
 
+@strict_class
 class RemoteProducer(Handle):
     def __init__(self, client, topic, producer_name, options) -> None:
         super().__init__(client)
@@ -198,23 +202,22 @@ class RemoteProducer(Handle):
 
     def send_async(
         self,
-        content,
-        properties=None,
-        partition_key=None,
-        sequence_id=None,
-        txn=None,
-        callback=None,
+        content: bytes,
+        callback: Callable[[Any, MessageId | None], None] | None = None,
+        properties: dict[str, str] | None = None,
+        partition_key: str | None = None,
+        sequence_id: int | None = None,
+        txn: RemoteTransaction | None = None,
     ) -> Future:
         """Queued and sent in batches by a worker (whatever accumulates while one call is in
         flight goes in the next)."""
         content = self._check(content)
+        check_callback(callback)
         fut: Future = Future()
         if isinstance(txn, RemoteTransaction):
-            txn.producers.add(self)
+            txn._producers.add(self)
         if callback is not None:
-            fut.add_done_callback(
-                lambda f: callback(f.exception(), None if f.exception() else f.result())
-            )
+            with_callback(fut, callback)
         with self._cond:
             if self._closed:
                 raise errors.AlreadyClosed(f"producer {self.name} is closed")

@@ -234,7 +234,13 @@ class BrokerServer(Streams, flight.FlightServerBase):
             content = bytes(payload[off : off + n])
             off += n
             futures.append(
-                p.send_async(content, m.get("props"), m.get("key"), m.get("seq"), txn=txn)
+                p.send_async(
+                    content,
+                    properties=m.get("props"),
+                    partition_key=m.get("key"),
+                    sequence_id=m.get("seq"),
+                    txn=txn,
+                )
             )
         p.flush()
         ids, errs = [], []
@@ -439,7 +445,8 @@ class BrokerServer(Streams, flight.FlightServerBase):
 
     # -- admin and scans -------------------------------------------------------------------
 
-    _ADMIN = frozenset(protocol.ADMIN_METHODS)
+    # A standalone broker's admin answers the cluster's calls too (InvalidConfiguration).
+    _ADMIN = frozenset(protocol.ADMIN_METHODS + protocol.CLUSTER_ADMIN_METHODS)
 
     def _on_admin(self, args, payload):
         self.sessions.get(args)
@@ -466,7 +473,10 @@ def _keywords(method, *positional: str) -> frozenset:
 
 # The embedded client's signatures are the list: a new option there is one here too.
 _PRODUCER_OPTIONS = _keywords(Client.create_producer, "topic")
-_CONSUMER_OPTIONS = _keywords(Client.subscribe, "topic", "subscription_name")
+# (consumer_type is resolved and message_listener runs on the client: neither travels.)
+_CONSUMER_OPTIONS = _keywords(
+    Client.subscribe, "topic", "subscription_name", "consumer_type", "message_listener"
+)
 
 
 def _options(args, known: frozenset) -> dict:

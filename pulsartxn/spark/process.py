@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ..messaging.consumer import ConsumerType
+from ..messaging.consumer import ConsumerType, InitialPosition
 from ._service import driver_client, service_url_for
 from .write import DEFAULT_TXN_TIMEOUT_MS, WriteJob, prepare
 
@@ -82,7 +82,10 @@ def process_exactly_once(
     client = driver_client(url, token, connect_timeout_s)
     try:
         consumer = client.subscribe(
-            source_topic, subscription, subscription_type=ConsumerType.Exclusive
+            source_topic,
+            subscription,
+            subscription_type=ConsumerType.Exclusive,
+            initial_position=InitialPosition.Earliest,  # every message of the source
         )
         try:
             msgs, last_ids = _drain(consumer, max_messages, receive_timeout_ms)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import weakref
 
 from .._native import TxnID
+from .._native.keywords import strict_class
 from ..errors import InvalidTxnStatus, PulsarTxnError, TransactionTimeout
 from .state import FINAL, TxnState
 
@@ -30,6 +31,7 @@ class TransactionContext:
             pass  # the original exception is what the caller needs to see
 
 
+@strict_class
 class Transaction(TransactionContext):
     """``client.new_transaction()``: commit or abort it, or use it as a context manager
     (commits on normal exit, aborts on an exception)."""
@@ -39,13 +41,13 @@ class Transaction(TransactionContext):
         "_service",
         "id",
         "_final",
-        "partitions",
-        "subscriptions",
+        "_partitions",
+        "_subscriptions",
         "_producers",
         "_error",
-        "ack_counts",
-        "send_counts",
-        "counted",
+        "_ack_counts",
+        "_send_counts",
+        "_counted",
         "_riding",
         "__weakref__",
     )
@@ -56,8 +58,8 @@ class Transaction(TransactionContext):
         self.id = txn_id
         self._final: TxnState | None = None
         # Participants this client has already registered with the coordinator (once each).
-        self.partitions: set = set()
-        self.subscriptions: set = set()
+        self._partitions: set = set()
+        self._subscriptions: set = set()
         # Producers with batches of this transaction, id -> weak reference (made at the
         # first: most have none; a WeakSet costs more to walk at every end).
         self._producers: dict | None = None
@@ -65,9 +67,9 @@ class Transaction(TransactionContext):
         # Acks per (partition, subscription) and messages per partition made through this
         # handle: a commit states them, and the broker checks it still holds them all.
         # `counted`: this handle opened the transaction, so they are all of them.
-        self.ack_counts: dict = {}
-        self.send_counts: dict = {}
-        self.counted = counted
+        self._ack_counts: dict = {}
+        self._send_counts: dict = {}
+        self._counted = counted
         # (op, carries a staged registration, partition) of batches submitted lazily: the
         # decision takes those still waiting into its own write.
         self._riding: list = []
@@ -99,14 +101,14 @@ class Transaction(TransactionContext):
     def abort(self, timeout_ms: float | None = None) -> None:
         self._end(False, timeout_ms)
 
-    def counts(self) -> tuple[dict, dict] | None:
+    def _counts(self) -> tuple[dict, dict] | None:
         """(acks per (partition, subscription), messages per partition) made through this
         handle, if it opened the transaction (else None: it does not know them all)."""
-        if not self.counted:
+        if not self._counted:
             return None
-        return dict(self.ack_counts), dict(self.send_counts)
+        return dict(self._ack_counts), dict(self._send_counts)
 
-    def add_producer(self, producer) -> None:
+    def _add_producer(self, producer) -> None:
         """`producer` holds a batch of this transaction: the end flushes or drops it."""
         if self._producers is None:
             self._producers = {}
@@ -124,7 +126,7 @@ class Transaction(TransactionContext):
             self._error = exc
         self._service.fail(self.id, exc)
 
-    def check_open(self, op: str) -> None:
+    def _check_open(self, op: str) -> None:
         """Raise InvalidTxnStatus (or TransactionTimeout) unless the transaction may still
         produce or acknowledge."""
         if self._final is not None:
@@ -142,20 +144,20 @@ class Transaction(TransactionContext):
         timeout_s = None if timeout_ms is None else max(float(timeout_ms), 0.0) / 1000.0
         acks = sends = None
         if commit:
-            acks, sends = counts if counts is not None else (self.counts() or (None, None))
+            acks, sends = counts if counts is not None else (self._counts() or (None, None))
         riding, self._riding = self._riding, []
         state = self._service.end(self.id, commit, timeout_s, acks, riding, sends)
         if state in FINAL:
             self._final = state
 
-    def stage_partition(self, topic):
+    def _stage_partition(self, topic):
         """None once the coordinator has `topic` on record for this transaction; else
         ``(apply, landed)``: ``apply`` goes into the write of the data (one LMDB transaction,
         one fsync), ``landed(ok)`` is called when that write has landed or failed."""
-        if topic in self.partitions:
+        if topic in self._partitions:
             return None
         apply, done = self._service.stage_partitions(self.id, [topic])
-        partitions = self.partitions
+        partitions = self._partitions
 
         def landed(ok: bool) -> None:
             done(ok)
@@ -164,32 +166,32 @@ class Transaction(TransactionContext):
 
         return apply, landed
 
-    def stage_subscription(self, name):
+    def _stage_subscription(self, name):
         """None once `name` is on record; else the registration's ``apply``, for the
         pending-ack log write that holds this transaction's acks there."""
-        if name in self.subscriptions:
+        if name in self._subscriptions:
             return None
         apply, _ = self._service.stage_subscriptions(self.id, [name])
         return apply
 
-    def flush_for_commit(self) -> None:
+    def _flush_for_commit(self) -> None:
         """Write what producers still hold of this transaction and wait until it is stored
         (a decision over many transactions then checks each can commit)."""
         for producer in self._live_producers():
             producer._txn_flush(self)
 
-    def register_partitions(self, partitions) -> None:
+    def _register_partitions(self, partitions) -> None:
         """Log the partitions this transaction produces to (cached: once per partition)."""
-        new = [p for p in partitions if p not in self.partitions]
+        new = [p for p in partitions if p not in self._partitions]
         if new:
             self._service.add_partitions(self.id, new)
-            self.partitions.update(new)
+            self._partitions.update(new)
 
-    def register_subscriptions(self, subscriptions) -> None:
-        new = [s for s in subscriptions if s not in self.subscriptions]
+    def _register_subscriptions(self, subscriptions) -> None:
+        new = [s for s in subscriptions if s not in self._subscriptions]
         if new:
             self._service.add_subscriptions(self.id, new)
-            self.subscriptions.update(new)
+            self._subscriptions.update(new)
 
     def __repr__(self) -> str:
         return f"Transaction({self.id}, {self.state.value})"

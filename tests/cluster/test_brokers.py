@@ -83,7 +83,7 @@ def test_lookups_ownership_and_topics(three):
     with pytest.raises(NotOwner):
         brokers.at(other).create_producer(part)
     with pytest.raises(NotOwner):
-        brokers.at(other).subscribe(part, "s")
+        brokers.at(other).subscribe(part, "s", initial_position=pulsartxn.InitialPosition.Earliest)
     with pytest.raises(NotOwner):  # a partition's figures are its owner's alone
         brokers.at(other).admin.topic_stats(part)
     assert brokers.at(owner).admin.topic_stats(part)["topic"] == part
@@ -102,7 +102,10 @@ def test_lookups_ownership_and_topics(three):
 def test_a_transaction_across_three_brokers_commits_and_aborts_atomically(three):
     cluster, brokers = three
     owners = _spread(brokers, "atomic", 6)
-    consumers = {p: brokers.at(a).subscribe(p, "s") for p, a in owners.items()}
+    consumers = {
+        p: brokers.at(a).subscribe(p, "s", initial_position=pulsartxn.InitialPosition.Earliest)
+        for p, a in owners.items()
+    }
     producers = {p: brokers.at(a).create_producer(p) for p, a in owners.items()}
 
     def send_all(txn, tag: str) -> None:
@@ -147,14 +150,20 @@ def test_a_participant_killed_during_the_commit_gets_its_part_when_it_returns(th
     assert txn.state is pulsartxn.TxnState.COMMITTING  # the victim's part is retried
     for p, a in owners.items():
         if a != victim:
-            assert _drain(brokers.at(a).subscribe(p, "during")) == [p.encode()]
+            assert _drain(
+                brokers.at(a).subscribe(
+                    p, "during", initial_position=pulsartxn.InitialPosition.Earliest
+                )
+            ) == [p.encode()]
     cluster.start(index)
     deadline = time.monotonic() + 30
     while txn.state is not pulsartxn.TxnState.COMMITTED:
         assert time.monotonic() < deadline, "the commit did not complete"
         time.sleep(0.1)
     for p, a in owners.items():
-        assert _drain(brokers.at(a).subscribe(p, "after")) == [p.encode()]
+        assert _drain(
+            brokers.at(a).subscribe(p, "after", initial_position=pulsartxn.InitialPosition.Earliest)
+        ) == [p.encode()]
 
 
 def test_the_coordinators_broker_killed_mid_commit_recovers_the_decision(three):
@@ -194,7 +203,7 @@ def test_the_coordinators_broker_killed_mid_commit_recovers_the_decision(three):
     seen = {}
     deadline = time.monotonic() + 40
     for p, a in owners.items():
-        c = brokers.at(a).subscribe(p, "check")
+        c = brokers.at(a).subscribe(p, "check", initial_position=pulsartxn.InitialPosition.Earliest)
         got: list[int] = []
         while time.monotonic() < deadline:
             got += [int(v) for v in _drain(c, 1000)]
@@ -231,7 +240,9 @@ def test_a_group_decides_transactions_with_participants_on_other_brokers(three):
     out = c.commit_group("g", [winner])
     assert out["committed"] == [winner.id] and out["aborted"] == [loser.id]
     for p, a in owners.items():
-        assert _drain(brokers.at(a).subscribe(p, "s")) == [b"win"]
+        assert _drain(
+            brokers.at(a).subscribe(p, "s", initial_position=pulsartxn.InitialPosition.Earliest)
+        ) == [b"win"]
 
 
 def test_a_participant_down_while_its_transaction_times_out_is_released_after(three):
@@ -252,7 +263,9 @@ def test_a_participant_down_while_its_transaction_times_out_is_released_after(th
         time.sleep(0.1)
     cluster.start(index)
     producer.send(b"after")  # the client reconnects and makes its producer again
-    consumer = brokers.at(victim).subscribe(part, "s")
+    consumer = brokers.at(victim).subscribe(
+        part, "s", initial_position=pulsartxn.InitialPosition.Earliest
+    )
     assert consumer.receive(15_000).value() == b"after"
     assert _drain(consumer, 300) == []
     assert txn.state is pulsartxn.TxnState.TIMEOUT
@@ -279,7 +292,11 @@ def test_zookeeper_restarted_brokers_register_again_and_carry_on(tmp_path):
                 brokers.at(a).create_producer(p).send(b"x", txn=brokers.handle(txn, a))
             txn.commit()
             for p, a in owners.items():
-                assert _drain(brokers.at(a).subscribe(p, "s")) == [b"x"]
+                assert _drain(
+                    brokers.at(a).subscribe(
+                        p, "s", initial_position=pulsartxn.InitialPosition.Earliest
+                    )
+                ) == [b"x"]
         finally:
             brokers.close()
 
@@ -326,7 +343,7 @@ def test_with_tokens_a_transaction_is_its_openers_at_every_broker(local_cluster,
         handle = other_b.transaction(txn.id, txn.capability)  # good at this broker too
         producer.send(b"with-capability", txn=handle)
         txn.commit()
-        consumer = other_b.subscribe(part, "s")
+        consumer = other_b.subscribe(part, "s", initial_position=pulsartxn.InitialPosition.Earliest)
         assert consumer.receive(5000).value() == b"with-capability"
     finally:
         for c in (a, b, other_b):

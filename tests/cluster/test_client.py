@@ -98,7 +98,12 @@ def test_a_partitioned_topic_spreads_over_the_brokers(cluster, client, tmp_path)
         assert sent == expected
         assert len(set(sent)) == PARTITIONS
 
-    consumer = client.subscribe(topic, "s", subscription_type=ConsumerType.Shared)
+    consumer = client.subscribe(
+        topic,
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     got = _drain(consumer, 550)
     for m in got:
         consumer.acknowledge(m)
@@ -128,14 +133,19 @@ def test_a_transaction_across_three_brokers_commits_and_aborts_atomically(cluste
     topic = _topic(client)
     keys = _keys_per_partition(client, topic)
     producer = client.create_producer(topic)
-    reader = client.subscribe(topic, "r", subscription_type=ConsumerType.Shared)
+    reader = client.subscribe(
+        topic,
+        "r",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
 
     txn = client.new_transaction()
     for k in keys:
         producer.send(f"c-{k}".encode(), partition_key=k, txn=txn)
         producer.send_async(f"c2-{k}".encode(), partition_key=k, txn=txn)
     assert reader.batch_receive(100, 500) == []  # nothing visible before the commit
-    assert txn.send_counts and len(txn.send_counts) == PARTITIONS
+    assert txn._send_counts and len(txn._send_counts) == PARTITIONS
     txn.commit()
     assert txn.state is pulsartxn.TxnState.COMMITTED
     got = _drain(reader, 2 * PARTITIONS)
@@ -157,13 +167,18 @@ def test_a_transaction_across_three_brokers_commits_and_aborts_atomically(cluste
     # them back, a commit takes them.
     for k in keys:
         producer.send(f"in-{k}".encode(), partition_key=k)
-    worker = client.subscribe(topic, "w", subscription_type=ConsumerType.Shared)
+    worker = client.subscribe(
+        topic,
+        "w",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     inputs = [m for m in _drain(worker, 3 * PARTITIONS) if m.data().startswith(b"in-")]
     assert len(inputs) == PARTITIONS
     txn = client.new_transaction()
     for m in inputs:
         worker.acknowledge(m, txn=txn)
-    assert sum(txn.ack_counts.values()) == PARTITIONS
+    assert sum(txn._ack_counts.values()) == PARTITIONS
     txn.abort()
     worker.redeliver_unacknowledged_messages()
     again = _drain(worker, 3 * PARTITIONS)
@@ -243,7 +258,7 @@ def test_bad_input(cluster, client):
     with pytest.raises(errors.TopicNotFound):
         list(client.scan(f"nope-{uuid.uuid4().hex[:6]}"))
     topic = _topic(client)
-    consumer = client.subscribe(topic, "s")
+    consumer = client.subscribe(topic, "s", initial_position=pulsartxn.InitialPosition.Earliest)
     with pytest.raises(errors.InvalidConfiguration):
         consumer.get_last_message_id()
     with pytest.raises(TypeError):
@@ -281,7 +296,12 @@ def test_a_broker_killed_during_produce_loses_and_duplicates_nothing(cluster, cl
     victim = 1
     parts = client.topic_partitions(topic)
     assert cluster.addresses[victim] in {client._owner("partition", p) for p in parts}
-    consumer = client.subscribe(topic, "during", subscription_type=ConsumerType.Shared)
+    consumer = client.subscribe(
+        topic,
+        "during",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     thread = threading.Thread(target=produce)
     thread.start()
     try:
@@ -322,12 +342,23 @@ def test_the_merged_consumer(cluster, client):
     every = {f"m{i}".encode() for i in range(60)}
 
     # What a consumer took ahead and did not hand out goes to the others when it closes.
-    a = client.subscribe(topic, "s", subscription_type=ConsumerType.Shared, receiver_queue_size=5)
+    a = client.subscribe(
+        topic,
+        "s",
+        subscription_type=ConsumerType.Shared,
+        receiver_queue_size=5,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     first = a.receive(5000)
     assert a.has_message_available()
     time.sleep(0.3)  # its fetchers fill their queues
     a.close()
-    b = client.subscribe(topic, "s", subscription_type=ConsumerType.Shared)
+    b = client.subscribe(
+        topic,
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     got = _drain(b, 60)
     assert sorted(m.data() for m in got) == sorted(every)
     assert first.data() in {m.data() for m in got}
@@ -344,7 +375,11 @@ def test_the_merged_consumer(cluster, client):
         b.acknowledge(m)
     b.close()  # the last one unacknowledged: handed to the next consumer
     c = client.subscribe(
-        topic, "s", subscription_type=ConsumerType.Shared, negative_ack_redelivery_delay_ms=100
+        topic,
+        "s",
+        subscription_type=ConsumerType.Shared,
+        negative_ack_redelivery_delay_ms=100,
+        initial_position=pulsartxn.InitialPosition.Earliest,
     )
     last = c.receive(5000)
     assert last.data() == again[-1].data()
@@ -362,14 +397,14 @@ def test_the_merged_consumer(cluster, client):
     c.close()
 
     # Cumulative acks per partition on an exclusive subscription; unsubscribe drops it.
-    x = client.subscribe(topic, "x")
+    x = client.subscribe(topic, "x", initial_position=pulsartxn.InitialPosition.Earliest)
     msgs = _drain(x, 60)
     last_of = {}
     for m in msgs:
         last_of[m.message_id().partition()] = m
     assert len(last_of) == PARTITIONS
     with pytest.raises(errors.ConsumerBusy):
-        client.subscribe(topic, "x")
+        client.subscribe(topic, "x", initial_position=pulsartxn.InitialPosition.Earliest)
     for m in last_of.values():
         x.acknowledge_cumulative(m)
     x.redeliver_unacknowledged_messages()
@@ -377,7 +412,9 @@ def test_the_merged_consumer(cluster, client):
     x.unsubscribe()
     with pytest.raises(errors.AlreadyClosed):
         x.receive(10)
-    y = client.subscribe(topic, "x")  # a new subscription, from the earliest
+    y = client.subscribe(
+        topic, "x", initial_position=pulsartxn.InitialPosition.Earliest
+    )  # a new subscription, from the earliest
     assert len(_drain(y, 60)) == 60
     y.close()
     producer.close()
@@ -395,7 +432,7 @@ def test_bulk_sends_route_as_the_embedded_producer(cluster, client, tmp_path):
         stream.write(pa.array(values, pa.binary()))
         stream.write(pa.array(values[:30], pa.binary()))
     assert stream.count == 125
-    assert sum(txn.send_counts.values()) == 125
+    assert sum(txn._send_counts.values()) == 125
     txn.commit()
 
     def by_partition(batches) -> dict:

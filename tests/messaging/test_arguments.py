@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+import pulsartxn
 from pulsartxn import ConsumerType
 
 HUGE = "x" * 1_000_000
@@ -18,12 +19,14 @@ def test_unknown_arguments_are_errors(client):
     with pytest.raises(TypeError, match="batching_max_bytes"):
         client.create_producer("t", batching_max_bytes=10)
     with pytest.raises(TypeError, match="receiver_queue"):
-        client.subscribe("t", "s", receiver_queue=10)
+        client.subscribe(
+            "t", "s", receiver_queue=10, initial_position=pulsartxn.InitialPosition.Earliest
+        )
     assert client.admin.topic_stats("t")["subscriptions"] == {}
 
 
 def test_bad_receive_arguments_are_refused_with_an_excerpt(client):
-    consumer = client.subscribe("t", "s")
+    consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     client.create_producer("t").send(b"kept")
     for bad in (-1, 1.5, True, HUGE):
         with pytest.raises(ValueError, match="timeout_millis") as info:
@@ -45,24 +48,46 @@ def test_bad_receive_arguments_are_refused_with_an_excerpt(client):
 def test_consumer_names_are_bounded(client):
     client.create_producer("t")  # the topic exists; no subscription may appear
     with pytest.raises(ValueError, match="consumer_name"):
-        client.subscribe("t", "s", consumer_name="c" * 201)
+        client.subscribe(
+            "t", "s", consumer_name="c" * 201, initial_position=pulsartxn.InitialPosition.Earliest
+        )
     with pytest.raises(ValueError, match="consumer_name"):
-        client.subscribe("t", "s", consumer_name="")
+        client.subscribe(
+            "t", "s", consumer_name="", initial_position=pulsartxn.InitialPosition.Earliest
+        )
     assert client.admin.topic_stats("t")["subscriptions"] == {}
-    assert client.subscribe("t", "s", consumer_name="c" * 200).consumer_name() == "c" * 200
+    assert (
+        client.subscribe(
+            "t", "s", consumer_name="c" * 200, initial_position=pulsartxn.InitialPosition.Earliest
+        ).consumer_name()
+        == "c" * 200
+    )
 
 
 def test_enums_are_checked_before_a_request(client):
     client.create_producer("t")  # the topic exists; no subscription may appear
     with pytest.raises(TypeError, match="ConsumerType"):
-        client.subscribe("t", "s", subscription_type="Shared")
+        client.subscribe(
+            "t",
+            "s",
+            subscription_type="Shared",
+            initial_position=pulsartxn.InitialPosition.Earliest,
+        )
     with pytest.raises(TypeError, match="InitialPosition"):
         client.subscribe("t", "s", initial_position=HUGE)
     assert client.admin.topic_stats("t")["subscriptions"] == {}
 
 
 def test_the_waiting_stat_counts_parked_receives(client):
-    consumers = [client.subscribe("t", "s", subscription_type=ConsumerType.Shared) for _ in "ab"]
+    consumers = [
+        client.subscribe(
+            "t",
+            "s",
+            subscription_type=ConsumerType.Shared,
+            initial_position=pulsartxn.InitialPosition.Earliest,
+        )
+        for _ in "ab"
+    ]
     threads = [threading.Thread(target=c.receive, args=(30_000,)) for c in consumers]
     for t in threads:
         t.start()

@@ -15,7 +15,7 @@ from tests.helpers import drain
 
 def test_send_receive_in_order_with_metadata(client):
     producer = client.create_producer("t")
-    consumer = client.subscribe("t", "s")
+    consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     ids = [
         producer.send(f"m{i}".encode(), properties={"i": str(i)}, partition_key=f"k{i}")
         for i in range(20)
@@ -44,13 +44,13 @@ def test_batched_send_async_shares_entries(client):
     entries = {mid.entry_id() for mid in ids}
     assert len(entries) == 3  # 100 + 100 + 50
     assert [mid.batch_index() for mid in ids[:100]] == list(range(100))
-    consumer = client.subscribe("t", "s")
+    consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     got = drain(consumer)
     assert [m.data() for m in got] == [b"x%d" % i for i in range(250)]
     for m in got[:150]:
         consumer.acknowledge(m)
     consumer.close()
-    consumer = client.subscribe("t", "s")
+    consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     assert [m.data() for m in drain(consumer)] == [b"x%d" % i for i in range(150, 250)]
 
 
@@ -158,7 +158,7 @@ def test_partitioned_routing_keys_are_stable(broker, client):
     assert all(len(v) == 1 for v in by_key.values())
     unkeyed = {p.send(b"y").partition() for _ in range(8)}
     assert unkeyed == {0, 1, 2, 3}
-    consumer = client.subscribe("parts", "s")
+    consumer = client.subscribe("parts", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     assert len(drain(consumer)) == 48
 
 
@@ -167,7 +167,7 @@ def test_ack_individual_and_cumulative_survive_restart(broker):
     p = client.create_producer("t", batching_enabled=False)
     for i in range(10):
         p.send(b"%d" % i)
-    c = client.subscribe("t", "s")
+    c = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     msgs = drain(c)
     c.acknowledge(msgs[0])
     c.acknowledge(msgs[2])
@@ -176,7 +176,7 @@ def test_ack_individual_and_cumulative_survive_restart(broker):
     assert broker.admin.topic_stats("t")["subscriptions"]["s"]["backlog"] == 3
     broker.close()
     with pulsartxn.Broker(broker.data_dir, sync=False) as again:
-        c2 = again.client().subscribe("t", "s")
+        c2 = again.client().subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
         assert [m.data() for m in drain(c2)] == [b"6", b"7", b"9"]
 
 
@@ -185,13 +185,13 @@ def test_batch_index_acks(client, broker):
     fs = [p.send_async(b"%d" % i) for i in range(10)]
     p.flush()
     assert len({f.result().entry_id() for f in fs}) == 1
-    c = client.subscribe("t", "s")
+    c = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     msgs = drain(c)
     for m in msgs[::2]:
         c.acknowledge(m)
     assert broker.admin.topic_stats("t")["subscriptions"]["s"]["backlog"] == 5
     c.close()
-    c = client.subscribe("t", "s")
+    c = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     assert [m.data() for m in drain(c)] == [b"1", b"3", b"5", b"7", b"9"]
 
 
@@ -207,7 +207,7 @@ def test_reopened_subscription_reads_past_random_partial_acks(broker):
         props = {"i": str(i)} if i % 2 else None
         p.send_async(b"%d" % i, properties=props, partition_key=key)
     p.flush()
-    c = client.subscribe("t", "s")
+    c = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     msgs = drain(c)
     assert len(msgs) == 200
     c.acknowledge_cumulative(msgs[rng.randrange(20, 40)])
@@ -220,7 +220,9 @@ def test_reopened_subscription_reads_past_random_partial_acks(broker):
     acked = {m.data() for m in msgs if c._subs[0].cursor.is_acked(*_key(m))}
     broker.close()
     with pulsartxn.Broker(broker.data_dir, sync=False) as again:
-        rest = drain(again.client().subscribe("t", "s"))
+        rest = drain(
+            again.client().subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
+        )
         expected = [m for m in msgs if m.data() not in acked]
         assert [m.data() for m in rest] == [m.data() for m in expected]
         assert [m.message_id() for m in rest] == [m.message_id() for m in expected]
@@ -241,7 +243,7 @@ def test_large_messages_dispatch_whole(client):
     values = [bytes([i]) * (4 << 20) for i in range(6)]
     for v in values:
         p.send(v)
-    c = client.subscribe("t", "s")
+    c = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     got = [c.receive(5000) for _ in values]
     assert [m.data() for m in got] == values
 
@@ -250,7 +252,12 @@ def test_negative_ack_and_redeliver_unacknowledged(client):
     p = client.create_producer("t")
     for i in range(3):
         p.send(b"%d" % i)
-    c = client.subscribe("t", "s", negative_ack_redelivery_delay_ms=20)
+    c = client.subscribe(
+        "t",
+        "s",
+        negative_ack_redelivery_delay_ms=20,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     a, b, cc = (c.receive(1000) for _ in range(3))
     c.negative_acknowledge(b)
     again = c.receive(2000)
@@ -265,15 +272,32 @@ def test_exclusive_failover_and_shared(client):
     p = client.create_producer("t")
     for i in range(6):
         p.send(b"%d" % i)
-    ex = client.subscribe("t", "ex")
+    ex = client.subscribe("t", "ex", initial_position=pulsartxn.InitialPosition.Earliest)
     with pytest.raises(pulsartxn.ConsumerBusy):
-        client.subscribe("t", "ex")
+        client.subscribe("t", "ex", initial_position=pulsartxn.InitialPosition.Earliest)
     with pytest.raises(pulsartxn.ConsumerBusy):
-        client.subscribe("t", "ex", subscription_type=ConsumerType.Shared)
+        client.subscribe(
+            "t",
+            "ex",
+            subscription_type=ConsumerType.Shared,
+            initial_position=pulsartxn.InitialPosition.Earliest,
+        )
     ex.close()
 
-    f1 = client.subscribe("t", "fo", subscription_type=ConsumerType.Failover, consumer_name="a")
-    f2 = client.subscribe("t", "fo", subscription_type=ConsumerType.Failover, consumer_name="b")
+    f1 = client.subscribe(
+        "t",
+        "fo",
+        subscription_type=ConsumerType.Failover,
+        consumer_name="a",
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
+    f2 = client.subscribe(
+        "t",
+        "fo",
+        subscription_type=ConsumerType.Failover,
+        consumer_name="b",
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     first = f1.receive(1000)
     f1.acknowledge(first)
     f1.receive(1000)  # left unacknowledged: the next consumer gets it
@@ -282,8 +306,18 @@ def test_exclusive_failover_and_shared(client):
     f1.close()
     assert [m.data() for m in drain(f2)] == [b"1", b"2", b"3", b"4", b"5"]
 
-    s1 = client.subscribe("t", "sh", subscription_type=ConsumerType.Shared)
-    s2 = client.subscribe("t", "sh", subscription_type=ConsumerType.Shared)
+    s1 = client.subscribe(
+        "t",
+        "sh",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
+    s2 = client.subscribe(
+        "t",
+        "sh",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     got1 = [s1.receive(1000) for _ in range(3)]
     got2 = [s2.receive(1000) for _ in range(3)]
     assert sorted(m.data() for m in got1 + got2) == [b"%d" % i for i in range(6)]
@@ -301,8 +335,18 @@ def test_initial_position_latest_and_unsubscribe(client, broker):
     c = client.subscribe("t", "late", initial_position=InitialPosition.Latest)
     p.send(b"new")
     assert [m.data() for m in drain(c)] == [b"new"]
-    other = client.subscribe("t", "e", subscription_type=ConsumerType.Shared)
-    other2 = client.subscribe("t", "e", subscription_type=ConsumerType.Shared)
+    other = client.subscribe(
+        "t",
+        "e",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
+    other2 = client.subscribe(
+        "t",
+        "e",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     with pytest.raises(pulsartxn.ConsumerBusy):
         other.unsubscribe()
     other2.close()
@@ -316,7 +360,7 @@ def test_initial_position_latest_and_unsubscribe(client, broker):
 def test_bad_acks_and_closed_consumers(client, broker):
     p = client.create_producer("t")
     mid = p.send(b"x")
-    c = client.subscribe("t", "s")
+    c = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     with pytest.raises(pulsartxn.InvalidMessageId):
         c.acknowledge(pulsartxn.MessageId(mid.ledger_id(), 99))
     with pytest.raises(pulsartxn.InvalidMessageId):
@@ -335,7 +379,7 @@ def test_bad_acks_and_closed_consumers(client, broker):
 
 def test_message_id_serialization_and_last_message(client):
     p = client.create_producer("t", batching_enabled=False)
-    c = client.subscribe("t", "s")
+    c = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     assert not c.has_message_available()
     mids = [p.send(b"%d" % i) for i in range(3)]
     assert c.has_message_available()
@@ -348,7 +392,12 @@ def test_message_id_serialization_and_last_message(client):
 
 def test_threads_producing_and_consuming_at_once(client):
     n_threads, per_thread = 4, 300
-    consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    consumer = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     received = []
     done = threading.Event()
 
@@ -420,7 +469,7 @@ def test_flush_returns_with_every_future_done_from_many_threads(tmp_path, sync):
         for th in threads:
             th.join(60)
         assert not any(th.is_alive() for th in threads)
-        assert from_callback == [None] * 4
+        assert from_callback == [pulsartxn.Result.Ok] * 4
     with pulsartxn.Broker(tmp_path / "d", sync=sync) as broker:
         values = [v for b in broker.client().scan("t") for v in b.column("value").to_pylist()]
         assert len(values) == 4 * (20 * 7 + 1) and len(set(values)) == len(values)
@@ -443,7 +492,7 @@ def test_send_async_futures_behave_as_futures(client):
     ids = [f.result() for f in as_completed(futures, timeout=10)]
     assert sorted(ids) == [f.result() for f in futures]
     assert [mid.batch_index() for mid in (f.result() for f in futures[:50])] == list(range(50))
-    assert len(seen) == 120 and all(err is None for err, _ in seen)
+    assert len(seen) == 120 and all(res is pulsartxn.Result.Ok for res, _ in seen)
     assert sorted(mid for _, mid in seen) == sorted(ids)
     assert all(f.exception() is None for f in futures)
 
@@ -453,14 +502,19 @@ def test_partitioned_subscription_state_survives_restart(broker):
     client = broker.client()
     p = client.create_producer("parts", producer_name="writer")
     sent = [p.send(b"m%d" % i, partition_key=f"k{i}") for i in range(30)]
-    c = client.subscribe("parts", "s", subscription_type=ConsumerType.Shared)
+    c = client.subscribe(
+        "parts",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     got = drain(c)
     assert len(got) == 30
     kept = {m.data() for m in got[::3]}
     for m in got:
         if m.data() not in kept:
             c.acknowledge(m)
-    gone = client.subscribe("parts", "gone")
+    gone = client.subscribe("parts", "gone", initial_position=pulsartxn.InitialPosition.Earliest)
     gone.unsubscribe()
     broker.close()
     with pulsartxn.Broker(broker.data_dir, sync=False) as again:
@@ -469,7 +523,12 @@ def test_partitioned_subscription_state_survives_restart(broker):
         stats = again.admin.topic_stats("parts")
         assert set(stats["subscriptions"]) == {"s"}
         assert stats["subscriptions"]["s"]["backlog"] == len(kept)
-        c = client.subscribe("parts", "s", subscription_type=ConsumerType.Shared)
+        c = client.subscribe(
+            "parts",
+            "s",
+            subscription_type=ConsumerType.Shared,
+            initial_position=pulsartxn.InitialPosition.Earliest,
+        )
         assert {m.data() for m in drain(c)} == kept
         again_p = client.create_producer("parts", producer_name="writer")
         # Sequence ids are per partition: message 0 went where key k0 routes, with its

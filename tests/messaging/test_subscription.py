@@ -64,18 +64,30 @@ def receive_all(consumer, n: int, timeout_ms: int = 2000) -> list[list]:
 def test_batch_receive_takes_at_most_the_receiver_queue_size(client):
     sent = [b"m%d" % i for i in range(1500)]
     client.create_producer("t").send_batch(sent)
-    default = client.subscribe("t", "default")
+    default = client.subscribe("t", "default", initial_position=pulsartxn.InitialPosition.Earliest)
     assert len(default.batch_receive(10**9, 1000)) == QUEUE
-    own = client.subscribe("t", "own", receiver_queue_size=100)
+    own = client.subscribe(
+        "t", "own", receiver_queue_size=100, initial_position=pulsartxn.InitialPosition.Earliest
+    )
     batches = receive_all(own, len(sent))
     assert [len(b) for b in batches] == [100] * 15
     assert [m.data() for b in batches for m in b] == sent
-    capped = client.subscribe("t", "capped", receiver_queue_size=10**9)
+    capped = client.subscribe(
+        "t",
+        "capped",
+        receiver_queue_size=10**9,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     assert len(capped.batch_receive(10**9, 1000)) == MAX_QUEUE
     assert len(capped.batch_receive(7, 1000)) == 7
     for bad in (0, -1, True, 2.5, "10"):
         with pytest.raises(ValueError, match="receiver_queue_size"):
-            client.subscribe("t", "bad", receiver_queue_size=bad)
+            client.subscribe(
+                "t",
+                "bad",
+                receiver_queue_size=bad,
+                initial_position=pulsartxn.InitialPosition.Earliest,
+            )
 
 
 def test_batch_receive_takes_at_most_the_byte_budget(client):
@@ -86,8 +98,21 @@ def test_batch_receive_takes_at_most_the_byte_budget(client):
     producer = client.create_producer("t", batching_enabled=False)
     for value in sent:
         producer.send(value)
-    first = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
-    for holder in (first, client.subscribe("t", "s", subscription_type=ConsumerType.Shared)):
+    first = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
+    for holder in (
+        first,
+        client.subscribe(
+            "t",
+            "s",
+            subscription_type=ConsumerType.Shared,
+            initial_position=pulsartxn.InitialPosition.Earliest,
+        ),
+    ):
         batches = receive_all(holder, len(sent), 300)
         sizes = [sum(len(m.data()) for m in b) for b in batches]
         assert all(s <= BUDGET or len(b) == 1 for s, b in zip(sizes, batches)), sizes
@@ -104,7 +129,7 @@ def test_read_ahead_is_bounded_in_bytes(broker):
     sent = [bytes([i]) * (1 << 20) for i in range(24)]
     for value in sent:
         producer.send(value)
-    consumer = client.subscribe("big", "s")
+    consumer = client.subscribe("big", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     sub = subscription(broker, "big")
     got = []
     while len(got) < len(sent):
@@ -125,13 +150,20 @@ def test_a_closed_consumer_leaves_positions_not_payloads(client, broker):
     producer = client.create_producer("big", batching_enabled=False)
     for i in range(n):
         producer.send(bytes([i]) * size)
-    with client.subscribe("big", "warm-up") as warm_up:  # what a first receive imports
+    with client.subscribe(
+        "big", "warm-up", initial_position=pulsartxn.InitialPosition.Earliest
+    ) as warm_up:  # what a first receive imports
         assert len(warm_up.batch_receive(1, 1000)) == 1
     gc.collect()
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
-        holder = client.subscribe("big", "s", subscription_type=ConsumerType.Shared)
+        holder = client.subscribe(
+            "big",
+            "s",
+            subscription_type=ConsumerType.Shared,
+            initial_position=pulsartxn.InitialPosition.Earliest,
+        )
         receive_all(holder, n)  # one message a call: each is larger than the budget
         holder.close()
         gc.collect()
@@ -142,7 +174,12 @@ def test_a_closed_consumer_leaves_positions_not_payloads(client, broker):
     sub = subscription(broker, "big")
     assert sorted(sub._redeliver) == [(e, -1) for e in range(n)]
     assert not sub._pending and not sub.read_ahead.buffer
-    again = client.subscribe("big", "s", subscription_type=ConsumerType.Shared)
+    again = client.subscribe(
+        "big",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     msgs = [m for b in receive_all(again, n) for m in b]
     assert [m.data() for m in msgs] == [bytes([i]) * size for i in range(n)]
     assert {m.redelivery_count() for m in msgs} == {1}
@@ -159,7 +196,12 @@ def test_a_redelivery_is_the_message_as_sent(client, broker):
     producer.flush()
     ids = [f.result() for f in futures]
     assert len({i.entry_id() for i in ids}) == 1  # one batch entry
-    first = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    first = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     msgs = first.batch_receive(10, 2000)
     assert len(msgs) == 10
     for i in (0, 3, 7):
@@ -171,7 +213,11 @@ def test_a_redelivery_is_the_message_as_sent(client, broker):
 
     expected = [seen(m) for i, m in enumerate(msgs) if i not in (0, 3, 7)]
     second = client.subscribe(
-        "t", "s", subscription_type=ConsumerType.Shared, negative_ack_redelivery_delay_ms=10
+        "t",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        negative_ack_redelivery_delay_ms=10,
+        initial_position=pulsartxn.InitialPosition.Earliest,
     )
     again = second.batch_receive(10, 2000)
     assert [seen(m) for m in again] == expected
@@ -190,12 +236,22 @@ def test_a_message_redelivered_again_is_read_again(client):
     """Taken from the entry a redelivery read, then given back by a consumer that closes: the
     next redelivery reads the entry again (the one it read had given that message away)."""
     client.create_producer("t").send(b"x")
-    first = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    first = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     assert first.receive(5000).redelivery_count() == 0
     first.redeliver_unacknowledged_messages()
     assert first.receive(5000).redelivery_count() == 1
     first.close()
-    second = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    second = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     msg = second.receive(5000)
     assert (msg.data(), msg.redelivery_count()) == (b"x", 2)
 
@@ -211,6 +267,7 @@ def test_an_aborted_redelivery_leaves_no_count(broker):
         "s",
         subscription_type=ConsumerType.Shared,
         isolation=pulsartxn.Isolation.READ_UNCOMMITTED,
+        initial_position=pulsartxn.InitialPosition.Earliest,
     )
     assert consumer.receive(5000).data() == b"x"
     consumer.redeliver_unacknowledged_messages()
@@ -251,7 +308,13 @@ def test_closing_parked_consumers_wakes_each_once(broker):
     client = broker.client()
     n = 500
     consumers = [
-        client.subscribe("idle", "s", subscription_type=ConsumerType.Shared) for _ in range(n)
+        client.subscribe(
+            "idle",
+            "s",
+            subscription_type=ConsumerType.Shared,
+            initial_position=pulsartxn.InitialPosition.Earliest,
+        )
+        for _ in range(n)
     ]
     results: queue.Queue = queue.Queue()
     threads = park(consumers, results)
@@ -271,10 +334,23 @@ def test_a_closing_consumer_hands_its_messages_to_parked_ones(client, broker):
     producer = client.create_producer("t", batching_enabled=False)
     for value in (b"a", b"b", b"c"):
         producer.send(value)
-    holder = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    holder = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     held = [holder.receive(5000) for _ in range(3)]
     assert [m.redelivery_count() for m in held] == [0, 0, 0]
-    waiters = [client.subscribe("t", "s", subscription_type=ConsumerType.Shared) for _ in range(5)]
+    waiters = [
+        client.subscribe(
+            "t",
+            "s",
+            subscription_type=ConsumerType.Shared,
+            initial_position=pulsartxn.InitialPosition.Earliest,
+        )
+        for _ in range(5)
+    ]
     parked = list(subscription(broker, "t").consumers)[1:]  # the broker's side of them
     results: queue.Queue = queue.Queue()
     threads = park(waiters, results)
@@ -297,8 +373,18 @@ def test_a_closing_consumer_hands_its_messages_to_parked_ones(client, broker):
 
 
 def test_a_parked_failover_consumer_takes_over_on_close(client, broker):
-    active = client.subscribe("t", "s", subscription_type=ConsumerType.Failover)
-    standby = client.subscribe("t", "s", subscription_type=ConsumerType.Failover)
+    active = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Failover,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
+    standby = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Failover,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     results: queue.Queue = queue.Queue()
     (thread,) = park([standby], results)
     parked = list(subscription(broker, "t").consumers)[1]
@@ -349,7 +435,11 @@ def test_parked_consumers_of_a_partitioned_topic_take_everything(broker, seed):
     def join(quit_after):
         delay = rng.choice([0, 5, 30])
         c = client.subscribe(
-            "p", "s", subscription_type=kind, negative_ack_redelivery_delay_ms=delay
+            "p",
+            "s",
+            subscription_type=kind,
+            negative_ack_redelivery_delay_ms=delay,
+            initial_position=pulsartxn.InitialPosition.Earliest,
         )
         consumers.append(c)
         args = (c, quit_after, rng.random() < 0.5)

@@ -76,7 +76,7 @@ def test_partitions(broker):
 def test_auto_creation_on_first_use(broker, client):
     client.create_producer("auto").send(b"x")
     assert broker.topic_partitions("auto") == ["persistent://public/default/auto"]
-    client.subscribe("auto2", "s")
+    client.subscribe("auto2", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     assert broker.topic_partitions("auto2") == ["persistent://public/default/auto2"]
     broker.create_topic("p", partitions=2)
     with pytest.raises(pulsartxn.TopicNotFound):
@@ -140,13 +140,13 @@ def test_a_topic_quota_refuses_creation_and_auto_creation(tmp_path):
         client = b.client()
         b.create_topic("a", 2)
         client.create_producer("b").send(b"x")
-        client.subscribe("c", "s")
+        client.subscribe("c", "s", initial_position=pulsartxn.InitialPosition.Earliest)
         with pytest.raises(pulsartxn.QuotaExceeded, match="max_topics"):
             b.create_topic("d")
         with pytest.raises(pulsartxn.QuotaExceeded, match="max_topics"):
             client.create_producer("e")
         with pytest.raises(pulsartxn.QuotaExceeded, match="max_topics"):
-            client.subscribe("f", "s")
+            client.subscribe("f", "s", initial_position=pulsartxn.InitialPosition.Earliest)
         client.create_producer("b").send(b"existing topics still work")
     topics, _ = known_topics(data)
     assert len(topics) == 3
@@ -209,7 +209,9 @@ def test_a_long_topic_name_is_refused_before_any_write(tmp_path):
         client = b.client()
         for call in (
             lambda: client.create_producer(long),
-            lambda: client.subscribe(long, "s"),
+            lambda: client.subscribe(
+                long, "s", initial_position=pulsartxn.InitialPosition.Earliest
+            ),
             lambda: b.create_topic(long),
             lambda: b.create_topic(long, 4),
         ):
@@ -237,14 +239,16 @@ def test_long_subscription_and_producer_names_are_refused(tmp_path, length):
     with pulsartxn.Broker(data, sync=False) as b:
         client = b.client()
         with pytest.raises(ValueError, match="subscription"):
-            client.subscribe("t", name)
+            client.subscribe("t", name, initial_position=pulsartxn.InitialPosition.Earliest)
         with pytest.raises(ValueError, match="producer"):
             client.create_producer("t", producer_name=name).send(b"x")
         with pytest.raises(ValueError, match="producer"):
             client.create_producer("t", producer_name="a\0b")
         with pytest.raises(pulsartxn.TopicNotFound):
             b.topic_partitions("t")  # refused before the topic was auto-created
-        consumer = client.subscribe("t", "n" * 200)
+        consumer = client.subscribe(
+            "t", "n" * 200, initial_position=pulsartxn.InitialPosition.Earliest
+        )
         producer = client.create_producer("t", producer_name="p" * 200)
         producer.send(b"x", sequence_id=1)
         assert consumer.receive(5000).data() == b"x"

@@ -289,7 +289,7 @@ def test_producer_callback_and_futures_of_a_duplicate(impl, tmp_path):
         again = p.send_async(b"x", sequence_id=3)  # still in its batch: same answer
         p.flush()
         eventually(lambda: got)
-        assert got == [(None, first.result())]
+        assert got == [(pulsartxn.Result.Ok, first.result())]
         assert again.result() == first.result()
         assert p.send_async(b"x", sequence_id=3).result(timeout=0) == first.result()
         assert stored_values(p) == [b"x"]

@@ -13,7 +13,12 @@ def test_abort_above_a_read_ahead_message_keeps_it(tmp_path):
         producer = client.create_producer("t", batching_enabled=False)
         for i in range(10):
             producer.send(b"m%d" % i)
-        consumer = client.subscribe("t", "s", subscription_type=pulsartxn.ConsumerType.Shared)
+        consumer = client.subscribe(
+            "t",
+            "s",
+            subscription_type=pulsartxn.ConsumerType.Shared,
+            initial_position=pulsartxn.InitialPosition.Earliest,
+        )
         first = [consumer.receive(timeout_millis=2000) for _ in range(5)]  # m0..m4
         assert [m.data() for m in first] == [b"m%d" % i for i in range(5)]
         t1, t2 = client.new_transaction(), client.new_transaction()

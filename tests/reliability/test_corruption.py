@@ -68,7 +68,7 @@ def test_a_damaged_entry_payload_is_named_on_receive_and_on_scan(open_broker, tm
 
     broker = open_broker()
     client = broker.client()
-    consumer = client.subscribe("t", "s")
+    consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     got = []
     with pytest.raises(
         CorruptEntry, match=r"persistent://public/default/t \(ledger \d+\): entry 3: checksum"
@@ -105,7 +105,7 @@ def test_a_damaged_entry_header_is_named_when_the_partition_opens(open_broker, t
     with pytest.raises(CorruptEntry, match=r"p-partition-0 \(ledger \d+\): entry 1: bad magic"):
         scanned(client, "p")
     with pytest.raises(CorruptEntry, match="p-partition-0"):
-        client.subscribe("p", "s")
+        client.subscribe("p", "s", initial_position=pulsartxn.InitialPosition.Earliest)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -127,7 +127,7 @@ def test_damaged_buffer_snapshots_are_ignored_and_rebuilt_from_the_ledger(
     producer.send(b"ongoing", txn=ongoing, partition_key="x")
     producer.send(b"behind-ongoing", partition_key="x")
     before = sorted(scanned(client, "t2"))
-    consumer = client.subscribe("t2", "s")
+    consumer = client.subscribe("t2", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     delivered_before = sorted(m.data() for m in drain(consumer))
     assert delivered_before == before and b"ongoing" not in before
     broker.close()
@@ -158,7 +158,7 @@ def test_damaged_buffer_snapshots_are_ignored_and_rebuilt_from_the_ledger(
     # The same read-committed view, scanned and delivered; the ongoing transaction still
     # holds back its partition, and commits.
     assert sorted(scanned(client, "t2")) == before
-    consumer = client.subscribe("t2", "s2")
+    consumer = client.subscribe("t2", "s2", initial_position=pulsartxn.InitialPosition.Earliest)
     assert sorted(m.data() for m in drain(consumer)) == before
     client.transaction(ongoing.id).commit()
     assert sorted(scanned(client, "t2")) == sorted(before + [b"ongoing", b"behind-ongoing"])
@@ -171,11 +171,11 @@ def test_a_damaged_pending_ack_record_stops_only_its_subscription(open_broker, t
     producer = client.create_producer("t", batching_enabled=False)
     for i in range(4):
         producer.send(b"m%d" % i)
-    held = client.subscribe("t", "held")
+    held = client.subscribe("t", "held", initial_position=pulsartxn.InitialPosition.Earliest)
     (m0, *_) = drain(held)
     txn = client.new_transaction()
     held.acknowledge(m0, txn=txn)
-    other = client.subscribe("t", "other")
+    other = client.subscribe("t", "other", initial_position=pulsartxn.InitialPosition.Earliest)
     for m in drain(other):
         other.acknowledge(m)
     other.close()
@@ -192,7 +192,7 @@ def test_a_damaged_pending_ack_record_stops_only_its_subscription(open_broker, t
     client = broker.client()
     # The damaged subscription says so, by name, and delivers nothing...
     with pytest.raises(CorruptEntry, match="subscription 'held' on persistent://public/default/t"):
-        client.subscribe("t", "held")
+        client.subscribe("t", "held", initial_position=pulsartxn.InitialPosition.Earliest)
     stats = broker.admin.pending_ack_stats("t", "held")
     assert "checksum" in str(stats)
     # ...its transaction cannot be finalized behind its back (it is retried, not dropped)...
@@ -203,5 +203,15 @@ def test_a_damaged_pending_ack_record_stops_only_its_subscription(open_broker, t
     producer = client.create_producer("t", batching_enabled=False)
     producer.send(b"m4")
     assert scanned(client, "t") == [b"m0", b"m1", b"m2", b"m3", b"m4"]
-    assert [m.data() for m in drain(client.subscribe("t", "other"))] == [b"m4"]
-    assert len(drain(client.subscribe("t", "new"))) == 5
+    assert [
+        m.data()
+        for m in drain(
+            client.subscribe("t", "other", initial_position=pulsartxn.InitialPosition.Earliest)
+        )
+    ] == [b"m4"]
+    assert (
+        len(
+            drain(client.subscribe("t", "new", initial_position=pulsartxn.InitialPosition.Earliest))
+        )
+        == 5
+    )

@@ -99,7 +99,7 @@ def test_map_full_is_storage_full_and_nothing_is_half_written(tmp_path, size, tr
     with client.new_transaction() as t:
         producer.send(b"after-2", txn=t)
     assert sorted(scanned(client, "t")) == sorted(expected + [b"after-1", b"after-2"])
-    consumer = client.subscribe("t", "s")
+    consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     assert len(consumer.batch_receive(100_000, 500)) >= 1
     broker.close()
 

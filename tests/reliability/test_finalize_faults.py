@@ -195,7 +195,7 @@ def test_lmdb_error_in_a_real_buffer_is_retried_until_the_marker_is_written(tmp_
         broker.create_topic("t", partitions=2)
         client = broker.client()
         producer = client.create_producer("t")
-        consumer = client.subscribe("t", "s")
+        consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
         txn = client.new_transaction()
         _send_spread(producer, txn, 8, "m")
         part = broker.topics.partition(broker.topic_partitions("t")[1])
@@ -233,7 +233,12 @@ def test_pending_ack_failing_on_abort_keeps_messages_until_it_succeeds(tmp_path)
         producer = client.create_producer("in")
         for i in range(3):
             producer.send(f"x{i}".encode())
-        consumer = client.subscribe("in", "s", subscription_type=pulsartxn.ConsumerType.Shared)
+        consumer = client.subscribe(
+            "in",
+            "s",
+            subscription_type=pulsartxn.ConsumerType.Shared,
+            initial_position=pulsartxn.InitialPosition.Earliest,
+        )
         msgs = [consumer.receive(timeout_millis=2000) for _ in range(3)]
         txn = client.new_transaction()
         for m in msgs:
@@ -293,7 +298,9 @@ def test_broker_closed_mid_commit_finishes_the_commit_on_recovery(tmp_path):
             lambda: broker.admin.coordinator_stats(txn_id.coordinator_id)["committing"] == 0,
             what="recovery to finalize the commit",
         )
-        consumer = broker.client().subscribe("t", "s")
+        consumer = broker.client().subscribe(
+            "t", "s", initial_position=pulsartxn.InitialPosition.Earliest
+        )
         got = sorted(m.data() for m in drain(consumer))
         assert got == sorted(f"c{i}".encode() for i in range(6))
         tb = broker.admin.transaction_buffer_stats("t")["partitions"]
@@ -312,7 +319,12 @@ def test_a_one_write_end_that_fails_gives_the_cursor_back(tmp_path):
         inputs = client.create_producer("in", batching_enabled=False)
         for i in range(4):
             inputs.send(f"x{i}".encode())
-        consumer = client.subscribe("in", "s", subscription_type=pulsartxn.ConsumerType.Shared)
+        consumer = client.subscribe(
+            "in",
+            "s",
+            subscription_type=pulsartxn.ConsumerType.Shared,
+            initial_position=pulsartxn.InitialPosition.Earliest,
+        )
         msgs = [consumer.receive(timeout_millis=2000) for _ in range(4)]
         consumer.acknowledge(msgs[3])
         sub = broker.topics.partition(broker.topic_partitions("in")[0]).subscriptions["s"]
@@ -334,7 +346,14 @@ def test_a_one_write_end_that_fails_gives_the_cursor_back(tmp_path):
         txn.abort()
         assert sorted(m.data() for m in drain(consumer)) == [b"x0", b"x1", b"x2"]
     with pulsartxn.Broker(tmp_path / "data", num_coordinators=2, sync=True) as broker:
-        got = sorted(m.data() for m in drain(broker.client().subscribe("in", "s")))
+        got = sorted(
+            m.data()
+            for m in drain(
+                broker.client().subscribe(
+                    "in", "s", initial_position=pulsartxn.InitialPosition.Earliest
+                )
+            )
+        )
         assert got == [b"x0", b"x1", b"x2"]
 
 
@@ -348,7 +367,7 @@ def test_a_log_write_still_on_its_way_after_a_one_write_end_writes_nothing_of_it
         inputs = client.create_producer("in", batching_enabled=False)
         inputs.send(b"x0")
         inputs.send(b"x1")
-        consumer = client.subscribe("in", "s")
+        consumer = client.subscribe("in", "s", initial_position=pulsartxn.InitialPosition.Earliest)
         m0 = consumer.receive(timeout_millis=2000)
         pending = broker.topics.partition(broker.topic_partitions("in")[0]).subscriptions["s"]
         pending = pending.pending_ack
@@ -367,7 +386,12 @@ def test_a_log_write_still_on_its_way_after_a_one_write_end_writes_nothing_of_it
     with pulsartxn.Broker(tmp_path / "data", num_coordinators=2, sync=True) as broker:
         client = broker.client()
         assert broker.admin.pending_ack_stats("in", "s")["error"] is None
-        assert [m.data() for m in drain(client.subscribe("in", "s"))] == [b"x1"]
+        assert [
+            m.data()
+            for m in drain(
+                client.subscribe("in", "s", initial_position=pulsartxn.InitialPosition.Earliest)
+            )
+        ] == [b"x1"]
 
 
 def _one_subscription(tmp_path, n=4):
@@ -376,7 +400,7 @@ def _one_subscription(tmp_path, n=4):
     inputs = client.create_producer("in", batching_enabled=False)
     for i in range(n):
         inputs.send(f"x{i}".encode())
-    consumer = client.subscribe("in", "s")
+    consumer = client.subscribe("in", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     msgs = [consumer.receive(timeout_millis=2000) for _ in range(n)]
     sub = broker.topics.partition(broker.topic_partitions("in")[0]).subscriptions["s"]
     return broker, client, consumer, msgs, sub

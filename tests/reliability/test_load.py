@@ -160,7 +160,9 @@ def test_ten_thousand_open_transactions(tmp_path):
         run_threads(threads, end, wd, "end")
         ended_s = time.monotonic() - start
         assert sum(c["active"] for c in broker.admin.coordinators()) == 0
-        consumer = client.subscribe("open", "check")
+        consumer = client.subscribe(
+            "open", "check", initial_position=pulsartxn.InitialPosition.Earliest
+        )
         start = time.monotonic()
         got = drain(consumer)
         consumed_s = time.monotonic() - start
@@ -227,7 +229,9 @@ def test_million_aborted_txnids_in_one_partition(tmp_path):
             scan_s = time.monotonic() - start
             assert sorted(values) == sorted(expected)
             start = time.monotonic()
-            consumer = client.subscribe("ab", "s")
+            consumer = client.subscribe(
+                "ab", "s", initial_position=pulsartxn.InitialPosition.Earliest
+            )
             got = drain(consumer, 500)
             dispatch_s = time.monotonic() - start
             assert sorted(got) == sorted(expected)
@@ -282,7 +286,12 @@ def test_sixty_four_producer_and_consumer_threads(tmp_path):
         broker.create_topic("work", partitions=8)
         client = broker.client()
         consumers = [
-            client.subscribe("work", "w", subscription_type=pulsartxn.ConsumerType.Shared)
+            client.subscribe(
+                "work",
+                "w",
+                subscription_type=pulsartxn.ConsumerType.Shared,
+                initial_position=pulsartxn.InitialPosition.Earliest,
+            )
             for _ in range(consumers_n)
         ]
         lock = threading.Lock()
@@ -403,7 +412,12 @@ def test_one_consumer_of_large_messages_holds_a_bounded_amount(tmp_path):
         producer = client.create_producer("big", batching_enabled=False)
         for i in range(n):
             producer.send(i.to_bytes(4, "big") * (size // 4))
-        consumer = client.subscribe("big", "s", subscription_type=pulsartxn.ConsumerType.Shared)
+        consumer = client.subscribe(
+            "big",
+            "s",
+            subscription_type=pulsartxn.ConsumerType.Shared,
+            initial_position=pulsartxn.InitialPosition.Earliest,
+        )
         gc.collect()
         base = memory()["RssAnon"]
         start = time.monotonic()
@@ -420,7 +434,12 @@ def test_one_consumer_of_large_messages_holds_a_bounded_amount(tmp_path):
         consumer.close()
         gc.collect()
         closed = memory()["RssAnon"]
-        again = client.subscribe("big", "s", subscription_type=pulsartxn.ConsumerType.Shared)
+        again = client.subscribe(
+            "big",
+            "s",
+            subscription_type=pulsartxn.ConsumerType.Shared,
+            initial_position=pulsartxn.InitialPosition.Earliest,
+        )
         first = again.batch_receive(10**9, 2000)
         assert [m.data()[:4] for m in first] == [i.to_bytes(4, "big") for i in range(64)]
         assert {m.redelivery_count() for m in first} == {1}
@@ -448,7 +467,15 @@ def test_two_thousand_parked_consumers_close_in_bounded_cpu(tmp_path):
     ):
         client = broker.client()
         kind = pulsartxn.ConsumerType.Shared
-        consumers = [client.subscribe("idle", "s", subscription_type=kind) for _ in range(n)]
+        consumers = [
+            client.subscribe(
+                "idle",
+                "s",
+                subscription_type=kind,
+                initial_position=pulsartxn.InitialPosition.Earliest,
+            )
+            for _ in range(n)
+        ]
         closed = []
 
         def park(i):

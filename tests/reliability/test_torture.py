@@ -38,7 +38,10 @@ def _one_txn(data, history, *, k=2, ack=1):
     with torture._open(data) as broker:
         client = broker.client()
         consumer = client.subscribe(
-            torture.IN, torture.SUB, subscription_type=pulsartxn.ConsumerType.Shared
+            torture.IN,
+            torture.SUB,
+            subscription_type=pulsartxn.ConsumerType.Shared,
+            initial_position=pulsartxn.InitialPosition.Earliest,
         )
         msgs = [consumer.receive(timeout_millis=2000) for _ in range(ack)]
         txn = client.new_transaction()

@@ -84,7 +84,12 @@ def test_500_parked_receives_of_a_killed_client_close_in_under_a_second(server):
     assert gone < 2.5 + 1.0, f"the parked consumers were closed {gone:.2f} s after the kill"
     assert used < 1.0, f"the server used {used:.2f} s of CPU to close 500 parked receives"
     # The server goes on serving, and a new consumer gets what is sent.
-    consumer = admin.subscribe("idle", "s", subscription_type=pulsartxn.ConsumerType.Shared)
+    consumer = admin.subscribe(
+        "idle",
+        "s",
+        subscription_type=pulsartxn.ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     admin.create_producer("idle").send(b"after")
     assert consumer.receive(10_000).data() == b"after"
     admin.close()
@@ -98,7 +103,7 @@ def test_a_batch_receive_for_everything_keeps_the_server_small(server):
     count = 600  # 600 MiB stored, as in the report that took the server from 0.5 to 2.8 GB
     for i in range(count):
         producer.send(payload, properties={"i": str(i)})
-    consumer = client.subscribe("big", "s")
+    consumer = client.subscribe("big", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     base = _rss_anon(s.proc.pid)
     peak = [base]
     done = threading.Event()
@@ -120,7 +125,9 @@ def test_a_batch_receive_for_everything_keeps_the_server_small(server):
                 got.update(int(m.properties()["i"]) for m in batch)
             seen.append(len(got))
             consumer.close()  # nothing acked: the subscription keeps positions to redeliver
-            consumer = client.subscribe("big", "s")
+            consumer = client.subscribe(
+                "big", "s", initial_position=pulsartxn.InitialPosition.Earliest
+            )
         assert seen == [count, count]
     finally:
         done.set()

@@ -32,7 +32,12 @@ def test_produce_consume_and_transactions_remotely(server):
     producer.flush()
     assert all(f.done() and f.exception() is None for f in futures)
     assert producer.send_batch(pa.array([b"x", b"y"], pa.binary())) == 2
-    consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    consumer = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     got = drain(consumer)
     assert len(got) == 53
     txn = client.new_transaction()
@@ -112,7 +117,12 @@ def test_disconnected_client_messages_are_redelivered(server):
     s = server("--session-timeout-s", "1")
     a = pulsartxn.Client(s.url)
     a.create_producer("t").send(b"m")
-    ca = a.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    ca = a.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     assert ca.receive(1000).data() == b"m"
     open_txn = a.new_transaction(timeout_ms=60_000)
     grouped = a.new_transaction(timeout_ms=60_000, group="job")
@@ -121,7 +131,12 @@ def test_disconnected_client_messages_are_redelivered(server):
     assert b.transaction(shared.id).state is TxnState.OPEN  # B holds it too, by its id
     # A goes silent without closing (as a crashed process would).
     a._stop.set()
-    cb = b.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    cb = b.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     deadline = time.monotonic() + 10
     got = None
     while got is None and time.monotonic() < deadline:

@@ -173,7 +173,7 @@ def test_a_receive_for_ever_is_asked_again_past_the_servers_wait(server):
 
     s = server("--max-wait-ms", "100")
     client = pulsartxn.Client(s.url)
-    consumer = client.subscribe("t", "s")
+    consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     got = []
     waiter = threading.Thread(target=lambda: got.append(consumer.receive()), daemon=True)
     waiter.start()
@@ -200,7 +200,7 @@ def test_a_transaction_belongs_to_whoever_opened_it(server, tokens):
     a.create_producer("t").send(b"mine", txn=txn)
     stranger = b.transaction(txn.id)  # its state can be read: nothing more
     assert stranger.state is pulsartxn.TxnState.OPEN
-    consumer = b.subscribe("in", "s")
+    consumer = b.subscribe("in", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     msg = consumer.receive(5000)
     for call in (
         lambda: stranger.commit(),
@@ -267,9 +267,12 @@ def test_a_session_holds_at_most_its_limits(server):
         "2",
     )
     a = pulsartxn.Client(s.url)
-    c0, c1, c2 = (a.subscribe("t", f"s{i}") for i in range(3))
+    c0, c1, c2 = (
+        a.subscribe("t", f"s{i}", initial_position=pulsartxn.InitialPosition.Earliest)
+        for i in range(3)
+    )
     with pytest.raises(pulsartxn.QuotaExceeded, match="3 consumers"):
-        a.subscribe("t", "s3")
+        a.subscribe("t", "s3", initial_position=pulsartxn.InitialPosition.Earliest)
     producer = a.create_producer("t")
     a.create_producer("t")
     with pytest.raises(pulsartxn.QuotaExceeded, match="2 producers"):
@@ -294,7 +297,7 @@ def test_a_session_holds_at_most_its_limits(server):
     assert [m.data() for m in got] == [b"wake", b"wake"]
     assert c2.receive(2000).data() == b"wake"
     b = pulsartxn.Client(s.url)  # another session is not charged for a's
-    b.subscribe("t", "other")
+    b.subscribe("t", "other", initial_position=pulsartxn.InitialPosition.Earliest)
     b.create_producer("t")
     b.new_transaction().abort()
     a.close()
@@ -320,7 +323,7 @@ def test_a_batch_receive_streams_in_batches_of_bounded_size(server):
     client = pulsartxn.Client(s.url)
     big = [bytes([i]) * (1 << 20) for i in range(12)]
     client.create_producer("t").send_batch(big)
-    consumer = client.subscribe("t", "s")
+    consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     raw = flight.FlightClient(f"grpc://127.0.0.1:{s.port}")
     from pulsartxn.server.protocol import frame
 

@@ -58,7 +58,12 @@ def test_several_hosts_of_no_cluster_give_the_first_live_ones_client(server):
         assert client._reconnect_s == 5
         producer = client.create_producer("t")
         producer.send(b"x")
-        assert client.subscribe("t", "s").receive(5000).data() == b"x"
+        assert (
+            client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
+            .receive(5000)
+            .data()
+            == b"x"
+        )
     with pytest.raises(TypeError):
         pulsartxn.Client(url, no_such_option=True)
 

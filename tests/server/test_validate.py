@@ -104,17 +104,19 @@ def test_names_are_checked_before_any_write_through_a_server(server):
     for call in (
         lambda: client.create_producer("t" * 483),
         lambda: client.create_topic("t" * 483, 4),
-        lambda: client.subscribe("t" * 483, "s"),
+        lambda: client.subscribe(
+            "t" * 483, "s", initial_position=pulsartxn.InitialPosition.Earliest
+        ),
     ):
         with pytest.raises(InvalidTopicName):
             call()
     with pytest.raises(ValueError, match="subscription"):
-        client.subscribe("u", "s" * 490)
+        client.subscribe("u", "s" * 490, initial_position=pulsartxn.InitialPosition.Earliest)
     with pytest.raises(ValueError, match="producer"):
         client.create_producer("u", producer_name="p" * 490)
     for call in (
         lambda: client.create_producer(HUGE),
-        lambda: client.subscribe("u", HUGE),
+        lambda: client.subscribe("u", HUGE, initial_position=pulsartxn.InitialPosition.Earliest),
     ):
         with pytest.raises((ValueError, InvalidTopicName)) as raised:
             call()
@@ -181,9 +183,11 @@ def test_a_consumer_keeps_its_name_across_a_server_restart(server):
     s = server()
     client = pulsartxn.Client(s.url)
     for _ in range(2):  # a restarted server counts its names from 0 again
-        client.subscribe("t", "other").close()
-    given = client.subscribe("t", "s")
-    asked = client.subscribe("t", "s2", consumer_name="mine")
+        client.subscribe("t", "other", initial_position=pulsartxn.InitialPosition.Earliest).close()
+    given = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
+    asked = client.subscribe(
+        "t", "s2", consumer_name="mine", initial_position=pulsartxn.InitialPosition.Earliest
+    )
     name = given.consumer_name()
     assert name.startswith("consumer-") and asked.consumer_name() == "mine"
     s.kill9()

@@ -194,7 +194,7 @@ def _three_on_s(client):
     producer = client.create_producer("t", batching_enabled=False)
     for i in range(3):
         producer.send(b"m%d" % i)
-    consumer = client.subscribe("t", "s")
+    consumer = client.subscribe("t", "s", initial_position=InitialPosition.Earliest)
     msgs = drain(consumer)
     assert values(msgs) == [b"m0", b"m1", b"m2"]
     return consumer, msgs
@@ -269,7 +269,9 @@ def _one_entry_of_four(client, sub_type=ConsumerType.Exclusive):
     for i in range(4):
         producer.send_async(b"m%d" % i)
     producer.flush()
-    consumer = client.subscribe("t", "s", subscription_type=sub_type)
+    consumer = client.subscribe(
+        "t", "s", subscription_type=sub_type, initial_position=InitialPosition.Earliest
+    )
     msgs = drain(consumer)
     ids = [m.message_id() for m in msgs]
     assert len({i.entry_id() for i in ids}) == 1
@@ -298,7 +300,9 @@ def test_a_batch_index_without_the_batch_size_acks_that_message_only(env, in_txn
     assert backlog(broker) == 3
     assert _redelivered(consumer) == [b"m1", b"m2", b"m3"]
     consumer.close()
-    again = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    again = client.subscribe(
+        "t", "s", subscription_type=ConsumerType.Shared, initial_position=InitialPosition.Earliest
+    )
     assert values(drain(again)) == [b"m1", b"m2", b"m3"]
 
 
@@ -314,7 +318,7 @@ def test_a_cumulative_ack_without_the_batch_size_stops_at_its_batch_index(env, i
     assert backlog(broker) == 2
     assert _redelivered(consumer) == [b"m2", b"m3"]
     consumer.close()
-    again = client.subscribe("t", "s")
+    again = client.subscribe("t", "s", initial_position=InitialPosition.Earliest)
     assert values(drain(again)) == [b"m2", b"m3"]
 
 
@@ -322,7 +326,9 @@ def test_a_negative_ack_of_a_lone_message_by_batch_index_zero(env):
     broker = env()
     client = broker.client()
     client.create_producer("t", batching_enabled=False).send(b"lone")
-    consumer = client.subscribe("t", "s", negative_ack_redelivery_delay_ms=0)
+    consumer = client.subscribe(
+        "t", "s", negative_ack_redelivery_delay_ms=0, initial_position=InitialPosition.Earliest
+    )
     (m,) = drain(consumer)
     mid = m.message_id()
     assert mid.batch_index() == -1

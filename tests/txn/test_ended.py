@@ -34,7 +34,12 @@ def test_late_acks_of_an_ended_transaction_are_refused(env, end):
     producer = client.create_producer("t", batching_enabled=False)
     producer.send(b"a")
     producer.send(b"b")
-    consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    consumer = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     a, b = drain(consumer)
     txn = client.new_transaction(timeout_ms=100 if end == "timeout" else 60_000)
     consumer.acknowledge(a, txn=txn)
@@ -111,7 +116,7 @@ def test_a_registration_landing_after_the_cleanup_writes_nothing(tmp_path):
     ) as broker:
         client = broker.client()
         client.create_producer("in", batching_enabled=False).send(b"x")
-        consumer = client.subscribe("in", "s")
+        consumer = client.subscribe("in", "s", initial_position=pulsartxn.InitialPosition.Earliest)
         txn = client.new_transaction()
         client.create_producer("out").send(b"y", txn=txn)  # a participant elsewhere
         consumer.acknowledge(consumer.receive(2000), txn=txn)
@@ -157,7 +162,7 @@ def test_the_timer_pushes_the_low_watermark_to_participants_that_missed_an_end(t
         client = broker.client()
         producer = client.create_producer("t", batching_enabled=False)
         producer.send(b"input")
-        consumer = client.subscribe("t", "s")
+        consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
         (m,) = drain(consumer)
         txn = client.new_transaction()
         producer.send(b"lost-end", txn=txn)

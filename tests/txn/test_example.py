@@ -37,7 +37,9 @@ def _read_aggregates(client, how: str) -> list[dict]:
         return [
             json.loads(v) for b in client.scan("aggregates") for v in b.column("value").to_pylist()
         ]
-    consumer = client.subscribe("aggregates", "exactly-once-checker")
+    consumer = client.subscribe(
+        "aggregates", "exactly-once-checker", initial_position=pulsartxn.InitialPosition.Earliest
+    )
     out = []
     try:
         while True:
@@ -118,7 +120,12 @@ def test_restart_after_a_close_mid_window(tmp_path, capsys):
     with pulsartxn.Broker(data, sync=True) as broker:
         client = broker.client()
         example.seed_inputs(client, 80)
-        consumers = [client.subscribe(t, example.SUBSCRIPTION) for t in example.INPUTS]
+        consumers = [
+            client.subscribe(
+                t, example.SUBSCRIPTION, initial_position=pulsartxn.InitialPosition.Earliest
+            )
+            for t in example.INPUTS
+        ]
         window = example.take_window(consumers, 10, 50)
         assert len(window) == 10
         txn = client.new_transaction(group=example.TXN_GROUP)

@@ -42,7 +42,10 @@ def test_invisible_until_commit_atomic_over_partitions_and_topics(env):
     broker.create_topic("a", partitions=3)
     client = broker.client()
     pa_, pb = client.create_producer("a"), client.create_producer("b")
-    ca, cb = client.subscribe("a", "s"), client.subscribe("b", "s")
+    ca, cb = (
+        client.subscribe("a", "s", initial_position=pulsartxn.InitialPosition.Earliest),
+        client.subscribe("b", "s", initial_position=pulsartxn.InitialPosition.Earliest),
+    )
     txn = client.new_transaction()
     for i in range(9):
         pa_.send(b"a%d" % i, txn=txn)
@@ -65,7 +68,7 @@ def test_never_visible_after_abort_and_markers_move_the_cursor(env):
     broker = env()
     client = broker.client()
     producer = client.create_producer("t")
-    consumer = client.subscribe("t", "s")
+    consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     txn = client.new_transaction()
     producer.send(b"gone", txn=txn)
     producer.send(b"plain")  # waits behind the open transaction (order is kept)
@@ -91,7 +94,7 @@ def test_ack_commit_moves_the_cursor_and_abort_redelivers(env):
     producer = client.create_producer("t", batching_enabled=False)
     for i in range(4):
         producer.send(b"m%d" % i)
-    consumer = client.subscribe("t", "s")
+    consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     msgs = drain(consumer)
     assert len(msgs) == 4
     keep = client.new_transaction()
@@ -113,7 +116,9 @@ def test_ack_commit_moves_the_cursor_and_abort_redelivers(env):
         consumer.acknowledge(m)
     broker.close()
     broker = env()
-    consumer = broker.client().subscribe("t", "s")
+    consumer = broker.client().subscribe(
+        "t", "s", initial_position=pulsartxn.InitialPosition.Earliest
+    )
     assert drain(consumer) == []
 
 
@@ -123,7 +128,12 @@ def test_conflicts(env):
     producer = client.create_producer("t", batching_enabled=False)
     for i in range(3):
         producer.send(b"m%d" % i)
-    consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    consumer = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     m0, m1, m2 = drain(consumer)
     first, second = client.new_transaction(), client.new_transaction()
     consumer.acknowledge(m0, txn=first)
@@ -177,7 +187,12 @@ def test_batch_index_acks_in_transactions(env):
     broker = env()
     client = broker.client()
     _batched(client, 4, 4)
-    consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    consumer = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     msgs = drain(consumer)
     assert [m.message_id().batch_index() for m in msgs] == [0, 1, 2, 3]
     a, b = client.new_transaction(), client.new_transaction()
@@ -197,7 +212,7 @@ def test_cumulative_ack_in_a_transaction(env):
     producer = client.create_producer("t", batching_enabled=False)
     for i in range(5):
         producer.send(b"m%d" % i)
-    consumer = client.subscribe("t", "s")
+    consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     msgs = drain(consumer)
     other = client.new_transaction()
     consumer.acknowledge(msgs[1], txn=other)
@@ -211,7 +226,12 @@ def test_cumulative_ack_in_a_transaction(env):
         consumer.acknowledge(msgs[2])
     txn2.commit()
     assert broker.admin.topic_stats("t")["subscriptions"]["s"]["backlog"] == 1
-    shared = client.subscribe("u", "s", subscription_type=ConsumerType.Shared)
+    shared = client.subscribe(
+        "u",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     client.create_producer("u").send(b"x")
     (m,) = drain(shared)
     with pytest.raises(InvalidConfiguration):
@@ -227,7 +247,9 @@ def test_committed_acks_leave_the_unacknowledged_set_and_nothing_else(env, cumul
     client = broker.client()
     _batched(client, 60, 8)
     kind = ConsumerType.Exclusive if cumulative else ConsumerType.Shared
-    consumer = client.subscribe("t", "s", subscription_type=kind)
+    consumer = client.subscribe(
+        "t", "s", subscription_type=kind, initial_position=pulsartxn.InitialPosition.Earliest
+    )
     drain(consumer)
     consumer.redeliver_unacknowledged_messages()  # every message now has a redelivery count
     msgs = sorted(drain(consumer), key=lambda m: m.message_id())
@@ -324,7 +346,12 @@ def test_a_local_end_is_one_write_that_leaves_nothing_in_the_log(env, durable_be
     producer = client.create_producer("in", batching_enabled=False)
     for v in (b"x", b"y", b"z"):
         producer.send(v)
-    consumer = client.subscribe("in", "s", subscription_type=ConsumerType.Shared)
+    consumer = client.subscribe(
+        "in",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     x, y, z = drain(consumer)
     acked = client.new_transaction()
     p.send(b"a4", txn=acked)
@@ -343,7 +370,12 @@ def test_a_local_end_is_one_write_that_leaves_nothing_in_the_log(env, durable_be
     client = broker.client()
     assert scanned(client, "t") == [b"a1", b"a3", b"a4"]
     assert scanned(client, "u") == [b"b1", b"b3"]
-    assert [m.data() for m in drain(client.subscribe("in", "s"))] == [b"y"]
+    assert [
+        m.data()
+        for m in drain(
+            client.subscribe("in", "s", initial_position=pulsartxn.InitialPosition.Earliest)
+        )
+    ] == [b"y"]
     for txn in (riding, landed, again, acked, released):
         assert _logged(broker, txn.id) == []
     broker.close()
@@ -355,7 +387,7 @@ def test_a_local_end_is_one_write_that_leaves_nothing_in_the_log(env, durable_be
     txn = client.new_transaction()
     client.create_producer("t").send(b"a5", txn=txn)
     client.create_producer("far").send(b"f", txn=txn)
-    consumer = client.subscribe("in", "s")
+    consumer = client.subscribe("in", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     consumer.acknowledge(consumer.receive(1000), txn=txn)
     txn.commit()
     assert elsewhere.ended == [(txn.id, True)]  # told by finalize, after the decision
@@ -370,7 +402,7 @@ def test_timeout_aborts_produced_messages_and_acks(env):
     client = broker.client()
     producer = client.create_producer("t", batching_enabled=False)
     producer.send(b"in")
-    consumer = client.subscribe("t", "s")
+    consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     (m,) = drain(consumer)
     txn = client.new_transaction(timeout_ms=100)
     producer.send(b"out", txn=txn)
@@ -410,8 +442,13 @@ def test_read_uncommitted_sees_open_transactions_never_aborted_ones(env):
     broker = env()
     client = broker.client()
     producer = client.create_producer("t")
-    committed = client.subscribe("t", "rc")
-    dirty = client.subscribe("t", "ru", isolation=Isolation.READ_UNCOMMITTED)
+    committed = client.subscribe("t", "rc", initial_position=pulsartxn.InitialPosition.Earliest)
+    dirty = client.subscribe(
+        "t",
+        "ru",
+        isolation=Isolation.READ_UNCOMMITTED,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     txn = client.new_transaction()
     producer.send(b"open", txn=txn)
     assert values_of(drain(dirty)) == [b"open"]
@@ -440,7 +477,7 @@ def test_restart_in_every_state(env):
     client = broker.client()
     stats = broker.admin.transaction_buffer_stats("t")
     assert stats["ongoing_txn_size"] == 1 and stats["aborted_txn_count"] == 1
-    consumer = client.subscribe("t", "s")
+    consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     assert values_of(drain(consumer, timeout_ms=50)) == [b"c"]  # `o` still holds what follows it
     again = client.transaction(open_id)
     assert again.state is TxnState.OPEN
@@ -456,7 +493,12 @@ def test_pending_acks_survive_restart(env):
     client = lasting(broker)
     producer = client.create_producer("t")
     producer.send_batch([b"%d" % i for i in range(500)])
-    consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    consumer = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     msgs = drain(consumer)
     assert len(msgs) == 500
     txn = client.new_transaction()
@@ -469,12 +511,22 @@ def test_pending_acks_survive_restart(env):
     broker.close()
     broker = env()
     client = broker.client()
-    consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    consumer = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     assert len(drain(consumer)) == 100  # the 400 are still held
     client.transaction(tid).commit()
     broker.close()
     broker = env()
-    consumer = broker.client().subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    consumer = broker.client().subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     assert len(drain(consumer)) == 100
 
 
@@ -484,7 +536,12 @@ def test_in_process_acks_are_logged_in_batches(tmp_path):
     with pulsartxn.Broker(tmp_path / "data", sync=False) as broker:
         client = broker.client()
         client.create_producer("t").send_batch([b"%d" % i for i in range(500)])
-        consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+        consumer = client.subscribe(
+            "t",
+            "s",
+            subscription_type=ConsumerType.Shared,
+            initial_position=pulsartxn.InitialPosition.Earliest,
+        )
         txn = client.new_transaction()
         for m in drain(consumer):
             consumer.acknowledge(m, txn=txn)
@@ -527,7 +584,7 @@ def test_bad_input_changes_nothing(env):
     client = broker.client()
     producer = client.create_producer("t")
     producer.send(b"x")
-    consumer = client.subscribe("t", "s")
+    consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     (m,) = drain(consumer)
     done = client.new_transaction()
     done.commit()
@@ -539,7 +596,9 @@ def test_bad_input_changes_nothing(env):
         consumer.acknowledge(m, txn=TxnID(0, 12345))
     other = client.create_producer("other")
     other.send(b"z")
-    foreign = drain(client.subscribe("other", "s"))[0]
+    foreign = drain(
+        client.subscribe("other", "s", initial_position=pulsartxn.InitialPosition.Earliest)
+    )[0]
     txn = client.new_transaction()
     with pytest.raises(InvalidMessageId):
         consumer.acknowledge(foreign, txn=txn)
@@ -576,7 +635,12 @@ def test_low_watermark_releases_acks_of_finished_transactions(env):
     producer = client.create_producer("t", batching_enabled=False)
     for i in range(6):
         producer.send(b"m%d" % i)
-    consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    consumer = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     msgs = drain(consumer)
     stale = [client.new_transaction(coordinator_id=0) for _ in range(3)]
     other = client.new_transaction(coordinator_id=1)
@@ -593,7 +657,12 @@ def test_low_watermark_releases_acks_of_finished_transactions(env):
     sub.pending_ack.end_txn(later.id, True, stale[1].id.sequence + 1)
     # stale[0] and stale[1] are below it; stale[2] and the other coordinator's are not.
     assert broker.admin.pending_ack_stats("t", "s")["ongoing_txn_size"] == 2
-    consumer = client.subscribe("t", "s", subscription_type=ConsumerType.Shared)
+    consumer = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
     assert sorted(m.data() for m in drain(consumer)) == [b"m0", b"m1", b"m4", b"m5"]
     sub.pending_ack.end_txn(later.id, True, later.id.sequence)
     assert broker.admin.pending_ack_stats("t", "s")["ongoing_txn_size"] == 1
@@ -692,7 +761,7 @@ def test_restart_while_committing_or_aborting(env, commit, stuck):
     client = broker.client()
     producer = client.create_producer("t", batching_enabled=False)
     producer.send(b"input")
-    consumer = client.subscribe("t", "s")
+    consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     (m,) = drain(consumer)
     txn = client.new_transaction()
     producer.send(b"output", txn=txn)
@@ -708,7 +777,7 @@ def test_restart_while_committing_or_aborting(env, commit, stuck):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert client.transaction(tid).state is (TxnState.COMMITTED if commit else TxnState.ABORTED)
-    consumer = client.subscribe("t", "s")
+    consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     got = [x.data() for x in drain(consumer)]
     if commit:
         assert got == [b"output"]  # the input's ack applied once, the output visible once
@@ -732,7 +801,7 @@ else:
 producer = client.create_producer("t", batching_enabled=False)
 for i in range(3):
     producer.send(b"m%d" % i)
-consumer = client.subscribe("t", "s")
+consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
 txn = client.new_transaction(timeout_ms=600_000)
 for _ in range(3):
     consumer.acknowledge(consumer.receive(1000), txn=txn)
@@ -775,7 +844,10 @@ def test_a_sessions_acks_outlive_its_brokers_crash(tmp_path):
         assert broker.admin.pending_ack_stats("t", "s")["ongoing_txn_size"] == 1
         client = broker.client()
         client.transaction(txn_id).commit()
-        assert drain(client.subscribe("t", "s")) == []  # all three acknowledged
+        assert (
+            drain(client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest))
+            == []
+        )  # all three acknowledged
 
 
 @pytest.mark.parametrize("handle", ["counted", "uncounted"])
@@ -791,7 +863,7 @@ def test_after_a_reboot_only_the_counting_handle_commits(tmp_path, handle):
         client = broker.client(session="s-1")
         txn = client.transaction(txn_id)
         partition = broker.topic_partitions("t")[0]
-        consumer = client.subscribe("t", "s")
+        consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
         if handle == "counted":
             with pytest.raises(InvalidTxnStatus, match="1 of its 4 acknowledgements.*aborted"):
                 txn.commit(counts=({(partition, "s"): 4}, {}))  # one more than it holds
@@ -811,7 +883,10 @@ def test_after_a_reboot_the_counting_handle_commits_what_is_all_there(tmp_path):
         client = broker.client(session="s-1")
         partition = broker.topic_partitions("t")[0]
         client.transaction(txn_id).commit(counts=({(partition, "s"): 3}, {}))
-        assert drain(client.subscribe("t", "s")) == []
+        assert (
+            drain(client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest))
+            == []
+        )
 
 
 def test_an_in_process_transaction_dies_with_its_process(tmp_path):
@@ -823,7 +898,7 @@ def test_an_in_process_transaction_dies_with_its_process(tmp_path):
         client = broker.client()
         with pytest.raises(TransactionNotFound):
             client.transaction(txn_id)
-        consumer = client.subscribe("t", "s")
+        consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
         assert [m.data() for m in drain(consumer)] == [b"m0", b"m1", b"m2"]
 
 
@@ -835,7 +910,7 @@ def test_a_one_write_end_deletes_a_registration_the_flusher_logged(env):
     broker = env()
     client = broker.client()
     client.create_producer("in", batching_enabled=False).send(b"x")
-    consumer = client.subscribe("in", "s")
+    consumer = client.subscribe("in", "s", initial_position=pulsartxn.InitialPosition.Earliest)
     m = consumer.receive(2000)
     txn = client.new_transaction()
     consumer.acknowledge(m, txn=txn)
@@ -850,4 +925,7 @@ def test_a_one_write_end_deletes_a_registration_the_flusher_logged(env):
     client = broker.client()
     assert broker.admin.slow_transactions(0) == []  # none left open, to be aborted
     assert scanned(client, "out") == [b"y"]
-    assert drain(client.subscribe("in", "s")) == []
+    assert (
+        drain(client.subscribe("in", "s", initial_position=pulsartxn.InitialPosition.Earliest))
+        == []
+    )

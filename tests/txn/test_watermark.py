@@ -61,7 +61,11 @@ def test_one_long_transaction_and_thousands_after_it(tmp_path):
         for i in range(3001):
             producer.send(b"in%d" % i)
         consumer = client.subscribe(
-            "t", "s", subscription_type=pulsartxn.ConsumerType.Shared, receiver_queue_size=3001
+            "t",
+            "s",
+            subscription_type=pulsartxn.ConsumerType.Shared,
+            receiver_queue_size=3001,
+            initial_position=pulsartxn.InitialPosition.Earliest,
         )
         msgs = consumer.batch_receive(3001, 1000)
         out = client.create_producer("out", batching_enabled=False)

@@ -89,7 +89,7 @@ def pipeline(broker, n: int, batch: int = 100) -> None:
     transaction."""
     client = broker.client()
     client.create_producer("in").send_batch([os.urandom(100) for _ in range(n)])
-    consumer = client.subscribe("in", "fn")
+    consumer = client.subscribe("in", "fn", initial_position=pulsartxn.InitialPosition.Earliest)
     out = client.create_producer("out")
     done = 0
     while done < n:

@@ -101,13 +101,17 @@ class TxnMessagingReadCommitted:
             pass
 
     def time_receive(self, abort_every):
-        consumer = self.client.subscribe("rc", f"s{next(self.names)}")
+        consumer = self.client.subscribe(
+            "rc", f"s{next(self.names)}", initial_position=pulsartxn.InitialPosition.Earliest
+        )
         for _ in range(self.expect):
             consumer.receive(1000)
         consumer.close()
 
     def time_batch_receive(self, abort_every):
-        consumer = self.client.subscribe("rc", f"b{next(self.names)}")
+        consumer = self.client.subscribe(
+            "rc", f"b{next(self.names)}", initial_position=pulsartxn.InitialPosition.Earliest
+        )
         got = 0
         while got < self.expect:
             got += len(consumer.batch_receive(PER_TXN, 1000))
@@ -134,7 +138,9 @@ class TxnMessagingAck:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def time_receive_acknowledge_5000(self, txn):
-        consumer = self.client.subscribe("a", f"s{next(self.names)}")
+        consumer = self.client.subscribe(
+            "a", f"s{next(self.names)}", initial_position=pulsartxn.InitialPosition.Earliest
+        )
         for _ in range(self.n // PER_TXN):
             t = self.client.new_transaction() if txn else None
             for _ in range(PER_TXN):
@@ -198,7 +204,9 @@ class TxnPipeline:
         self.broker = pulsartxn.Broker(os.path.join(self.tmp, "d"), sync=True)
         self.client = self.broker.client()
         self.client.create_producer("in").send_batch([os.urandom(100) for _ in range(20_000)])
-        self.consumer = self.client.subscribe("in", "fn")
+        self.consumer = self.client.subscribe(
+            "in", "fn", initial_position=pulsartxn.InitialPosition.Earliest
+        )
         self.out = self.client.create_producer("out")
 
     def teardown(self, results):

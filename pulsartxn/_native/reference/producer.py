@@ -129,15 +129,21 @@ class PartitionProducer:
     def send_async(
         self,
         content,
+        callback=None,
         properties=None,
         partition_key=None,
         sequence_id=None,
         txn=None,
-        callback=None,
+        **more,
     ) -> Future:
         """Producer.send_async of a one-partition producer: the plain case here, the rest
-        (validation, keys, properties, sequence ids, callbacks, errors) in the producer."""
+        (validation, keys, properties, sequence ids, callbacks, errors, keywords it does not
+        name: the producer's method says which it takes) in the producer."""
         producer = self.producer
+        if more:
+            return type(producer).send_async(
+                producer, content, callback, properties, partition_key, sequence_id, txn, **more
+            )
         if (
             type(content) is bytes
             and properties is None
