@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import heapq
 import itertools
@@ -10,9 +11,11 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 from ._native import FlushTimer
-from ._native.keywords import strict_class
+from ._native.keywords import strict_class, unexpected_keyword
 from .admin import Admin
 from .client import Client
 from .config import BrokerConfig
@@ -105,13 +108,13 @@ class Broker:
 
     def __init__(
         self,
-        data_dir,
+        data_dir: str | os.PathLike,
         num_coordinators: int = 16,
         default_txn_timeout_ms: int = 60_000,
         sync: bool = True,
-        txn_participants=None,
-        cluster=None,
-        **options,
+        txn_participants: Callable[[str, Any], Any] | None = None,
+        cluster: Any = None,
+        **options: Any,
     ) -> None:
         """txn_participants: optional ``(kind, name) -> participant or None`` consulted before
         the broker's own partitions and subscriptions when a transaction is finalized (fault
@@ -122,6 +125,10 @@ class Broker:
         with ``attach(storage) -> broker id`` and ``coordinators`` (the cluster's count),
         a ``participant(kind, name)`` like `txn_participants` for those on other brokers,
         and the txn layer's ``Placement``."""
+        known = [f.name for f in dataclasses.fields(BrokerConfig)]
+        for name in options:
+            if name not in known:
+                raise unexpected_keyword("Broker", name, [*known, "txn_participants", "cluster"])
         if cluster is not None:
             num_coordinators = cluster.coordinators
         self.config = BrokerConfig(
@@ -172,7 +179,7 @@ class Broker:
     def data_dir(self) -> str:
         return self.storage.data_dir
 
-    def client(self, *, session: str | None = None):
+    def client(self, *, session: str | None = None) -> Client:
         """An in-process client. `session`: the network session it serves (the server's):
         its transactions then outlive this process, until that session is gone."""
         self.check_open()
@@ -258,10 +265,10 @@ class Broker:
             hashlib.blake2b(producer_name.encode(), digest_size=8).digest(), "little"
         )
 
-    def write(self, apply, **kwargs):
+    def write(self, apply: Callable[..., Any], **kwargs: Any) -> Any:
         return self.storage.write(apply, **kwargs)
 
-    def submit(self, op: WriteOp):
+    def submit(self, op: WriteOp) -> Any:
         return self.storage.submit(op)
 
     def __repr__(self) -> str:

@@ -1,6 +1,8 @@
 """Strict keyword arguments: an unknown keyword is a TypeError naming the nearest valid one
 (Python 3.11 does not suggest one). The wrappers do work only once a call failed to bind, so
-a call that binds pays one frame and nothing else."""
+a call that binds pays one frame and nothing else. Hot methods (send, receive, acknowledge)
+take ``**unknown: NoReturn`` instead and raise ``refused(method, unknown)``: no extra frame,
+a type checker still flags a typo, and their signature is shown without it."""
 
 from __future__ import annotations
 
@@ -36,10 +38,10 @@ def unexpected_keyword(where: str, name: str, valid: Iterable[str]) -> TypeError
 def keywords_of(func: Callable) -> list[str] | None:
     """The names `func` takes by keyword; None when it takes any (``**kwargs``)."""
     try:
-        params = inspect.signature(func).parameters.values()
+        params = inspect.signature(func, follow_wrapped=False).parameters.values()
     except (TypeError, ValueError):
         return None
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD and p.name != HOT for p in params):
         return None
     return [p.name for p in params if p.kind in _NAMED and p.name != "self"]
 
@@ -54,14 +56,46 @@ def explain(func: Callable, kwargs: dict) -> TypeError | None:
         return None
     for name in kwargs:
         if name not in valid:
-            return unexpected_keyword(func.__qualname__, name, valid)
+            where = func.__qualname__.removesuffix(".__init__").removesuffix(".__new__")
+            return unexpected_keyword(where, name, valid)
     return None
+
+
+def refused(func: Callable, unknown: dict) -> TypeError:
+    """The TypeError of a hot method called with keywords `unknown` it does not take."""
+    where = func.__qualname__
+    valid = [n for n in (keywords_of(func) or ()) if n != HOT]
+    return unexpected_keyword(where, next(iter(unknown)), valid)
+
+
+HOT = "unknown"  # the name of a hot method's catch-all: it checks its keywords itself
+
+
+def _is_hot(func: Callable) -> bool:
+    try:
+        params = inspect.signature(func, follow_wrapped=False).parameters
+    except (TypeError, ValueError):
+        return False
+    p = params.get(HOT)
+    return p is not None and p.kind is inspect.Parameter.VAR_KEYWORD
+
+
+def _hide_hot(func: Callable) -> Callable:
+    """A hot method as it is shown: its signature without the catch-all."""
+    sig = inspect.signature(func)
+    func.__strict__ = True  # type: ignore[attr-defined]
+    func.__signature__ = sig.replace(  # type: ignore[attr-defined]
+        parameters=[p for p in sig.parameters.values() if p.name != HOT]
+    )
+    return func
 
 
 def strict(func: Callable[..., T]) -> Callable[..., T]:
     """`func`, whose unknown keywords raise TypeError naming the nearest valid one."""
     if getattr(func, "__strict__", False):
         return func
+    if _is_hot(func):
+        return _hide_hot(func)
 
     @functools.wraps(func)
     def call(*args: Any, **kwargs: Any) -> T:

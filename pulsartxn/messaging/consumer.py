@@ -6,8 +6,10 @@ import enum
 import itertools
 import threading
 import time
+from typing import NoReturn
 
-from .._native.keywords import strict_class
+from .._native import TxnID
+from .._native.keywords import refused, strict_class
 from ..errors import (
     AlreadyClosed,
     InvalidConfiguration,
@@ -17,6 +19,7 @@ from ..errors import (
     excerpt,
 )
 from ..txn.log import IN_PROCESS
+from ..txn.transaction import Transaction
 from .listener import MessageListener
 from .message import Message, MessageId
 from .subscription import EXCLUSIVE, FAILOVER, SHARED, Subscription
@@ -261,8 +264,10 @@ class Consumer:
                 wait = max(0.0, due - now) if wait is None else min(wait, max(0.0, due - now))
             self._sleep(seen, wait)
 
-    def receive(self, timeout_millis: int | None = None) -> Message:
+    def receive(self, timeout_millis: int | None = None, **unknown: NoReturn) -> Message:
         """The next message; raises Timeout when none arrives within timeout_millis."""
+        if unknown:
+            raise refused(Consumer.receive, unknown)
         if self._listener is not None:
             self._listener.refuse("receive")
         self._check_open()
@@ -328,10 +333,17 @@ class Consumer:
             raise InvalidMessageId(f"{mid!r} is not from {self._topic}")
         return sub, mid
 
-    def acknowledge(self, msg_or_id, txn=None):
+    def acknowledge(
+        self,
+        msg_or_id: Message | MessageId,
+        txn: Transaction | TxnID | None = None,
+        **unknown: NoReturn,
+    ) -> None:
         """Acknowledge; with txn, held for the transaction until it ends (a conflict with
         another transaction or an already acknowledged message raises TransactionConflict,
         and the transaction can then only abort)."""
+        if unknown:
+            raise refused(Consumer.acknowledge, unknown)
         self._check_open()
         sub, mid = self._sub_for(msg_or_id)
         if txn is None:
@@ -339,7 +351,9 @@ class Consumer:
             return None
         return self._txn_ack(sub, mid, txn, cumulative=False)
 
-    def acknowledge_cumulative(self, msg_or_id, txn=None):
+    def acknowledge_cumulative(
+        self, msg_or_id: Message | MessageId, txn: Transaction | TxnID | None = None
+    ) -> None:
         self._check_open()
         if self._type == SHARED:
             raise InvalidConfiguration(
@@ -371,7 +385,7 @@ class Consumer:
             sub.pending_ack.store(txn.id)
         return name
 
-    def negative_acknowledge(self, msg_or_id) -> None:
+    def negative_acknowledge(self, msg_or_id: Message | MessageId) -> None:
         self._check_open()
         sub, mid = self._sub_for(msg_or_id)
         sub.negative_acknowledge(mid, self._nack_delay)

@@ -14,16 +14,16 @@ import enum
 import itertools
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import pyarrow as pa
 
 from .._native import PartitionProducer, value_sizes
-from .._native.keywords import strict_class
+from .._native.keywords import refused, strict_class
 from .._native.types import MAX_SEQUENCE_ID, sequences_used_up
 from ..errors import AlreadyClosed, MessageTooBig, excerpt
 from ..txn.log import IN_PROCESS
@@ -257,6 +257,7 @@ class Producer(TransactionBatches):
         partition_key: str | None = None,
         sequence_id: int | None = None,
         txn: Transaction | None = None,
+        **unknown: NoReturn,
     ) -> Future:
         """Queue one message; the future gives its MessageId once it is durable, and
         ``callback(Result.Ok, message_id)`` (or ``(exception, None)``) is called then.
@@ -270,12 +271,15 @@ class Producer(TransactionBatches):
         A one-partition producer's instances answer this with their partition's native
         ``send_async`` (bound in __init__), which handles the plain case and calls
         ``_send_async`` for the rest."""
+        if unknown:
+            raise refused(Producer.send_async, unknown)
         return self._send_async(content, properties, partition_key, sequence_id, txn, callback)
 
     def _send_async(self, content, properties, partition_key, sequence_id, txn, callback) -> Future:
         if self._closed:
             self._check_open()
-        check_callback(callback)
+        if callback is not None:
+            check_callback(callback)
         if txn is not None:
             content, properties = self._validate(content, properties, partition_key, sequence_id)
             fut = self._txn_add(txn, content, properties, partition_key, sequence_id)
@@ -303,8 +307,11 @@ class Producer(TransactionBatches):
         partition_key: str | None = None,
         sequence_id: int | None = None,
         txn: Transaction | None = None,
+        **unknown: NoReturn,
     ) -> MessageId:
         """Send one message; durable when it returns."""
+        if unknown:
+            raise refused(Producer.send, unknown)
         self._check_open()
         content, properties = self._validate(content, properties, partition_key, sequence_id)
         if txn is not None:
@@ -321,7 +328,12 @@ class Producer(TransactionBatches):
             part.partition.storage.wait(fut)
         return fut.result()
 
-    def send_batch(self, values, keys=None, txn=None) -> int:
+    def send_batch(
+        self,
+        values: Sequence[bytes] | pa.Array | pa.ChunkedArray,
+        keys: Sequence[str | bytes | None] | pa.Array | None = None,
+        txn: Transaction | None = None,
+    ) -> int:
         """Bulk send: a list of bytes or a pyarrow binary/string array; durable when it
         returns. In a transaction, durable by its commit: the batch rides in the commit's
         write (an in-process transaction dies with this process: nothing is gained by

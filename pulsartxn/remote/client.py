@@ -13,10 +13,11 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import urlparse
 
+import pyarrow as pa
 import pyarrow.flight as flight
 
 from .. import errors
@@ -316,7 +317,7 @@ class RemoteClient:
         compression_type: CompressionType = CompressionType.NONE,
         batching_type: BatchingType = BatchingType.Default,
         chunking_enabled: bool = False,
-    ):
+    ) -> RemoteProducer:
         """A producer on `topic` (API.md, "Producing")."""
         check_producer_options(
             send_timeout_millis,
@@ -348,7 +349,7 @@ class RemoteClient:
         receiver_queue_size: int | None = None,
         consumer_type: ConsumerType | None = None,
         message_listener: Callable[[Any, Message], None] | None = None,
-    ):
+    ) -> RemoteConsumer:
         """A consumer (API.md, "Consuming"); `consumer_type` is pulsar-client's name of
         `subscription_type`, `message_listener(consumer, message)` runs on a listener thread."""
         subscription_type = resolve_subscription_type(subscription_type, consumer_type)
@@ -371,8 +372,12 @@ class RemoteClient:
         return None if txn is None else self._capabilities.get(txn)
 
     def new_transaction(
-        self, timeout_ms=None, coordinator_id=None, group=None, group_capability=None
-    ):
+        self,
+        timeout_ms: int | None = None,
+        coordinator_id: int | None = None,
+        group: str | None = None,
+        group_capability: str | None = None,
+    ) -> RemoteTransaction:
         """A transaction of this session. Another session uses or ends it only with its
         ``capability``; joining a group another session holds needs ``group_capability``."""
         if group_capability is None and group is not None:
@@ -400,7 +405,9 @@ class RemoteClient:
         self._group_capabilities[group] = out["capability"]
         return out["capability"]
 
-    def transaction(self, txn_id, capability: str | None = None):
+    def transaction(
+        self, txn_id: TxnID | str | int, capability: str | None = None
+    ) -> RemoteTransaction:
         """A handle on a transaction by id; one of another session needs its `capability`
         to be used or ended (its state can always be read)."""
         key = txn_str(txn_id)
@@ -412,7 +419,7 @@ class RemoteClient:
         t.state  # noqa: B018 - TransactionNotFound / CoordinatorNotFound now
         return t
 
-    def commit_all(self, txns) -> None:
+    def commit_all(self, txns: Iterable[RemoteTransaction | TxnID]) -> None:
         txns = list(txns)
         _flush_handles(txns)
         keys = [txn_str(t) for t in txns]
@@ -422,7 +429,11 @@ class RemoteClient:
         )
 
     def commit_group(
-        self, group: str, winners, idempotency_key=None, group_capability=None
+        self,
+        group: str,
+        winners: Iterable[RemoteTransaction | TxnID],
+        idempotency_key: tuple[str, int] | None = None,
+        group_capability: str | None = None,
     ) -> dict:
         winners = list(winners)
         _flush_handles(winners)
@@ -439,7 +450,7 @@ class RemoteClient:
         out["aborted"] = [TxnID.parse(t) for t in out["aborted"]]
         return out
 
-    def abort_group(self, group: str, group_capability=None) -> dict:
+    def abort_group(self, group: str, group_capability: str | None = None) -> dict:
         out = self._json(
             "abort_group",
             {
@@ -451,7 +462,9 @@ class RemoteClient:
         out["committed"] = [TxnID.parse(t) for t in out["committed"]]
         return out
 
-    def scan(self, topic: str, start=None, end=None):
+    def scan(
+        self, topic: str, start: int | MessageId | None = None, end: int | MessageId | None = None
+    ) -> Iterator[pa.RecordBatch]:
         def bound(b):
             return b.serialize().hex() if isinstance(b, MessageId) else b
 

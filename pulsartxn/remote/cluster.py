@@ -18,8 +18,10 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+import pyarrow as pa
 
 from .. import errors
 from .._native import TxnID
@@ -31,7 +33,7 @@ from ..messaging.consumer import (
     resolve_subscription_type,
 )
 from ..messaging.listener import check_listener, start_listener
-from ..messaging.message import Message
+from ..messaging.message import Message, MessageId
 from ..messaging.producer import BatchingType, CompressionType, check_producer_options
 from ..messaging.topic_name import TopicName
 from ..server.protocol import SessionLost
@@ -313,7 +315,7 @@ class ClusterClient:
         compression_type: CompressionType = CompressionType.NONE,
         batching_type: BatchingType = BatchingType.Default,
         chunking_enabled: bool = False,
-    ):
+    ) -> ClusterProducer:
         """A producer on `topic` (API.md, "Producing")."""
         check_producer_options(
             send_timeout_millis,
@@ -347,7 +349,7 @@ class ClusterClient:
         receiver_queue_size: int | None = None,
         consumer_type: ConsumerType | None = None,
         message_listener: Callable[[Any, Message], None] | None = None,
-    ):
+    ) -> ClusterConsumer:
         """A consumer (API.md, "Consuming"); `consumer_type` is pulsar-client's name of
         `subscription_type`, `message_listener(consumer, message)` runs on a listener thread."""
         subscription_type = resolve_subscription_type(subscription_type, consumer_type)
@@ -369,8 +371,12 @@ class ClusterClient:
         return c
 
     def new_transaction(
-        self, timeout_ms=None, coordinator_id=None, group=None, group_capability=None
-    ):
+        self,
+        timeout_ms: int | None = None,
+        coordinator_id: int | None = None,
+        group: str | None = None,
+        group_capability: str | None = None,
+    ) -> RemoteTransaction:
         """A transaction of this session, on coordinator `coordinator_id`, else the group's
         (all of a group's transactions live on one coordinator), else the next in turn."""
         self._check_open()
@@ -401,7 +407,9 @@ class ClusterClient:
         route = self._coordinator(self._group_coordinator(group))
         return route.call(lambda c: c.group_capability(group, capability))
 
-    def transaction(self, txn_id, capability: str | None = None):
+    def transaction(
+        self, txn_id: TxnID | str | int, capability: str | None = None
+    ) -> RemoteTransaction:
         """A handle on a transaction by id (at its coordinator's owner); one of another
         session needs its `capability` to be used or ended."""
         self._check_open()
@@ -418,7 +426,7 @@ class ClusterClient:
         t.state  # noqa: B018 - TransactionNotFound / CoordinatorNotFound now
         return t
 
-    def commit_all(self, txns) -> None:
+    def commit_all(self, txns: Iterable[RemoteTransaction | TxnID]) -> None:
         """One decision over transactions of coordinators that one broker owns; across
         brokers it could not be atomic, and is refused."""
         self._check_open()
@@ -443,7 +451,11 @@ class ClusterClient:
         )
 
     def commit_group(
-        self, group: str, winners, idempotency_key=None, group_capability=None
+        self,
+        group: str,
+        winners: Iterable[RemoteTransaction | TxnID],
+        idempotency_key: tuple[str, int] | None = None,
+        group_capability: str | None = None,
     ) -> dict:
         self._check_open()
         winners = list(winners)
@@ -452,12 +464,14 @@ class ClusterClient:
             lambda c: c.commit_group(group, winners, idempotency_key, group_capability)
         )
 
-    def abort_group(self, group: str, group_capability=None) -> dict:
+    def abort_group(self, group: str, group_capability: str | None = None) -> dict:
         self._check_open()
         route = self._coordinator(self._group_coordinator(group))
         return route.call(lambda c: c.abort_group(group, group_capability))
 
-    def scan(self, topic: str, start=None, end=None):
+    def scan(
+        self, topic: str, start: int | MessageId | None = None, end: int | MessageId | None = None
+    ) -> Iterator[pa.RecordBatch]:
         """Every partition of `topic` from its owner, in partition order."""
         self._check_open()
         for partition in self._partitions(topic, create=False):

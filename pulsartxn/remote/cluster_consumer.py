@@ -11,11 +11,13 @@ import threading
 import time
 
 from .. import errors
+from .._native import TxnID
 from .._native.keywords import strict_class
 from ..messaging.consumer import check_count
 from ..messaging.listener import MessageListener
 from ..messaging.message import Message, MessageId
 from .consumer import RemoteConsumer
+from .handles import RemoteTransaction
 from .placed import Placed, quietly
 
 __all__ = ["ClusterConsumer"]
@@ -41,7 +43,7 @@ class _PartConsumer(Placed, RemoteConsumer):
         self._created = True
         return handle
 
-    def receive(self, timeout_millis=None) -> Message:
+    def receive(self, timeout_millis: int | None = None) -> Message:
         check_count("timeout_millis", timeout_millis, least=0, optional=True)
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
 
@@ -51,7 +53,9 @@ class _PartConsumer(Placed, RemoteConsumer):
 
         return self._follow(once)
 
-    def batch_receive(self, max_num_messages=1000, timeout_millis=100) -> list[Message]:
+    def batch_receive(
+        self, max_num_messages: int = 1000, timeout_millis: int = 100
+    ) -> list[Message]:
         return self._follow(
             lambda: RemoteConsumer.batch_receive(self, max_num_messages, timeout_millis)
         )
@@ -59,7 +63,7 @@ class _PartConsumer(Placed, RemoteConsumer):
     def _ack(self, msg_or_id, txn, cumulative: bool) -> None:
         self._follow(lambda: RemoteConsumer._ack(self, msg_or_id, txn, cumulative))
 
-    def negative_acknowledge(self, msg_or_id) -> None:
+    def negative_acknowledge(self, msg_or_id: Message | MessageId) -> None:
         self._follow(lambda: RemoteConsumer.negative_acknowledge(self, msg_or_id))
 
     def redeliver_unacknowledged_messages(self) -> None:
@@ -224,7 +228,7 @@ class ClusterConsumer:
 
     # -- receiving ---------------------------------------------------------------------------
 
-    def receive(self, timeout_millis=None) -> Message:
+    def receive(self, timeout_millis: int | None = None) -> Message:
         if self._listener is not None:
             self._listener.refuse("receive")
         self._check_open()
@@ -244,7 +248,9 @@ class ClusterConsumer:
                     raise errors.Timeout(f"no message on {self._topic} within {timeout_millis} ms")
                 self._cond.wait(wait)
 
-    def batch_receive(self, max_num_messages=1000, timeout_millis=100) -> list[Message]:
+    def batch_receive(
+        self, max_num_messages: int = 1000, timeout_millis: int = 100
+    ) -> list[Message]:
         """Up to max_num_messages (at most receiver_queue_size), waiting at most
         timeout_millis for them."""
         if self._listener is not None:
@@ -299,15 +305,19 @@ class ClusterConsumer:
             raise errors.InvalidMessageId(f"{mid!r} is not from {self._topic}")
         return self._parts[index]
 
-    def acknowledge(self, msg_or_id, txn=None) -> None:
+    def acknowledge(
+        self, msg_or_id: Message | MessageId, txn: RemoteTransaction | TxnID | None = None
+    ) -> None:
         self._check_open()
         self._part_of(msg_or_id).acknowledge(msg_or_id, txn)
 
-    def acknowledge_cumulative(self, msg_or_id, txn=None) -> None:
+    def acknowledge_cumulative(
+        self, msg_or_id: Message | MessageId, txn: RemoteTransaction | TxnID | None = None
+    ) -> None:
         self._check_open()
         self._part_of(msg_or_id).acknowledge_cumulative(msg_or_id, txn)
 
-    def negative_acknowledge(self, msg_or_id) -> None:
+    def negative_acknowledge(self, msg_or_id: Message | MessageId) -> None:
         self._check_open()
         self._part_of(msg_or_id).negative_acknowledge(msg_or_id)
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 import itertools
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from .. import errors
+from .._native import TxnID
 from .._native.keywords import strict_class
 from ..messaging.message import MessageId
 from ..messaging.producer import _route as route_key
@@ -138,7 +140,14 @@ class ClusterProducer:
             return self._parts[route_key(partition_key, n)]
         return self._parts[next(self._round_robin) % n]
 
-    def send(self, content, properties=None, partition_key=None, sequence_id=None, txn=None):
+    def send(
+        self,
+        content: bytes,
+        properties: dict[str, str] | None = None,
+        partition_key: str | None = None,
+        sequence_id: int | None = None,
+        txn: RemoteTransaction | TxnID | None = None,
+    ) -> MessageId:
         self._check_open()
         content = _validate(content, properties, partition_key, sequence_id)
         return self._part_for(partition_key).send(
@@ -153,7 +162,7 @@ class ClusterProducer:
         partition_key: str | None = None,
         sequence_id: int | None = None,
         txn: RemoteTransaction | None = None,
-    ):
+    ) -> Future:
         self._check_open()
         content = _validate(content, properties, partition_key, sequence_id)
         check_callback(callback)
@@ -186,7 +195,12 @@ class ClusterProducer:
         plan = route_plan(n, key_list, len(self._parts), self._round_robin, self._chunk)
         return values, keys, plan
 
-    def send_batch(self, values, keys=None, txn=None) -> int:
+    def send_batch(
+        self,
+        values: Sequence[bytes] | pa.Array | pa.ChunkedArray,
+        keys: Sequence[str | bytes | None] | pa.Array | None = None,
+        txn: RemoteTransaction | TxnID | None = None,
+    ) -> int:
         self._check_open()
         if len(self._parts) == 1:
             return self._parts[0].send_batch(values, keys, txn)
@@ -206,7 +220,7 @@ class ClusterProducer:
             t.join()
         return sum(t.result() for t in threads)
 
-    def batch_stream(self, txn=None):
+    def batch_stream(self, txn: RemoteTransaction | TxnID | None = None) -> ClusterBatchStream:
         self._check_open()
         if len(self._parts) == 1:
             return self._parts[0].batch_stream(txn)

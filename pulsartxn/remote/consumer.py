@@ -7,6 +7,7 @@ import time
 import pyarrow.flight as flight
 
 from .. import errors
+from .._native import TxnID
 from .._native.keywords import strict_class
 from ..messaging.consumer import check_count
 from ..messaging.listener import MessageListener
@@ -48,7 +49,7 @@ class RemoteConsumer(Handle):
     def subscription_name(self) -> str:
         return self._subscription
 
-    def receive(self, timeout_millis=None) -> Message:
+    def receive(self, timeout_millis: int | None = None) -> Message:
         """The server waits at most its MAX_WAIT_MS a call: a longer wait asks again."""
         if self._listener is not None:
             self._listener.refuse("receive")
@@ -64,7 +65,9 @@ class RemoteConsumer(Handle):
                 raise
             return protocol.decode_message(body)
 
-    def batch_receive(self, max_num_messages=1000, timeout_millis=100) -> list[Message]:
+    def batch_receive(
+        self, max_num_messages: int = 1000, timeout_millis: int = 100
+    ) -> list[Message]:
         """Dispatch as a DoGet stream of record batches of about 4 MiB each."""
         if self._listener is not None:
             self._listener.refuse("batch_receive")
@@ -120,13 +123,17 @@ class RemoteConsumer(Handle):
             key = tuple(out["participant"])
             txn._ack_counts[key] = txn._ack_counts.get(key, 0) + 1
 
-    def acknowledge(self, msg_or_id, txn=None) -> None:
+    def acknowledge(
+        self, msg_or_id: Message | MessageId, txn: RemoteTransaction | TxnID | None = None
+    ) -> None:
         self._ack(msg_or_id, txn, False)
 
-    def acknowledge_cumulative(self, msg_or_id, txn=None) -> None:
+    def acknowledge_cumulative(
+        self, msg_or_id: Message | MessageId, txn: RemoteTransaction | TxnID | None = None
+    ) -> None:
         self._ack(msg_or_id, txn, True)
 
-    def negative_acknowledge(self, msg_or_id) -> None:
+    def negative_acknowledge(self, msg_or_id: Message | MessageId) -> None:
         self._client._call("nack", {"id": mid_hex(msg_or_id)}, owner=self)
 
     def redeliver_unacknowledged_messages(self) -> None:

@@ -77,6 +77,10 @@ class Handle:
 
     # Subclasses define close(), which a with-block calls on exit.
 
+    def is_connected(self) -> bool:
+        """Whether it is still open (as the embedded producer's and consumer's)."""
+        return not self._closed
+
     def _close_remote(self, action: str, handle) -> None:
         """Close the server-side object, if it belongs to the live session (one of a lost
         session went with it); the server's errors are not the caller's concern here."""
@@ -96,7 +100,11 @@ class Handle:
 @strict_class
 class RemoteTransaction(TransactionContext):
     def __init__(
-        self, client: RemoteClient, txn_id: TxnID, counted: bool = True, capability=None
+        self,
+        client: RemoteClient,
+        txn_id: TxnID,
+        counted: bool = True,
+        capability: str | None = None,
     ) -> None:
         self._client = client
         self.id = txn_id
@@ -147,10 +155,10 @@ class RemoteTransaction(TransactionContext):
             if self._client._retries == retries or self.state is not wanted:
                 raise
 
-    def commit(self, timeout_ms=None) -> None:
+    def commit(self, timeout_ms: float | None = None) -> None:
         self._end(True, timeout_ms)
 
-    def abort(self, timeout_ms=None) -> None:
+    def abort(self, timeout_ms: float | None = None) -> None:
         self._end(False, timeout_ms)
 
     def __repr__(self) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from .. import errors
+from .._native import TxnID
 from .._native.keywords import strict_class
 from ..messaging.message import MessageId
 from ..messaging.producer import check_callback, check_sequence_id, with_callback
@@ -188,7 +189,14 @@ class RemoteProducer(Handle):
             raise TypeError(f"content must be bytes, not {type(content).__name__}")
         return content
 
-    def send(self, content, properties=None, partition_key=None, sequence_id=None, txn=None):
+    def send(
+        self,
+        content: bytes,
+        properties: dict[str, str] | None = None,
+        partition_key: str | None = None,
+        sequence_id: int | None = None,
+        txn: RemoteTransaction | TxnID | None = None,
+    ) -> MessageId:
         content = self._check(content)
         self.flush()
         seq = self._next_seq(sequence_id)
@@ -289,7 +297,12 @@ class RemoteProducer(Handle):
                     self._inflight -= 1
                     self._cond.notify_all()
 
-    def send_batch(self, values, keys=None, txn=None) -> int:
+    def send_batch(
+        self,
+        values: Sequence[bytes] | pa.Array | pa.ChunkedArray,
+        keys: Sequence[str | bytes | None] | pa.Array | None = None,
+        txn: RemoteTransaction | TxnID | None = None,
+    ) -> int:
         self.flush()
         if isinstance(values, (pa.Array, pa.ChunkedArray)):
             value_col = values
@@ -333,7 +346,7 @@ class RemoteProducer(Handle):
             txn._stored(out.get("partitions") or [])
         return out["count"]
 
-    def batch_stream(self, txn=None) -> BatchStream:
+    def batch_stream(self, txn: RemoteTransaction | TxnID | None = None) -> BatchStream:
         """Many ``send_batch`` calls on one DoPut stream: each batch goes out as it is written
         and the server stores each as one ``send_batch``, in order, while the caller prepares
         the next; ``close()`` waits until the last one is durable and returns the count."""

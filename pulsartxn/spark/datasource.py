@@ -21,6 +21,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from .._native.keywords import nearest
 from ..errors import NotAuthorized
 from ._service import driver_client, executor_client, job_coordinator, service_url_for
 from .read import DEFAULT_ROWS_PER_SPLIT, READ_DDL, plan_splits, scan_ahead
@@ -32,10 +33,41 @@ def _client(options):
     return driver_client(options["service_url"], options.get("token"), 10.0)
 
 
+# The source's options (docs/spark.md), and those Spark itself may hand every source. Spark
+# options are case-insensitive: they are compared in lower case.
+OPTIONS = (
+    "topic",
+    "service_url",
+    "token",
+    "rows_per_split",
+    "min_splits",
+    "txn_timeout_ms",
+    "query",
+    "starting_position",
+)
+SPARK_OPTIONS = ("path", "checkpointlocation")
+
+
+def check_options(options) -> None:
+    """ValueError naming the nearest valid option for one the source does not know (a typo
+    such as ``service.url`` must not fall back to the embedded default broker)."""
+    for key in dict(options):
+        name = str(key).lower()
+        if name in OPTIONS or name in SPARK_OPTIONS:
+            continue
+        hint = nearest(name, OPTIONS)
+        also = f"; did you mean {hint!r}?" if hint else f"; valid options: {', '.join(OPTIONS)}"
+        raise ValueError(f"unknown option {key!r} of the pulsartxn data source{also}")
+    position = {str(k).lower(): v for k, v in dict(options).items()}.get("starting_position")
+    if position is not None and str(position).lower() not in ("earliest", "latest"):
+        raise ValueError(f"starting_position must be 'earliest' or 'latest', not {position!r}")
+
+
 class _Options(dict):
     """The source's options with the defaults applied and ``topic`` required."""
 
     def __init__(self, options, default_url):
+        check_options(options)
         super().__init__({k.lower(): v for k, v in dict(options).items()})
         if not self.get("topic"):
             raise ValueError("the pulsartxn data source needs option 'topic'")

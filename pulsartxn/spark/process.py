@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from .._native.keywords import strict
 from ..messaging.consumer import ConsumerType, InitialPosition
 from ._service import driver_client, service_url_for
 from .write import DEFAULT_TXN_TIMEOUT_MS, WriteJob, prepare
@@ -58,6 +59,7 @@ def _input_table(msgs):
     )
 
 
+@strict
 def process_exactly_once(
     spark,
     source_topic: str,

@@ -12,6 +12,7 @@ import threading
 
 import pyarrow as pa
 
+from .._native.keywords import strict
 from ._service import driver_client, executor_client, service_url_for
 
 READ_DDL = (
@@ -123,6 +124,7 @@ def _task(service_url, token, splits):
     return run
 
 
+@strict
 def read_topic(
     spark,
     topic: str,

@@ -13,6 +13,7 @@ import uuid
 import pyarrow as pa
 
 from .._native import TxnID
+from .._native.keywords import strict
 from ..messaging.topic_name import TopicName
 from ._service import driver_client, executor_client, job_coordinator, service_url_for
 
@@ -255,6 +256,7 @@ class WriteJob:
             pass
 
 
+@strict
 def write_topic(
     df,
     topic: str,

@@ -36,6 +36,9 @@ class Transaction(TransactionContext):
     """``client.new_transaction()``: commit or abort it, or use it as a context manager
     (commits on normal exit, aborts on an exception)."""
 
+    # What a network session needs to use another's transaction; in process, none.
+    capability: str | None = None
+
     __slots__ = (
         "_client",
         "_service",
@@ -86,7 +89,9 @@ class Transaction(TransactionContext):
             self._final = state
         return state
 
-    def commit(self, timeout_ms: float | None = None, *, counts=None) -> None:
+    def commit(
+        self, timeout_ms: float | None = None, *, counts: tuple[dict, dict] | None = None
+    ) -> None:
         """Commit; returns once the decision is durable and every participant has its part
         (COMMITTED), or one failed its part and is retried in the background (COMMITTING).
 
