@@ -1,0 +1,33 @@
+"""The data source refuses an option it does not know, naming the nearest valid one: a typo
+such as ``service.url`` must not fall back to the embedded default broker. Checked where the
+source reads its options, before any broker or Spark job is involved (no session needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pulsartxn.spark.datasource import PulsarTxnDataSource
+
+
+class _Source(PulsarTxnDataSource):
+    default_service_url = "pulsartxn://127.0.0.1:1"  # as register() sets it: never reached
+
+
+@pytest.mark.parametrize("make", ["reader", "writer", "streamReader", "streamWriter"])
+def test_unknown_options_are_refused_with_the_nearest(make):
+    for typo, right in (
+        ("service.url", "service_url"),
+        ("Servce_URL", "service_url"),
+        ("topics", "topic"),
+        ("rows_per_splits", "rows_per_split"),
+    ):
+        source = _Source(options={"topic": "t", typo: "pulsartxn://elsewhere:6650"})
+        with pytest.raises(ValueError, match=rf"unknown option '{typo}'.*did you mean '{right}'"):
+            getattr(source, make)(None, False) if "riter" in make else getattr(source, make)(None)
+    with pytest.raises(ValueError, match="starting_position must be 'earliest' or 'latest'"):
+        _Source(options={"topic": "t", "starting_position": "earlist"}).streamReader(None)
+
+
+def test_options_are_case_insensitive():
+    source = _Source(options={"TOPIC": "t", "Service_Url": "pulsartxn://h:1", "path": "x"})
+    assert source._opts()["service_url"] == "pulsartxn://h:1"
