@@ -508,3 +508,22 @@ def test_a_name_with_every_sequence_id_used_fails_cleanly(impl, tmp_path):
         txn.commit()
         p.send(b"other names work")
         assert stored_values(p) == [b"other names work"]
+
+
+def test_keywords_and_callback_order_agree_on_both_containers(impl, tmp_path):
+    """The container's send_async takes pulsar-client's order (callback second) and hands a
+    keyword it does not name to the producer's method, which names the nearest one."""
+    with producer_on(impl, tmp_path) as p:
+        assert p.send_async == p._parts[0].send_async  # the container answers
+        with pytest.raises(TypeError, match="'partiton_key'; did you mean 'partition_key'"):
+            p.send_async(b"x", partiton_key="k")
+        with pytest.raises(TypeError, match="second argument is the callback"):
+            p.send_async(b"x", {"k": "v"})
+        got = []
+        fut = p.send_async(b"cb", lambda res, mid: got.append((res, mid)))
+        plain = p.send_async(b"plain", None, {"k": "v"})
+        p.flush()
+        eventually(lambda: got)
+        assert got == [(pulsartxn.Result.Ok, fut.result())]
+        assert plain.result().entry_id() == fut.result().entry_id()
+        assert stored_values(p) == [b"cb", b"plain"]
