@@ -123,7 +123,10 @@ def _worker_produce(client, args, rec, stop, pacer):
 
 def _worker_consume(client, args, rec, stop, pacer):
     consumer = client.subscribe(
-        args.topic, args.subscription, subscription_type=pulsartxn.ConsumerType.Shared
+        args.topic,
+        args.subscription,
+        subscription_type=pulsartxn.ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,  # what --seed sent first
     )
     txn, in_txn = None, 0
     try:

@@ -275,7 +275,9 @@ def check(data: str, history: History, round_: int) -> dict:
                 for batch in client.scan(topic)
                 for v in batch.column("value").to_pylist()
             ]
-            consumer = client.subscribe(topic, f"verify-{round_}")
+            consumer = client.subscribe(
+                topic, f"verify-{round_}", initial_position=pulsartxn.InitialPosition.Earliest
+            )
             dispatched = _drain(consumer)
             consumer.unsubscribe()
             if sorted(scanned) != sorted(dispatched):
@@ -317,7 +319,12 @@ def check(data: str, history: History, round_: int) -> dict:
         twice = [m for m, n in acks.items() if n > 1]
         if twice:
             fail(f"inputs acknowledged by two committed transactions: {twice[:10]}")
-        consumer = client.subscribe(IN, SUB, subscription_type=pulsartxn.ConsumerType.Shared)
+        consumer = client.subscribe(
+            IN,
+            SUB,
+            subscription_type=pulsartxn.ConsumerType.Shared,
+            initial_position=pulsartxn.InitialPosition.Earliest,
+        )
         redelivered = _drain(consumer)
         consumer.close()
         again = Counter(redelivered)
