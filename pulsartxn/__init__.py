@@ -12,7 +12,7 @@ from .client import Client
 from .errors import *  # noqa: F403 - the hierarchy, listed once (errors.__all__)
 from .messaging.consumer import ConsumerType, InitialPosition, Isolation
 from .messaging.message import Message, MessageId
-from .messaging.producer import BatchingType, CompressionType, Result
+from .messaging.send_options import BatchingType, CompressionType, Result
 from .txn.state import TxnState
 from .txn.transaction import Transaction
 

@@ -25,7 +25,8 @@ from .messaging.consumer import (
 )
 from .messaging.listener import check_listener, start_listener
 from .messaging.message import Message, MessageId
-from .messaging.producer import BatchingType, CompressionType, Producer, check_producer_options
+from .messaging.producer import Producer
+from .messaging.send_options import BatchingType, CompressionType, check_producer_options
 from .messaging.topic_name import check_keyed_name
 from .remote import ClusterClient, RemoteClient, connect
 from .txn.log import IN_PROCESS

@@ -2,7 +2,8 @@
 service (``pulsartxn.server``), in its own layer: it imports the wire protocol, never the
 service. ``connect`` gives a ClusterClient when the brokers are a cluster's."""
 
-from .client import RemoteAdmin, RemoteClient
+from .admin import RemoteAdmin
+from .client import RemoteClient
 from .cluster import ClusterAdmin, ClusterClient, connect
 from .consumer import RemoteConsumer
 from .handles import RemoteTransaction

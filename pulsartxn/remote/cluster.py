@@ -34,7 +34,7 @@ from ..messaging.consumer import (
 )
 from ..messaging.listener import check_listener, start_listener
 from ..messaging.message import Message, MessageId
-from ..messaging.producer import BatchingType, CompressionType, check_producer_options
+from ..messaging.send_options import BatchingType, CompressionType, check_producer_options
 from ..messaging.topic_name import TopicName
 from ..server.protocol import SessionLost
 from .client import (

@@ -6,16 +6,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._native import TxnID
-from .._native.keywords import strict_class
 from ..messaging.topic_name import TopicName
+from .admin import AdminCalls
 from .handles import txn_str
 
 if TYPE_CHECKING:
     from .cluster import ClusterClient
 
 
-@strict_class
-class ClusterAdmin:
+class ClusterAdmin(AdminCalls):
     """``client.admin`` on a cluster: a coordinator's views at its owner, the cluster's
     (``cluster()``: who owns what; ``cluster_transactions()``, ``cluster_coordinators()``)
     and the rest at any broker."""
@@ -44,50 +43,6 @@ class ClusterAdmin:
         if name in _PER_PARTITION and args and isinstance(args[0], str):
             return self._per_partition(name, args)
         return client._any(run)
-
-    def topic_stats(self, topic: str) -> dict:
-        """Messages and bytes in and out, storage size, and backlog per subscription."""
-        return self._call("topic_stats", topic)
-
-    def coordinators(self) -> list[dict]:
-        """One line per coordinator: id, state, active transactions, low watermark."""
-        return self._call("coordinators")
-
-    def coordinator_stats(self, coordinator_id: int) -> dict:
-        """A coordinator's counters, latency, finalizing transactions and recovery."""
-        return self._call("coordinator_stats", coordinator_id)
-
-    def transaction_metadata(self, txn_id: TxnID | str | int) -> dict:
-        """State, timeout, open time, produced partitions and acked subscriptions."""
-        return self._call("transaction_metadata", txn_id)
-
-    def slow_transactions(self, min_open_ms: float) -> list[dict]:
-        """Live transactions open for at least min_open_ms, oldest first."""
-        return self._call("slow_transactions", min_open_ms)
-
-    def scale_coordinators(self, n: int) -> None:
-        """Grow the number of coordinators (shrinking is refused)."""
-        return self._call("scale_coordinators", n)
-
-    def transaction_buffer_stats(self, topic: str) -> dict:
-        """Max read position, ongoing and aborted transactions, last snapshot."""
-        return self._call("transaction_buffer_stats", topic)
-
-    def pending_ack_stats(self, topic: str, subscription: str) -> dict:
-        """Transactions holding acks, held entries, acks, log records and writes."""
-        return self._call("pending_ack_stats", topic, subscription)
-
-    def cluster(self) -> dict:
-        """Live brokers and the owners of bundles and coordinators (a cluster's only)."""
-        return self._call("cluster")
-
-    def cluster_transactions(self, min_open_ms: float = 0) -> list[dict]:
-        """Every live broker's transactions open at least min_open_ms (a cluster's only)."""
-        return self._call("cluster_transactions", min_open_ms)
-
-    def cluster_coordinators(self) -> list[dict]:
-        """The coordinators each broker serves (a cluster's only)."""
-        return self._call("cluster_coordinators")
 
     def _per_partition(self, name: str, args) -> dict:
         """A partition's figures from its owner; a partitioned topic's, from each partition's

@@ -21,7 +21,8 @@ from .._native import TxnID
 from .._native.keywords import strict_class
 from ..messaging.message import MessageId
 from ..messaging.producer import _route as route_key
-from ..messaging.producer import check_callback, check_sequence_id
+from ..messaging.producer import check_sequence_id
+from ..messaging.send_options import check_callback
 from .handles import RemoteTransaction
 from .placed import Placed, quietly
 from .producer import RemoteProducer

@@ -17,7 +17,8 @@ from .. import errors
 from .._native import TxnID
 from .._native.keywords import strict_class
 from ..messaging.message import MessageId
-from ..messaging.producer import check_callback, check_sequence_id, with_callback
+from ..messaging.producer import check_sequence_id
+from ..messaging.send_options import check_callback, with_callback
 from ..server import protocol
 from ..server.protocol import frame, unframe
 from .handles import Handle, RemoteTransaction, txn_str, unreachable
