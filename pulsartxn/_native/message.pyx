@@ -165,7 +165,7 @@ cdef class Message:
     the MessageId is then made when first asked for."""
 
     def __init__(self, data, properties, key, message_id, topic, publish_time,
-                 redelivery_count=0, txn=None):
+                 redelivery_count=0, txn=None, event_timestamp=0, ordering_key=None):
         self._data = data
         self._properties = properties
         self._key = key
@@ -174,6 +174,8 @@ cdef class Message:
         self._publish_time = publish_time
         self._redelivery_count = redelivery_count
         self._txn = txn
+        if event_timestamp or ordering_key is not None:
+            self._meta = (event_timestamp, ordering_key)
 
     def data(self):
         return self._data
@@ -202,6 +204,14 @@ cdef class Message:
 
     def redelivery_count(self):
         return self._redelivery_count
+
+    def event_timestamp(self):
+        """The event time the producer set (ms since the epoch), 0 when none."""
+        return self._meta[0] if self._meta is not None else 0
+
+    def ordering_key(self):
+        """The ordering key the producer set, None when none."""
+        return self._meta[1] if self._meta is not None else None
 
     def __repr__(self):
         return f"Message(topic={self._topic!r}, id={self.message_id()!r}, {len(self._data)} bytes)"

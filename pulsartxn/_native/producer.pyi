@@ -50,6 +50,12 @@ class PartitionProducer:
         sequence_id: int | None = None,
         txn: Any = None,
         callback: Any = None,
+        *,
+        ordering_key: str | bytes | None = None,
+        event_timestamp: int | None = None,
+        deliver_after_ms: int | None = None,
+        deliver_at: int | None = None,
+        deliver_after: Any = None,
     ) -> Future: ...
     def add(
         self,

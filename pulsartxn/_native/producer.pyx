@@ -167,9 +167,23 @@ cdef class PartitionProducer:
         self.txn_batch = None
 
     def send_async(self, content, properties=None, partition_key=None, sequence_id=None,
-                   txn=None, callback=None):
+                   txn=None, callback=None, *, ordering_key=None, event_timestamp=None,
+                   deliver_after_ms=None, deliver_at=None, deliver_after=None):
         """Producer.send_async of a one-partition producer: the plain case here, the rest
-        (validation, keys, properties, sequence ids, callbacks, errors) in the producer."""
+        (validation, keys, properties, sequence ids, metadata, callbacks, errors) in the
+        producer."""
+        if (
+            ordering_key is not None
+            or event_timestamp is not None
+            or deliver_after_ms is not None
+            or deliver_at is not None
+            or deliver_after is not None
+        ):
+            return self.producer._send_async(
+                content, properties, partition_key, sequence_id, txn, callback,
+                ordering_key=ordering_key, event_timestamp=event_timestamp,
+                deliver_after_ms=deliver_after_ms, deliver_at=deliver_at,
+                deliver_after=deliver_after)
         if (
             type(content) is bytes
             and properties is None

@@ -199,6 +199,8 @@ class Partition:
         first_sequence: int,
         publish_time: int,
         txn_id=None,
+        properties=None,
+        metadata=None,
     ) -> WriteOp:
         """A group-commit operation that encodes a bulk of messages straight into the ledger
         (no intermediate bytes objects); its result is (first entry id, messages per entry).
@@ -211,12 +213,14 @@ class Partition:
                 lmdb_txn,
                 values,
                 keys,
+                properties,
                 batch_size=batch_size,
                 producer_id=producer_id,
                 first_sequence_id=first_sequence,
                 publish_time=publish_time,
                 txn_msb=msb,
                 txn_lsb=lsb,
+                metadata=metadata,
             )
             self._index_sequences(lmdb_txn, first, counts, producer, first_sequence)
             return first, counts

@@ -25,6 +25,7 @@ from ..errors import AlreadyClosed, MessageTooBig, excerpt
 from ..txn.log import IN_PROCESS
 from ..txn.transaction import Transaction
 from .message import MessageId
+from .metadata import message_metadata
 from .partition import Partition
 from .txn_batches import TransactionBatches
 
@@ -161,6 +162,12 @@ class Producer(TransactionBatches):
         sequence_id=None,
         txn=None,
         callback=None,
+        *,
+        ordering_key: str | bytes | None = None,
+        event_timestamp: int | None = None,
+        deliver_after_ms: int | None = None,
+        deliver_at: int | None = None,
+        deliver_after=None,
     ) -> Future:
         """Queue one message; the future gives its MessageId once it is durable.
 
@@ -173,11 +180,34 @@ class Producer(TransactionBatches):
         A one-partition producer's instances answer this with their partition's native
         ``send_async`` (bound in __init__), which handles the plain case and calls
         ``_send_async`` for the rest."""
-        return self._send_async(content, properties, partition_key, sequence_id, txn, callback)
+        return self._send_async(
+            content,
+            properties,
+            partition_key,
+            sequence_id,
+            txn,
+            callback,
+            ordering_key=ordering_key,
+            event_timestamp=event_timestamp,
+            deliver_after_ms=deliver_after_ms,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
+        )
 
-    def _send_async(self, content, properties, partition_key, sequence_id, txn, callback) -> Future:
+    def _send_async(
+        self, content, properties, partition_key, sequence_id, txn, callback, **metadata
+    ) -> Future:
         if self._closed:
             self._check_open()
+        if metadata:
+            meta = message_metadata(**metadata)
+            if meta is not None:
+                fut = self._send_meta(content, properties, partition_key, sequence_id, txn, meta)
+                if callback is not None:
+                    fut.add_done_callback(
+                        lambda f: callback(f.exception(), None if f.exception() else f.result())
+                    )
+                return fut
         if txn is not None:
             content, properties = self._validate(content, properties, partition_key, sequence_id)
             fut = self._txn_add(txn, content, properties, partition_key, sequence_id)
@@ -207,10 +237,28 @@ class Producer(TransactionBatches):
         return fut
 
     def send(
-        self, content, properties=None, partition_key=None, sequence_id=None, txn=None
+        self,
+        content,
+        properties=None,
+        partition_key=None,
+        sequence_id=None,
+        txn=None,
+        *,
+        ordering_key: str | bytes | None = None,
+        event_timestamp: int | None = None,
+        deliver_after_ms: int | None = None,
+        deliver_at: int | None = None,
+        deliver_after=None,
     ) -> MessageId:
         """Send one message; durable when it returns."""
         self._check_open()
+        meta = message_metadata(
+            ordering_key, event_timestamp, deliver_after_ms, deliver_at, deliver_after
+        )
+        if meta is not None:
+            fut = self._send_meta(content, properties, partition_key, sequence_id, txn, meta)
+            self._parts[0].partition.storage.wait(fut)
+            return fut.result()
         content, properties = self._validate(content, properties, partition_key, sequence_id)
         if txn is not None:
             fut = self._txn_add(txn, content, properties, partition_key, sequence_id)
@@ -236,6 +284,50 @@ class Producer(TransactionBatches):
         if not ride:
             self._wait_batches(futures, txn)
         return n
+
+    def _send_meta(self, content, properties, partition_key, sequence_id, txn, meta) -> Future:
+        """One message with metadata: an entry of its own (as Pulsar's clients send a delayed
+        message outside a batch), after what waits in containers; its future a MessageId."""
+        content, properties = self._validate(content, properties, partition_key, sequence_id)
+        txn = self.client._txn_for(txn)
+        if txn is not None:
+            self._txn_flush(txn)
+        part = self._part_for(partition_key)
+        out: Future = Future()
+        if sequence_id is not None and sequence_id <= part.last_sequence:
+            # A resend: answered as the container answers one (PartitionProducer._duplicate).
+            waiting = part.waiting(sequence_id)
+            if waiting is not None:
+                return waiting
+            dup = part.partition.duplicate_of(self.name, sequence_id)
+            if dup is not None and not (dup.entry_id() < 0 and part.was_dropped(sequence_id)):
+                out.set_result(dup)
+                return out
+        key = None if partition_key is None else [partition_key.encode()]
+        fut = self._send_rows(
+            part,
+            [content],
+            key,
+            np.arange(1),
+            1,
+            np.array([len(content)]),
+            txn,
+            quiet=False,
+            properties=None if properties is None else [properties],
+            metadata=[meta],
+            sequence_id=sequence_id,
+        )
+        p = part.partition
+
+        def done(f) -> None:
+            exc = f.exception()
+            if exc is not None:
+                out.set_exception(exc)
+            else:
+                out.set_result(MessageId(p.ledger_id, f.result()[0], p.index, -1, 0))
+
+        fut.add_done_callback(done)
+        return out
 
     def _submit_batch(self, values, keys, txn, quiet: bool, ride: bool = False):
         """send_batch without the wait: (count, futures of its writes, the Transaction,
@@ -331,7 +423,9 @@ class Producer(TransactionBatches):
         txn=None,
         quiet: bool = True,
         ride: bool = False,
+        **one,
     ) -> Future:
+        """`one`: properties, metadata and sequence_id of a single message (_send_meta)."""
         if len(rows) == n:
             sub_values = values
             sub_keys = key_list
@@ -354,7 +448,7 @@ class Producer(TransactionBatches):
                 raise
         try:
             fut = self._submit_rows(
-                part, sub_values, sub_keys, rows, sizes, txn, staged, quiet, ride
+                part, sub_values, sub_keys, rows, sizes, txn, staged, quiet, ride, **one
             )
         except BaseException:
             if txn is not None:
@@ -374,14 +468,26 @@ class Producer(TransactionBatches):
         return fut
 
     def _submit_rows(
-        self, part, sub_values, sub_keys, rows, sizes, txn, staged, quiet, ride=False
+        self,
+        part,
+        sub_values,
+        sub_keys,
+        rows,
+        sizes,
+        txn,
+        staged,
+        quiet,
+        ride=False,
+        properties=None,
+        metadata=None,
+        sequence_id=None,
     ) -> Future:
         with part.lock:
             part._flush_locked()
-            first_seq = part.last_sequence + 1
+            first_seq = part.last_sequence + 1 if sequence_id is None else sequence_id
             if first_seq + len(rows) - 1 > MAX_SEQUENCE_ID:  # sent by another thread meanwhile
                 raise sequences_used_up(self.name, part.partition.topic)
-            part.last_sequence = first_seq + len(rows) - 1
+            part.last_sequence = max(part.last_sequence, first_seq + len(rows) - 1)
             nbytes = int(sizes[rows].sum())
             op = part.partition.append_messages_op(
                 sub_values,
@@ -394,6 +500,8 @@ class Producer(TransactionBatches):
                 first_sequence=first_seq,
                 publish_time=int(time.time() * 1000),
                 txn_id=txn.id if txn is not None else None,
+                properties=properties,
+                metadata=metadata,
             )
             if staged is not None:
                 op.prepend(staged[0])

@@ -21,6 +21,7 @@ from ..errors import (
 from ..storage import WriteOp
 from ..txn.pending_ack import PendingAck
 from .cursor import Cursor
+from .delayed import DelayedDelivery
 from .message import Message, MessageId
 from .parked import Parked
 from .partition import Partition
@@ -46,6 +47,7 @@ class Subscription:
         self.type: int | None = None
         self.parked = Parked()
         self.read_ahead = ReadAhead(partition, cursor, self._filter_out)
+        self.delayed = DelayedDelivery()  # messages read before their delivery time
         # Past the read-ahead only positions are held: a message delivered and not yet
         # acknowledged (entry, batch_index) -> Pending, and the heaps of those to redeliver.
         self._pending: dict[tuple[int, int], Pending] = {}
@@ -104,6 +106,7 @@ class Subscription:
             if read_committed != self.read_committed:
                 self.read_committed = read_committed
                 self.read_ahead.rewind(self.cursor.mark_delete + 1)
+            self.delayed.use(self.read_ahead, self.cursor, sub_type == SHARED)
 
     def detach(self, consumer: Consumer) -> None:
         """`consumer` leaves: what it held goes to the others, and only as many of them are
@@ -202,12 +205,17 @@ class Subscription:
                 return 0, False
             if self._nacked:
                 self._due_nacks()
+            if self.delayed:
+                self.delayed.release_due(self.read_ahead)
             nbytes, full = 0, False
             if self._redeliver:
                 nbytes, full = self._take_redelivered(consumer, out, n, max_bytes)
             if not full and len(out) < n:
                 taken, full = self._take_buffered(consumer, out, n, max_bytes - nbytes)
                 nbytes += taken
+            woke, self.delayed.woke = self.delayed.woke, False
+        if woke:
+            self.notify()  # a delayed message due before what parked receives wait for
         return nbytes, full
 
     def _take_redelivered(self, consumer, out: list, n: int, max_bytes: int):
@@ -306,7 +314,7 @@ class Subscription:
     def _deliver(self, consumer, key, payload, count) -> Message:
         """One redelivered message (the read-ahead path is _take_buffered)."""
         self._pending[key] = Pending(consumer, count)
-        data, properties, pkey, publish_time, batch_size, _ = payload
+        data, properties, pkey, publish_time, batch_size, _ = payload[:6]
         entry_id, batch_index = key
         p = self.partition
         self.msg_out += 1
@@ -314,7 +322,8 @@ class Subscription:
         p.msg_out += 1
         p.bytes_out += len(data)
         mid = MessageId(p.ledger_id, entry_id, p.index, batch_index, batch_size)
-        return Message(data, properties, pkey, mid, p.topic, publish_time, count)
+        meta = payload[6] if len(payload) > 6 else (0, None)  # event time, ordering key
+        return Message(data, properties, pkey, mid, p.topic, publish_time, count, None, *meta)
 
     def _filter_out(self, entry_id: int, count: int) -> None:
         """A marker or an aborted transaction's entry: never delivered, acknowledged
@@ -395,7 +404,9 @@ class Subscription:
 
     def next_due(self) -> float | None:
         with self.lock:
-            return self._nacked[0][0] if self._nacked else None
+            nack = self._nacked[0][0] if self._nacked else None
+            delayed = self.delayed.next_due() if self.delayed else None
+        return min((d for d in (nack, delayed) if d is not None), default=None)
 
     def has_available(self, consumer) -> bool:
         with self.lock:

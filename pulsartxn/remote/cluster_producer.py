@@ -132,11 +132,34 @@ class ClusterProducer:
             return self._parts[route_key(partition_key, n)]
         return self._parts[next(self._round_robin) % n]
 
-    def send(self, content, properties=None, partition_key=None, sequence_id=None, txn=None):
+    def send(
+        self,
+        content,
+        properties=None,
+        partition_key=None,
+        sequence_id=None,
+        txn=None,
+        *,
+        ordering_key: str | bytes | None = None,
+        event_timestamp: int | None = None,
+        deliver_after_ms: int | None = None,
+        deliver_at: int | None = None,
+        deliver_after=None,
+    ):
+        """Send one message at its partition's owner; durable when it returns."""
         self._check_open()
         content = _validate(content, properties, partition_key, sequence_id)
         return self._part_for(partition_key).send(
-            content, properties, partition_key, sequence_id, txn
+            content,
+            properties,
+            partition_key,
+            sequence_id,
+            txn,
+            ordering_key=ordering_key,
+            event_timestamp=event_timestamp,
+            deliver_after_ms=deliver_after_ms,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
         )
 
     def send_async(
@@ -147,11 +170,28 @@ class ClusterProducer:
         sequence_id=None,
         txn=None,
         callback=None,
+        *,
+        ordering_key: str | bytes | None = None,
+        event_timestamp: int | None = None,
+        deliver_after_ms: int | None = None,
+        deliver_at: int | None = None,
+        deliver_after=None,
     ):
+        """Queue one message for its partition's owner; the future gives its MessageId."""
         self._check_open()
         content = _validate(content, properties, partition_key, sequence_id)
         return self._part_for(partition_key).send_async(
-            content, properties, partition_key, sequence_id, txn, callback
+            content,
+            properties,
+            partition_key,
+            sequence_id,
+            txn,
+            callback,
+            ordering_key=ordering_key,
+            event_timestamp=event_timestamp,
+            deliver_after_ms=deliver_after_ms,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
         )
 
     def _split(self, values, keys):

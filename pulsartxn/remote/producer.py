@@ -13,6 +13,7 @@ import pyarrow.flight as flight
 
 from .. import errors
 from ..messaging.message import MessageId
+from ..messaging.metadata import message_metadata
 from ..messaging.producer import check_sequence_id
 from ..server import protocol
 from ..server.protocol import frame, unframe
@@ -157,8 +158,11 @@ class RemoteProducer(Handle):
 
     def _send_many(self, items, txn, handle=None) -> list:
         msgs, payloads = [], []
-        for content, props, key, seq in items:
-            msgs.append({"n": len(content), "props": props, "key": key, "seq": seq})
+        for content, props, key, seq, meta in items:
+            msg = {"n": len(content), "props": props, "key": key, "seq": seq}
+            if meta is not None:  # (event time, deliver at, ordering key): wire_metadata
+                msg["meta"] = protocol.wire_metadata(meta)
+            msgs.append(msg)
             payloads.append(content)
         out = self._client._json(
             "send_many",
@@ -184,13 +188,30 @@ class RemoteProducer(Handle):
             raise TypeError(f"content must be bytes, not {type(content).__name__}")
         return content
 
-    def send(self, content, properties=None, partition_key=None, sequence_id=None, txn=None):
+    def send(
+        self,
+        content,
+        properties=None,
+        partition_key=None,
+        sequence_id=None,
+        txn=None,
+        *,
+        ordering_key: str | bytes | None = None,
+        event_timestamp: int | None = None,
+        deliver_after_ms: int | None = None,
+        deliver_at: int | None = None,
+        deliver_after=None,
+    ) -> MessageId:
+        """Send one message; durable when it returns."""
         content = self._check(content)
+        meta = message_metadata(
+            ordering_key, event_timestamp, deliver_after_ms, deliver_at, deliver_after
+        )
         self.flush()
         seq = self._next_seq(sequence_id)
         handle = txn if isinstance(txn, RemoteTransaction) else None
         (result,) = self._send_many(
-            [(content, properties, partition_key, seq)], txn_str(txn), handle
+            [(content, properties, partition_key, seq, meta)], txn_str(txn), handle
         )
         if isinstance(result, BaseException):
             raise result
@@ -204,10 +225,19 @@ class RemoteProducer(Handle):
         sequence_id=None,
         txn=None,
         callback=None,
+        *,
+        ordering_key: str | bytes | None = None,
+        event_timestamp: int | None = None,
+        deliver_after_ms: int | None = None,
+        deliver_at: int | None = None,
+        deliver_after=None,
     ) -> Future:
         """Queued and sent in batches by a worker (whatever accumulates while one call is in
         flight goes in the next)."""
         content = self._check(content)
+        meta = message_metadata(
+            ordering_key, event_timestamp, deliver_after_ms, deliver_at, deliver_after
+        )
         fut: Future = Future()
         if isinstance(txn, RemoteTransaction):
             txn.producers.add(self)
@@ -222,7 +252,7 @@ class RemoteProducer(Handle):
             handle = txn if isinstance(txn, RemoteTransaction) else None
             self._queue.append(
                 (
-                    (content, properties, partition_key, seq),
+                    (content, properties, partition_key, seq, meta),
                     txn_str(txn),
                     fut,
                     time.monotonic(),

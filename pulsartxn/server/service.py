@@ -233,8 +233,9 @@ class BrokerServer(Streams, flight.FlightServerBase):
                 raise ValueError("malformed send: message lengths past the payload")
             content = bytes(payload[off : off + n])
             off += n
+            meta = protocol.metadata_args(m.get("meta"))
             futures.append(
-                p.send_async(content, m.get("props"), m.get("key"), m.get("seq"), txn=txn)
+                p.send_async(content, m.get("props"), m.get("key"), m.get("seq"), txn=txn, **meta)
             )
         p.flush()
         ids, errs = [], []

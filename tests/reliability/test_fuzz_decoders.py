@@ -39,6 +39,13 @@ message = st.tuples(
     st.binary(max_size=40),
     st.none() | st.binary(max_size=8),
     st.none() | st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3),
+    # metadata (FLAG_METADATA): event time, deliver at, ordering key
+    st.none()
+    | st.tuples(
+        st.integers(-(1 << 63), (1 << 63) - 1),
+        st.integers(0, 1 << 50),
+        st.none() | st.binary(max_size=8),
+    ),
 )
 
 
@@ -49,6 +56,7 @@ def valid_entry(draw):
         [m[0] for m in msgs],
         keys=[m[1] for m in msgs],
         properties=[m[2] for m in msgs],
+        metadata=[m[3] for m in msgs] if draw(st.booleans()) else None,
         txn_msb=draw(st.integers(0, 3)),
         txn_lsb=draw(st.integers(0, 3)),
         sequence_id=draw(st.integers(0, 1 << 40)),

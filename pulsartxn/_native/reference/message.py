@@ -125,6 +125,7 @@ class Message:
         "_publish_time",
         "_redelivery_count",
         "_txn",
+        "_meta",
     )
 
     def __init__(
@@ -137,6 +138,8 @@ class Message:
         publish_time: int,
         redelivery_count: int = 0,
         txn=None,
+        event_timestamp: int = 0,
+        ordering_key: str | None = None,
     ) -> None:
         self._data = data
         self._properties = properties
@@ -146,6 +149,8 @@ class Message:
         self._publish_time = publish_time
         self._redelivery_count = redelivery_count
         self._txn = txn
+        has_meta = event_timestamp or ordering_key is not None
+        self._meta = (event_timestamp, ordering_key) if has_meta else None
 
     def data(self) -> bytes:
         return self._data
@@ -174,6 +179,14 @@ class Message:
 
     def redelivery_count(self) -> int:
         return self._redelivery_count
+
+    def event_timestamp(self) -> int:
+        """The event time the producer set (ms since the epoch), 0 when none."""
+        return self._meta[0] if self._meta is not None else 0
+
+    def ordering_key(self) -> str | None:
+        """The ordering key the producer set, None when none."""
+        return self._meta[1] if self._meta is not None else None
 
     def __repr__(self) -> str:
         return f"Message(topic={self._topic!r}, id={self.message_id()!r}, {len(self._data)} bytes)"
