@@ -25,8 +25,6 @@ from .entryformat import REASONS, DecodedEntries, EntryHeader
 ptx_crc32c_init()
 
 cdef uint8_t EMPTY[1]
-_NO_I64 = np.zeros(1, np.int64)
-_NO_U8 = np.zeros(1, np.uint8)
 
 
 cdef struct _Totals:
@@ -242,6 +240,7 @@ cdef uint8_t *_data_ptr(object arr) except? NULL:
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
+@cython.initializedcheck(False)
 cdef object _fill(Py_buffer *views, Py_ssize_t ne, ids_arr, _Totals *t):
     cdef Py_ssize_t nm = t.messages
     a = {
@@ -265,12 +264,16 @@ cdef object _fill(Py_buffer *views, Py_ssize_t ne, ids_arr, _Totals *t):
         a.update(event_time=np.empty(nm, np.int64), deliver_at=np.empty(nm, np.int64),
                  okey_offsets=np.empty(nm + 1, np.int64),
                  okey_data=np.empty(t.okey_bytes, np.uint8), okey_valid=np.empty(nm, np.bool_))
-    # Without metadata the views stand on shared one-element arrays, never written.
-    cdef int64_t[::1] event_time = a["event_time"] if with_meta else _NO_I64
-    cdef int64_t[::1] deliver_at = a["deliver_at"] if with_meta else _NO_I64
-    cdef int64_t[::1] okey_off = a["okey_offsets"] if with_meta else _NO_I64
-    cdef uint8_t[::1] okey_valid = a["okey_valid"].view(np.uint8) if with_meta else _NO_U8
-    cdef uint8_t *okey_data = _data_ptr(a["okey_data"]) if with_meta else EMPTY
+    # Without metadata these views stay unbound (and are never touched): no cost to acquire.
+    cdef int64_t[::1] event_time, deliver_at, okey_off
+    cdef uint8_t[::1] okey_valid
+    cdef uint8_t *okey_data = EMPTY
+    if with_meta:
+        event_time = a["event_time"]
+        deliver_at = a["deliver_at"]
+        okey_off = a["okey_offsets"]
+        okey_valid = a["okey_valid"].view(np.uint8)
+        okey_data = _data_ptr(a["okey_data"])
     cdef int64_t ob = 0
     cdef bint meta
     cdef uint64_t[::1] txn_msb = a["txn_msb"], txn_lsb = a["txn_lsb"]

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import datetime
 import time
+from concurrent.futures import Future
+
+import numpy as np
 
 from ..errors import excerpt
+from .message import MessageId
 
 _I64_MAX = (1 << 63) - 1
 
@@ -68,3 +72,49 @@ def message_metadata(
         due = int(time.time() * 1000) + after
     event_time = 0 if event_timestamp is None else _ms("event_timestamp", event_timestamp)
     return event_time, min(due, _I64_MAX), ordering_key
+
+
+def send_with_metadata(
+    producer, content, properties, partition_key, sequence_id, txn, meta
+) -> Future:
+    """One message with metadata: an entry of its own (as Pulsar's clients send a delayed
+    message outside a batch), after what waits in containers; its future a MessageId."""
+    content, properties = producer._validate(content, properties, partition_key, sequence_id)
+    txn = producer.client._txn_for(txn)
+    if txn is not None:
+        producer._txn_flush(txn)
+    part = producer._part_for(partition_key)
+    out: Future = Future()
+    if sequence_id is not None and sequence_id <= part.last_sequence:
+        # A resend: answered as the container answers one (PartitionProducer._duplicate).
+        waiting = part.waiting(sequence_id)
+        if waiting is not None:
+            return waiting
+        dup = part.partition.duplicate_of(producer.name, sequence_id)
+        if dup is not None and not (dup.entry_id() < 0 and part.was_dropped(sequence_id)):
+            out.set_result(dup)
+            return out
+    fut = producer._send_rows(
+        part,
+        [content],
+        None if partition_key is None else [partition_key.encode()],
+        np.arange(1),
+        1,
+        np.array([len(content)]),
+        txn,
+        quiet=False,
+        properties=None if properties is None else [properties],
+        metadata=[meta],
+        sequence_id=sequence_id,
+    )
+    p = part.partition
+
+    def done(f) -> None:
+        exc = f.exception()
+        if exc is not None:
+            out.set_exception(exc)
+        else:
+            out.set_result(MessageId(p.ledger_id, f.result()[0], p.index, -1, 0))
+
+    fut.add_done_callback(done)
+    return out

@@ -25,7 +25,7 @@ from ..errors import AlreadyClosed, MessageTooBig, excerpt
 from ..txn.log import IN_PROCESS
 from ..txn.transaction import Transaction
 from .message import MessageId
-from .metadata import message_metadata
+from .metadata import message_metadata, send_with_metadata
 from .partition import Partition
 from .txn_batches import TransactionBatches
 
@@ -286,48 +286,7 @@ class Producer(TransactionBatches):
         return n
 
     def _send_meta(self, content, properties, partition_key, sequence_id, txn, meta) -> Future:
-        """One message with metadata: an entry of its own (as Pulsar's clients send a delayed
-        message outside a batch), after what waits in containers; its future a MessageId."""
-        content, properties = self._validate(content, properties, partition_key, sequence_id)
-        txn = self.client._txn_for(txn)
-        if txn is not None:
-            self._txn_flush(txn)
-        part = self._part_for(partition_key)
-        out: Future = Future()
-        if sequence_id is not None and sequence_id <= part.last_sequence:
-            # A resend: answered as the container answers one (PartitionProducer._duplicate).
-            waiting = part.waiting(sequence_id)
-            if waiting is not None:
-                return waiting
-            dup = part.partition.duplicate_of(self.name, sequence_id)
-            if dup is not None and not (dup.entry_id() < 0 and part.was_dropped(sequence_id)):
-                out.set_result(dup)
-                return out
-        key = None if partition_key is None else [partition_key.encode()]
-        fut = self._send_rows(
-            part,
-            [content],
-            key,
-            np.arange(1),
-            1,
-            np.array([len(content)]),
-            txn,
-            quiet=False,
-            properties=None if properties is None else [properties],
-            metadata=[meta],
-            sequence_id=sequence_id,
-        )
-        p = part.partition
-
-        def done(f) -> None:
-            exc = f.exception()
-            if exc is not None:
-                out.set_exception(exc)
-            else:
-                out.set_result(MessageId(p.ledger_id, f.result()[0], p.index, -1, 0))
-
-        fut.add_done_callback(done)
-        return out
+        return send_with_metadata(self, content, properties, partition_key, sequence_id, txn, meta)
 
     def _submit_batch(self, values, keys, txn, quiet: bool, ride: bool = False):
         """send_batch without the wait: (count, futures of its writes, the Transaction,
