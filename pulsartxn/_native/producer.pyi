@@ -1,6 +1,7 @@
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from datetime import timedelta
 from typing import Any
 
 from .outcome import Lock, Outcome
@@ -55,7 +56,7 @@ class PartitionProducer:
         event_timestamp: int | None = None,
         deliver_after_ms: int | None = None,
         deliver_at: int | None = None,
-        deliver_after: Any = None,
+        deliver_after: timedelta | None = None,
     ) -> Future: ...
     def add(
         self,

@@ -14,6 +14,7 @@ import itertools
 import time
 import zlib
 from concurrent.futures import Future
+from datetime import timedelta
 from functools import partial
 
 import numpy as np
@@ -167,7 +168,7 @@ class Producer(TransactionBatches):
         event_timestamp: int | None = None,
         deliver_after_ms: int | None = None,
         deliver_at: int | None = None,
-        deliver_after=None,
+        deliver_after: timedelta | None = None,
     ) -> Future:
         """Queue one message; the future gives its MessageId once it is durable.
 
@@ -248,7 +249,7 @@ class Producer(TransactionBatches):
         event_timestamp: int | None = None,
         deliver_after_ms: int | None = None,
         deliver_at: int | None = None,
-        deliver_after=None,
+        deliver_after: timedelta | None = None,
     ) -> MessageId:
         """Send one message; durable when it returns."""
         self._check_open()

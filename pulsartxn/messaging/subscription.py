@@ -411,6 +411,8 @@ class Subscription:
     def has_available(self, consumer) -> bool:
         with self.lock:
             self._due_nacks()
+            if self.delayed:
+                self.delayed.release_due(self.read_ahead)
             if any(
                 not self.cursor.is_acked(*k)
                 and k not in self._pending
@@ -545,6 +547,7 @@ class Subscription:
                 "unacked": len(self._pending),
                 "mark_delete_position": self.cursor.mark_delete,
                 "filtered_aborted": self.filtered,
+                "delayed": len(self.delayed),  # held until their delivery time (msgDelayed)
                 "msg_out": self.msg_out,
                 "bytes_out": self.bytes_out,
             }

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import threading
 import uuid
+from datetime import timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -144,7 +145,7 @@ class ClusterProducer:
         event_timestamp: int | None = None,
         deliver_after_ms: int | None = None,
         deliver_at: int | None = None,
-        deliver_after=None,
+        deliver_after: timedelta | None = None,
     ):
         """Send one message at its partition's owner; durable when it returns."""
         self._check_open()
@@ -175,7 +176,7 @@ class ClusterProducer:
         event_timestamp: int | None = None,
         deliver_after_ms: int | None = None,
         deliver_at: int | None = None,
-        deliver_after=None,
+        deliver_after: timedelta | None = None,
     ):
         """Queue one message for its partition's owner; the future gives its MessageId."""
         self._check_open()

@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from concurrent.futures import Future
+from datetime import timedelta
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -200,7 +201,7 @@ class RemoteProducer(Handle):
         event_timestamp: int | None = None,
         deliver_after_ms: int | None = None,
         deliver_at: int | None = None,
-        deliver_after=None,
+        deliver_after: timedelta | None = None,
     ) -> MessageId:
         """Send one message; durable when it returns."""
         content = self._check(content)
@@ -230,7 +231,7 @@ class RemoteProducer(Handle):
         event_timestamp: int | None = None,
         deliver_after_ms: int | None = None,
         deliver_at: int | None = None,
-        deliver_after=None,
+        deliver_after: timedelta | None = None,
     ) -> Future:
         """Queued and sent in batches by a worker (whatever accumulates while one call is in
         flight goes in the next)."""

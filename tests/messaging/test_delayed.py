@@ -188,3 +188,16 @@ def test_delayed_messages_survive_a_broker_restart(tmp_path, remote):
         assert msg.data() == b"late" and _now_ms() >= due
     finally:
         close(broker, client, server)
+
+
+def test_has_message_available_and_stats_count_held_messages(client, broker):
+    p = client.create_producer("dl-avail")
+    c = _sub(client, "dl-avail")
+    p.send(b"late", deliver_after_ms=500)
+    assert not c.has_message_available()  # held: not available before its time
+    stats = broker.admin.topic_stats("dl-avail")["subscriptions"]["s"]
+    assert stats["delayed"] == 1
+    time.sleep(0.6)
+    assert c.has_message_available()
+    assert c.receive(1000).data() == b"late"
+    assert broker.admin.topic_stats("dl-avail")["subscriptions"]["s"]["delayed"] == 0

@@ -4,6 +4,7 @@ stored per message, received back, validated before anything is sent."""
 from __future__ import annotations
 
 import datetime
+import time
 
 import pytest
 
@@ -20,7 +21,14 @@ def test_fields_round_trip_on_send_and_send_async(client):
     p.send(b"plain")
     p.send(b"a", ordering_key="ok-a", event_timestamp=1_700_000_000_123, properties={"x": "y"})
     p.send_async(b"b", ordering_key=b"ok-b", partition_key="pk").result()
-    p.send_async(b"c", event_timestamp=5, callback=lambda e, mid: None).result()
+    called = []
+    fut = p.send_async(b"c", event_timestamp=5, callback=lambda e, mid: called.append((e, mid)))
+    assert called == [] or called[0][0] is None
+    mid = fut.result()
+    deadline = time.monotonic() + 5
+    while not called and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert called == [(None, mid)]
     p.send(b"after")
     c = _subscribe(client, "meta-rt")
     got = [c.receive(5000) for _ in range(5)]
