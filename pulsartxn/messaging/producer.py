@@ -181,6 +181,14 @@ class Producer(TransactionBatches):
         A one-partition producer's instances answer this with their partition's native
         ``send_async`` (bound in __init__), which handles the plain case and calls
         ``_send_async`` for the rest."""
+        if (
+            ordering_key is None
+            and event_timestamp is None
+            and deliver_after_ms is None
+            and deliver_at is None
+            and deliver_after is None
+        ):
+            return self._send_async(content, properties, partition_key, sequence_id, txn, callback)
         return self._send_async(
             content,
             properties,
