@@ -201,3 +201,31 @@ def test_has_message_available_and_stats_count_held_messages(client, broker):
     assert c.has_message_available()
     assert c.receive(1000).data() == b"late"
     assert broker.admin.topic_stats("dl-avail")["subscriptions"]["s"]["delayed"] == 0
+
+
+def test_many_delayed_messages_each_no_earlier_than_its_time_and_once(client):
+    p = client.create_producer("dl-order")
+    c = _sub(client, "dl-order")
+    base = _now_ms()
+    dues = {b"m%d" % i: base + (i * 37) % 600 for i in range(20)}
+    futures = [p.send_async(data, deliver_at=due) for data, due in dues.items()]
+    for f in futures:
+        f.result()
+    seen = {}
+    while len(seen) < len(dues):
+        m = c.receive(5000)
+        assert m.data() not in seen
+        seen[m.data()] = _now_ms()
+        c.acknowledge(m)
+    assert all(seen[d] >= dues[d] for d in dues)
+    with pytest.raises(pulsartxn.Timeout):
+        c.receive(200)
+
+
+def test_a_closed_producer_refuses_a_delayed_send(client):
+    p = client.create_producer("dl-closed")
+    p.close()
+    with pytest.raises(pulsartxn.AlreadyClosed):
+        p.send(b"x", deliver_after_ms=10)
+    with pytest.raises(pulsartxn.AlreadyClosed):
+        p.send_async(b"x", ordering_key="k")
