@@ -14,8 +14,10 @@ from .messaging.consumer import (
     ConsumerType,
     InitialPosition,
     Isolation,
+    check_count,
     check_subscribe_enums,
 )
+from .messaging.dead_letter import DeadLetter, DeadLetterPolicy, check_policy
 from .messaging.message import MessageId
 from .messaging.producer import Producer
 from .messaging.topic_name import check_keyed_name
@@ -135,9 +137,14 @@ class Client:
         consumer_name: str | None = None,
         negative_ack_redelivery_delay_ms: int = 60_000,
         receiver_queue_size: int | None = None,
+        unacked_messages_timeout_ms: int | None = None,
+        dead_letter_policy: DeadLetterPolicy | None = None,
     ) -> Consumer:
         """receiver_queue_size: the most messages one batch_receive takes (default: the
-        broker's, 1000), capped to the broker's max_receiver_queue_size."""
+        broker's, 1000), capped to the broker's max_receiver_queue_size.
+        unacked_messages_timeout_ms: a message unacknowledged that long is redelivered (None
+        or 0: never; else at least the broker's min_ack_timeout_ms, 10 s by default).
+        dead_letter_policy: where a message redelivered too often goes instead."""
         self._check_open()
         check_keyed_name("subscription_name", subscription_name)
         if consumer_name is not None:
@@ -158,8 +165,15 @@ class Client:
             raise ValueError(
                 f"receiver_queue_size must be a positive int, not {excerpt(receiver_queue_size)}"
             )
+        check_ack_timeout(unacked_messages_timeout_ms, cfg.min_ack_timeout_ms)
+        check_policy(dead_letter_policy)
         full, partitions = self.broker.topics.resolve(topic)
         check_keyed_name("subscription_name", subscription_name, [p.topic for p in partitions])
+        dead_letter = None
+        if dead_letter_policy is not None:
+            dead_letter = DeadLetter(
+                dead_letter_policy, self.broker.topics, full, subscription_name
+            )
         earliest = initial_position is InitialPosition.Earliest
         topics = self.broker.topics
         with topics.lock:
@@ -175,6 +189,8 @@ class Client:
                 isolation is Isolation.READ_COMMITTED,
                 min(receiver_queue_size, cfg.max_receiver_queue_size),
                 cfg.dispatch_max_bytes,
+                unacked_messages_timeout_ms,
+                dead_letter,
             )
         self._consumers.add(consumer)
         return consumer
@@ -290,6 +306,16 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def check_ack_timeout(value, least: int) -> None:
+    """ValueError unless unacked_messages_timeout_ms is None, 0 or at least `least`."""
+    check_count("unacked_messages_timeout_ms", value, least=0, optional=True)
+    if value and value < least:
+        raise ValueError(
+            f"unacked_messages_timeout_ms must be 0, None or at least {least} (the broker's "
+            f"min_ack_timeout_ms), not {value}"
+        )
 
 
 def _check_group(group) -> None:

@@ -17,7 +17,7 @@ from ..errors import (
 )
 from ..txn.log import IN_PROCESS
 from .message import Message, MessageId
-from .subscription import EXCLUSIVE, FAILOVER, SHARED, Subscription
+from .subscription import EXCLUSIVE, FAILOVER, KEY_SHARED, MULTI, SHARED, TYPE_NAMES, Subscription
 
 
 def check_count(name: str, value: object, least: int, optional: bool = False) -> None:
@@ -35,6 +35,7 @@ class ConsumerType(enum.Enum):
     Exclusive = EXCLUSIVE
     Shared = SHARED
     Failover = FAILOVER
+    KeyShared = KEY_SHARED
 
 
 class InitialPosition(enum.Enum):
@@ -80,7 +81,11 @@ class Consumer:
         read_committed: bool = True,
         receiver_queue_size: int = 1000,
         max_bytes: int = 64 * 1024 * 1024,
+        ack_timeout_ms: int | None = None,
+        dead_letter=None,
     ) -> None:
+        """ack_timeout_ms: unacknowledged messages come back after it (None: never);
+        dead_letter: the consumer's dead_letter.DeadLetter, or None."""
         self._client = client
         self._topic = topic
         self._subscription_name = subscription_name
@@ -91,6 +96,8 @@ class Consumer:
         self._nack_delay = negative_ack_redelivery_delay_ms / 1000.0
         self._queue_size = receiver_queue_size  # messages one batch_receive takes at most
         self._max_bytes = max_bytes  # and bytes of message data (one larger goes alone)
+        self._ack_timeout_s = (ack_timeout_ms or 0) / 1000.0
+        self._dead_letter = dead_letter
         self._cond = threading.Condition()
         self._signal = 0  # wake-ups so far: a wait is skipped if one came since it parked
         self._parked = 0  # receives parked on the subscriptions, waiting for a wake-up
@@ -311,10 +318,10 @@ class Consumer:
 
     def acknowledge_cumulative(self, msg_or_id, txn=None):
         self._check_open()
-        if self._type == SHARED:
+        if self._type in MULTI:
             raise InvalidConfiguration(
-                f"cumulative acknowledgement is not allowed on Shared subscription "
-                f"{self._subscription_name}"
+                f"cumulative acknowledgement is not allowed on {TYPE_NAMES[self._type]} "
+                f"subscription {self._subscription_name}"
             )
         sub, mid = self._sub_for(msg_or_id)
         if txn is None:
@@ -334,6 +341,8 @@ class Consumer:
         except TransactionConflict as exc:
             txn._failed(exc)
             raise
+        if sub.key_shared is not None and sub.key_shared.blocked:
+            sub.notify()  # the message left its consumer: a key draining may be free
         if registration is not None:
             txn.subscriptions.add(name)
         txn.ack_counts[name] = txn.ack_counts.get(name, 0) + 1

@@ -1,7 +1,8 @@
-"""Subscriptions (Exclusive, Failover, Shared): a durable cursor and the pull-based dispatch of
-a partition's messages, redeliveries first. What one consumer makes the broker hold is
-bounded: a take by its count and byte budget, the read-ahead by READ_AHEAD_*, a delivered and
-unacknowledged message by its position only. See docs/API.md, "Consuming"."""
+"""Subscriptions (Exclusive, Failover, Shared, Key_Shared): a durable cursor and the
+pull-based dispatch of a partition's messages, redeliveries first. What one consumer makes
+the broker hold is bounded: a take by its count and byte budget, the read-ahead by
+READ_AHEAD_*, a delivered and unacknowledged message by its position only.
+See docs/API.md, "Consuming"."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from ..errors import (
 )
 from ..storage import WriteOp
 from ..txn.pending_ack import PendingAck
+from .ack_timeout import AckTimeouts
 from .cursor import Cursor
+from .key_shared import KeyShared
 from .message import Message, MessageId
 from .parked import Parked
 from .partition import Partition
@@ -29,8 +32,14 @@ from .readahead import ReadAhead
 if TYPE_CHECKING:
     from .consumer import Consumer
 
-EXCLUSIVE, SHARED, FAILOVER = 0, 1, 2
-TYPE_NAMES = {EXCLUSIVE: "Exclusive", SHARED: "Shared", FAILOVER: "Failover"}
+EXCLUSIVE, SHARED, FAILOVER, KEY_SHARED = 0, 1, 2, 3
+TYPE_NAMES = {
+    EXCLUSIVE: "Exclusive",
+    SHARED: "Shared",
+    FAILOVER: "Failover",
+    KEY_SHARED: "Key_Shared",
+}
+MULTI = (SHARED, KEY_SHARED)  # every consumer receives
 _FULL = -2  # take_buffered's answer when the byte budget stopped it
 _LAST = 1 << 62  # above any batch index: (entry, _LAST) follows every message of the entry
 
@@ -52,6 +61,8 @@ class Subscription:
         self._redeliver: list = []  # heap of (entry, batch_index)
         self._nacked: list = []  # heap of (due, (entry, batch_index))
         self._redelivery_counts: dict[tuple[int, int], int] = {}
+        self.timeouts = AckTimeouts()  # deliveries to consumers with an ack timeout
+        self.key_shared: KeyShared | None = None  # while Key_Shared
         self._persist_queued = False
         self._persist_requested = 0.0
         self._last_persist = None
@@ -99,6 +110,10 @@ class Subscription:
                     )
             self.type = sub_type
             self.consumers[consumer] = None
+            if sub_type == KEY_SHARED:
+                if self.key_shared is None:
+                    self.key_shared = KeyShared()
+                self.key_shared.joined(consumer)
             if self.active is None:
                 self.active = consumer
             if read_committed != self.read_committed:
@@ -113,9 +128,11 @@ class Subscription:
             released = self._release(consumer)
             took_over = self.active is consumer
             self.active = next(iter(self.consumers), None)
+            if self.key_shared is not None:
+                self.key_shared.left(consumer)
             if not self.consumers:
-                self.type = None
-            shared = self.type == SHARED
+                self.type = self.key_shared = None
+            shared = self.type in MULTI
         self.parked.discard(consumer)
         if shared:
             if released:
@@ -150,7 +167,7 @@ class Subscription:
             )
 
     def may_receive(self, consumer) -> bool:
-        if self.type == SHARED:
+        if self.type in MULTI:
             return consumer in self.consumers
         return consumer is self.active and consumer is not None
 
@@ -161,16 +178,16 @@ class Subscription:
     def notify(self, k: int | None = None) -> None:
         """Rouse consumers parked in a receive: k of them (Shared), every one (k None), or
         the one that receives here (Exclusive, Failover). Roused ones no longer wait here."""
-        if self.type != SHARED:
+        if self.type not in MULTI:
             active = self.active
             if active is not None:
                 active._wake_parked()
         elif self.parked:
-            self.parked.rouse(k)
+            self.parked.rouse(None if self.type == KEY_SHARED else k)  # whose keys: unknown
 
     def pass_on(self) -> None:
         """Rouse a parked consumer if there may be more to take (a wake-up is handed on)."""
-        if self.parked and self.type == SHARED:
+        if self.parked and self.type in MULTI:
             with self.lock:
                 more = self._more_to_take()
             if more:
@@ -197,18 +214,36 @@ class Subscription:
         read-ahead entries (one lock acquisition for all of them). A message whose data would
         bring the bytes taken past max_bytes stays, unless `out` is empty (it goes alone).
         Returns (bytes taken, whether max_bytes stopped it)."""
+        start, moved = len(out), None
         with self.lock:
             if not self.may_receive(consumer):
                 return 0, False
-            if self._nacked:
+            if self._nacked or self.timeouts:
                 self._due_nacks()
             nbytes, full = 0, False
-            if self._redeliver:
-                nbytes, full = self._take_redelivered(consumer, out, n, max_bytes)
-            if not full and len(out) < n:
-                taken, full = self._take_buffered(consumer, out, n, max_bytes - nbytes)
-                nbytes += taken
+            if self.key_shared is not None:
+                nbytes, full = self.key_shared.take(self, consumer, out, n, max_bytes)
+            else:
+                if self._redeliver:
+                    nbytes, full = self._take_redelivered(consumer, out, n, max_bytes)
+                if not full and len(out) < n:
+                    taken, full = self._take_buffered(consumer, out, n, max_bytes - nbytes)
+                    nbytes += taken
+            if len(out) > start:
+                moved = self._after_take(consumer, out, start)
+        if moved:
+            consumer._dead_letter.move(self, moved)
         return nbytes, full
+
+    def _after_take(self, consumer, out: list, start: int):
+        """out[start:] went to `consumer` (lock held): past its dead letter policy's count they
+        are diverted (returned, to be moved), the rest are under its ack timeout if any."""
+        moved = None
+        if consumer._dead_letter is not None:
+            moved = consumer._dead_letter.divert(self, out, start)
+        if consumer._ack_timeout_s:
+            self.timeouts.delivered(self._pending, consumer, out[start:], consumer._ack_timeout_s)
+        return moved
 
     def _take_redelivered(self, consumer, out: list, n: int, max_bytes: int):
         """Redeliveries into `out`, in position order, each read again from its entry (lock
@@ -333,6 +368,11 @@ class Subscription:
         messages: it is held by the transaction, not redelivered (lock held)."""
         self._pending.pop((entry_id, batch_index), None)
 
+    def dead_lettering(self, entry_id: int, batch_index: int) -> bool:
+        """Whether the message is on its way to a dead letter topic (lock held)."""
+        p = self._pending.get((entry_id, batch_index))
+        return p is not None and p.consumer is None
+
     def forget_acked(self, cumulative: tuple[int, int, int] | None = None, entries=()) -> None:
         """Drop the bookkeeping (pending deliveries, redelivery counts) of the messages an
         acknowledgement just applied to the cursor covers (lock held), by position rather
@@ -392,10 +432,14 @@ class Subscription:
         while self._nacked and self._nacked[0][0] <= now:
             _, key = heapq.heappop(self._nacked)
             heapq.heappush(self._redeliver, key)
+        if self.timeouts:
+            self.timeouts.expire(now, self._pending, self._redeliver)
 
     def next_due(self) -> float | None:
         with self.lock:
-            return self._nacked[0][0] if self._nacked else None
+            due = self._nacked[0][0] if self._nacked else None
+            timeout = self.timeouts.next_due()
+            return due if timeout is None else timeout if due is None else min(due, timeout)
 
     def has_available(self, consumer) -> bool:
         with self.lock:
@@ -429,10 +473,10 @@ class Subscription:
                 raise AlreadyClosed(f"subscription {self.name!r} on {p.topic} was unsubscribed")
             self.pending_ack.check_plain_ack(entry_id, bi, cumulative)
             if cumulative:
-                if self.type == SHARED:
+                if self.type in MULTI:
                     raise InvalidConfiguration(
-                        "cumulative acknowledgement is not allowed on Shared "
-                        f"subscription {self.name}"
+                        "cumulative acknowledgement is not allowed on "
+                        f"{TYPE_NAMES[self.type]} subscription {self.name}"
                     )
                 changed = self.cursor.ack_cumulative(entry_id, bi, size)
                 self.forget_acked((entry_id, bi, size))
@@ -443,6 +487,9 @@ class Subscription:
                     self._redelivery_counts.pop((entry_id, bi), None)
             if changed:
                 self._persist()
+            drained = self.key_shared is not None and self.key_shared.blocked
+        if drained:
+            self.notify()  # a key draining here may be free for its new consumer now
 
     def negative_acknowledge(self, mid: MessageId, delay_s: float) -> None:
         entry_id, batch_index, _ = self.partition.position_of(mid)
@@ -462,7 +509,7 @@ class Subscription:
         with self.lock:
             released = self._release(consumer)
         if released:
-            self.notify(released if self.type == SHARED else None)
+            self.notify(released if self.type in MULTI else None)
 
     def _persist(self) -> None:
         """Persist the cursor soon: acks within one flush interval share one write, as

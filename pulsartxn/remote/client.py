@@ -25,6 +25,7 @@ from ..messaging.consumer import (
     Isolation,
     check_subscribe_enums,
 )
+from ..messaging.dead_letter import DeadLetterPolicy, check_policy
 from ..messaging.message import MessageId
 from ..server import protocol
 from ..server.protocol import SessionLost, frame, unframe
@@ -117,6 +118,8 @@ def subscribe_options(
     consumer_name,
     negative_ack_redelivery_delay_ms,
     receiver_queue_size,
+    unacked_messages_timeout_ms=None,
+    dead_letter_policy=None,
 ) -> dict:
     """subscribe's options as they travel, its enums checked first."""
     check_subscribe_enums(
@@ -124,7 +127,10 @@ def subscribe_options(
         initial_position=initial_position,
         isolation=isolation,
     )
+    check_policy(dead_letter_policy)
     return {
+        "unacked_messages_timeout_ms": unacked_messages_timeout_ms,
+        "dead_letter_policy": dead_letter_policy and dead_letter_policy.to_wire(),
         "subscription_type": subscription_type.name,
         "initial_position": initial_position.name,
         "isolation": isolation.name,
@@ -324,6 +330,8 @@ class RemoteClient:
         consumer_name: str | None = None,
         negative_ack_redelivery_delay_ms: int = 60_000,
         receiver_queue_size: int | None = None,
+        unacked_messages_timeout_ms: int | None = None,
+        dead_letter_policy: DeadLetterPolicy | None = None,
     ):
         opts = subscribe_options(
             subscription_type,
@@ -332,6 +340,8 @@ class RemoteClient:
             consumer_name,
             negative_ack_redelivery_delay_ms,
             receiver_queue_size,
+            unacked_messages_timeout_ms,
+            dead_letter_policy,
         )
         c = RemoteConsumer(self, topic, subscription_name, opts)
         self._objects.add(c)

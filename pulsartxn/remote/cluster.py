@@ -22,6 +22,7 @@ import zlib
 from .. import errors
 from .._native import TxnID
 from ..messaging.consumer import ConsumerType, InitialPosition, Isolation
+from ..messaging.dead_letter import DeadLetterPolicy
 from ..messaging.topic_name import TopicName
 from ..server.protocol import SessionLost
 from .client import (
@@ -318,6 +319,8 @@ class ClusterClient:
         consumer_name: str | None = None,
         negative_ack_redelivery_delay_ms: int = 60_000,
         receiver_queue_size: int | None = None,
+        unacked_messages_timeout_ms: int | None = None,
+        dead_letter_policy: DeadLetterPolicy | None = None,
     ):
         self._check_open()
         opts = subscribe_options(
@@ -327,6 +330,8 @@ class ClusterClient:
             consumer_name,
             negative_ack_redelivery_delay_ms,
             receiver_queue_size,
+            unacked_messages_timeout_ms,
+            dead_letter_policy,
         )
         full = TopicName.parse(topic).full if isinstance(topic, str) else topic
         c = ClusterConsumer(self, full, self._partitions(topic), subscription_name, opts)

@@ -19,6 +19,7 @@ from .. import errors
 from .._native.entryformat import READ_SCHEMA
 from ..client import Client
 from ..messaging.consumer import SUBSCRIBE_ENUMS
+from ..messaging.dead_letter import DeadLetterPolicy
 from ..messaging.message import MessageId
 from ..txn.state import FINAL
 from ..txn.transaction import as_txn_id
@@ -279,6 +280,8 @@ class BrokerServer(Streams, flight.FlightServerBase):
                         f"{key} must name a {enum.__name__}, not {errors.excerpt(name)}"
                     )
                 opts[key] = enum[opts[key]]
+        if opts.get("dead_letter_policy") is not None:
+            opts["dead_letter_policy"] = DeadLetterPolicy.from_wire(opts["dead_letter_policy"])
         room(len(s.consumers), self.sessions.limits.consumers, "consumers")
         self._serve_topic(args["topic"])
         c = s.client.subscribe(args["topic"], args["subscription"], **opts)
