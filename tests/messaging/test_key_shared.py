@@ -214,6 +214,6 @@ def test_partitioned_topic_keeps_each_keys_order(client, broker):
             )
             c.acknowledge(m)
     assert sum(len(v) for v in seen.values()) == 200
-    for key, pairs in seen.items():
+    for pairs in seen.values():
         assert len({c for c, _ in pairs}) == 1
         assert [i for _, i in pairs] == sorted(i for _, i in pairs)
