@@ -51,6 +51,13 @@ class DeadLetterPolicy:
         return cls(**value)
 
 
+def dead_letter_topic(policy: DeadLetterPolicy, topic: str, subscription: str) -> str:
+    """The policy's topic, or ``<topic>-<subscription>-DLQ`` (of a partitioned topic's base)."""
+    if policy.dead_letter_topic is not None:
+        return policy.dead_letter_topic
+    return f"{TopicName.parse(topic).base.full}-{subscription}-DLQ"
+
+
 def check_policy(policy) -> None:
     if policy is not None and not isinstance(policy, DeadLetterPolicy):
         raise TypeError(f"dead_letter_policy must be a DeadLetterPolicy, not {excerpt(policy)}")
@@ -61,8 +68,7 @@ class DeadLetter:
 
     def __init__(self, policy: DeadLetterPolicy, topics, topic: str, subscription: str) -> None:
         self.max = policy.max_redeliver_count
-        base = TopicName.parse(topic).base.full
-        self.topic = policy.dead_letter_topic or f"{base}-{subscription}-DLQ"
+        self.topic = dead_letter_topic(policy, topic, subscription)
         self.initial = policy.initial_subscription_name
         self._topics = topics
         self._partitions = None

@@ -19,7 +19,7 @@ from .. import errors
 from .._native.entryformat import READ_SCHEMA
 from ..client import Client
 from ..messaging.consumer import SUBSCRIBE_ENUMS
-from ..messaging.dead_letter import DeadLetterPolicy
+from ..messaging.dead_letter import DeadLetterPolicy, dead_letter_topic
 from ..messaging.message import MessageId
 from ..txn.state import FINAL
 from ..txn.transaction import as_txn_id
@@ -280,15 +280,29 @@ class BrokerServer(Streams, flight.FlightServerBase):
                         f"{key} must name a {enum.__name__}, not {errors.excerpt(name)}"
                     )
                 opts[key] = enum[opts[key]]
-        if opts.get("dead_letter_policy") is not None:
-            opts["dead_letter_policy"] = DeadLetterPolicy.from_wire(opts["dead_letter_policy"])
         room(len(s.consumers), self.sessions.limits.consumers, "consumers")
         self._serve_topic(args["topic"])
+        if opts.get("dead_letter_policy") is not None:
+            opts["dead_letter_policy"] = DeadLetterPolicy.from_wire(opts["dead_letter_policy"])
+            self._serve_dead_letter(args["topic"], args["subscription"], opts)
         c = s.client.subscribe(args["topic"], args["subscription"], **opts)
         handle = next(self._handles)
         with s.lock:
             s.consumers[handle] = c
         return {"handle": handle, "name": c.consumer_name()}
+
+    def _serve_dead_letter(self, topic, subscription, opts) -> None:
+        """In a cluster: a message moves to its dead letter topic in one local write, so that
+        topic must be this broker's too (InvalidConfiguration, not NotOwner: no retry helps)."""
+        if self.cluster is None:
+            return
+        dlq = dead_letter_topic(opts["dead_letter_policy"], topic, subscription)
+        try:
+            self.cluster.serve_topic(dlq)
+        except errors.NotOwner as exc:
+            raise errors.InvalidConfiguration(
+                f"dead letter topic {dlq} is not served by the broker of {topic}: {exc}"
+            ) from None
 
     def _consumer(self, s: Session, args):
         c = s.consumers.get(args.get("handle"))
