@@ -119,6 +119,33 @@ class KeyShared:
         self._sent, self._tracked = sent, n
         self._hash_of = {k: h for k, h in self._hash_of.items() if k in pending}
 
+    def has_available(self, sub, consumer) -> bool:
+        """Whether a take by `consumer` would find a message now (lock held): reads ahead, as
+        a take does, up to LOOKAHEAD messages of other consumers' keys."""
+        pending, cursor, held = sub._pending, sub.cursor, sub.pending_ack.holds
+        for key in sub._redeliver:
+            if key in pending or cursor.is_acked(*key) or held(*key):
+                continue
+            h = self._hash_of.get(key)
+            if h is None:
+                payload = sub._reread(key)
+                if payload is None:
+                    continue
+                h = key_hash(sticky_key(payload))
+            if self._may_take(pending, consumer, h):
+                return True
+        ra, seen = sub.read_ahead, 0
+        while True:
+            for key, payload in list(ra.buffer)[seen:]:
+                if key in pending or cursor.is_acked(*key) or held(*key):
+                    continue
+                if self._may_take(pending, consumer, key_hash(sticky_key(payload))):
+                    return True
+            seen = len(ra.buffer)
+            position = ra.position
+            if seen >= LOOKAHEAD or not ra.fill(sub.read_committed) or ra.position == position:
+                return False
+
     def take(self, sub, consumer, out: list, n: int, max_bytes: int) -> tuple[int, bool]:
         """As Subscription.take_many (lock held), only messages of `consumer`'s keys, each
         key's in position order: a key passed over once in a take waits for the next."""

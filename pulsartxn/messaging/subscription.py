@@ -444,6 +444,8 @@ class Subscription:
     def has_available(self, consumer) -> bool:
         with self.lock:
             self._due_nacks()
+            if self.key_shared is not None:
+                return self.key_shared.has_available(self, consumer)
             if any(
                 not self.cursor.is_acked(*k)
                 and k not in self._pending

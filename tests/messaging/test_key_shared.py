@@ -217,3 +217,16 @@ def test_partitioned_topic_keeps_each_keys_order(client, broker):
     for pairs in seen.values():
         assert len({c for c, _ in pairs}) == 1
         assert [i for _, i in pairs] == sorted(i for _, i in pairs)
+
+
+def test_has_message_available_counts_only_the_consumers_keys(client):
+    a, b = subscribe(client, consumer_name="a"), subscribe(client, consumer_name="b")
+    send(client, [f"k{i}" for i in range(30)])
+    got_a = drain(a)
+    assert got_a and not a.has_message_available()
+    assert b.has_message_available()
+    got_b = drain(b)
+    assert len(got_a) + len(got_b) == 30 and not b.has_message_available()
+    a.close()  # a's keys and messages go to b
+    assert b.has_message_available()
+    assert {m.data() for m in drain(b)} == {m.data() for m in got_a}
