@@ -51,6 +51,9 @@ class DeadLetterPolicy:
         return cls(**value)
 
 
+ConsumerDeadLetterPolicy = DeadLetterPolicy  # pulsar-client-python's name for it
+
+
 def dead_letter_topic(policy: DeadLetterPolicy, topic: str, subscription: str) -> str:
     """The policy's topic, or ``<topic>-<subscription>-DLQ`` (of a partitioned topic's base)."""
     if policy.dead_letter_topic is not None:

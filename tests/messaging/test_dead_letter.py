@@ -175,6 +175,14 @@ def test_committed_transactional_ack_is_final(client):
     assert dead_letters(client) == []
 
 
+def test_pulsar_clients_name_for_the_policy(client):
+    assert pulsartxn.ConsumerDeadLetterPolicy is DeadLetterPolicy
+    client.create_producer("t").send(b"x")
+    c = subscribe(client, pulsartxn.ConsumerDeadLetterPolicy(max_redeliver_count=1))
+    assert nack_until_gone(c) == {b"x": [0, 1]}
+    assert len(dead_letters(client)) == 1
+
+
 def test_bad_policies_are_refused(client):
     for bad in (0, -1, True, "3", None):
         with pytest.raises(ValueError, match="max_redeliver_count"):
