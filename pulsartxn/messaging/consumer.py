@@ -110,7 +110,7 @@ class Consumer:
         attached = []
         try:
             for sub in subscriptions:
-                sub.attach(self, sub_type, read_committed)
+                sub.attach(self, sub_type, read_committed, self._ack_timeout_s, self._dead_letter)
                 attached.append(sub)
         except BaseException:
             for sub in attached:

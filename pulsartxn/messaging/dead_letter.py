@@ -72,6 +72,7 @@ class DeadLetter:
     def __init__(self, policy: DeadLetterPolicy, topics, topic: str, subscription: str) -> None:
         self.max = policy.max_redeliver_count
         self.topic = dead_letter_topic(policy, topic, subscription)
+        TopicName.parse(self.topic)  # InvalidTopicName now, not at the first move
         self.initial = policy.initial_subscription_name
         self._topics = topics
         self._partitions = None
@@ -93,16 +94,24 @@ class DeadLetter:
         return moved
 
     def move(self, sub, moved: list) -> None:
-        """Move the diverted messages (no lock held): one write each, not waited for."""
-        if self._partitions is None:
-            _, parts = self._topics.resolve(self.topic)
-            if self.initial is not None:
-                for part in parts:
-                    self._topics.subscription(part, self.initial, earliest=True)
-            self._partitions = parts
+        """Move the diverted messages (no lock held): one write each, not waited for. If one
+        cannot be queued (the topic refused, the broker closing), the rest go back to be
+        delivered and the error is raised."""
         storage = sub.partition.storage
-        for key, msg in moved:
-            storage.submit(self._op(sub, key, msg))
+        for i, (key, msg) in enumerate(moved):
+            try:
+                if self._partitions is None:
+                    _, parts = self._topics.resolve(self.topic)
+                    if self.initial is not None:
+                        for part in parts:
+                            self._topics.subscription(part, self.initial, earliest=True)
+                    self._partitions = parts
+                storage.submit(self._op(sub, key, msg))
+            except BaseException:
+                with sub.lock:
+                    for k, m in moved[i:]:
+                        _give_back(sub, k, m.redelivery_count())
+                raise
 
     def _op(self, sub, key, msg) -> WriteOp:
         parts = self._partitions
@@ -149,10 +158,16 @@ class DeadLetter:
         def on_abort() -> None:
             with sub.lock:
                 sub.committing.pop(token, None)
-                if _drop_sentinel(sub, key):
-                    heapq.heappush(sub._redeliver, key)  # tried again at the next take
+                _give_back(sub, key, msg.redelivery_count())  # tried again at the next take
 
         return WriteOp(apply, nbytes=len(entry) + 64, on_commit=on_commit, on_abort=on_abort)
+
+
+def _give_back(sub, key, count: int) -> None:
+    """A move not made (lock held): the message is redelivered with the count it had."""
+    if _drop_sentinel(sub, key):
+        sub._redelivery_counts[key] = count - 1  # the redelivery adds one
+        heapq.heappush(sub._redeliver, key)
 
 
 def _drop_sentinel(sub, key) -> bool:

@@ -50,7 +50,8 @@ class Subscription:
         self.name = name
         self.cursor = cursor
         self.lock = threading.RLock()
-        self.consumers: dict[Consumer, None] = {}  # in the order they attached
+        # In the order they attached, each with its (ack timeout s, DeadLetter) or None.
+        self.consumers: dict[Consumer, tuple | None] = {}
         self.active: Consumer | None = None  # the first: who receives unless Shared
         self.type: int | None = None
         self.parked = Parked()
@@ -93,7 +94,16 @@ class Subscription:
 
     # -- consumers -------------------------------------------------------------------------
 
-    def attach(self, consumer: Consumer, sub_type: int, read_committed: bool = True) -> None:
+    def attach(
+        self,
+        consumer: Consumer,
+        sub_type: int,
+        read_committed: bool = True,
+        ack_timeout_s: float = 0.0,
+        dead_letter=None,
+    ) -> None:
+        """`ack_timeout_s` (0: none) and `dead_letter` (a dead_letter.DeadLetter or None)
+        apply to what `consumer` takes."""
         if self.error is not None:
             raise self.error
         with self.lock:
@@ -109,7 +119,9 @@ class Subscription:
                         "already has a consumer"
                     )
             self.type = sub_type
-            self.consumers[consumer] = None
+            self.consumers[consumer] = (
+                (ack_timeout_s, dead_letter) if ack_timeout_s or dead_letter else None
+            )
             if sub_type == KEY_SHARED:
                 if self.key_shared is None:
                     self.key_shared = KeyShared()
@@ -214,7 +226,8 @@ class Subscription:
         read-ahead entries (one lock acquisition for all of them). A message whose data would
         bring the bytes taken past max_bytes stays, unless `out` is empty (it goes alone).
         Returns (bytes taken, whether max_bytes stopped it)."""
-        start, moved = len(out), None
+        start = len(out)
+        moved = dead_letter = None
         with self.lock:
             if not self.may_receive(consumer):
                 return 0, False
@@ -229,21 +242,18 @@ class Subscription:
                 if not full and len(out) < n:
                     taken, full = self._take_buffered(consumer, out, n, max_bytes - nbytes)
                     nbytes += taken
-            if len(out) > start:
-                moved = self._after_take(consumer, out, start)
+            opts = self.consumers.get(consumer) if len(out) > start else None
+            if opts is not None:
+                # Past the consumer's dead letter policy they are diverted, to be moved; the
+                # rest are under its ack timeout, if any.
+                timeout_s, dead_letter = opts
+                if dead_letter is not None:
+                    moved = dead_letter.divert(self, out, start)
+                if timeout_s:
+                    self.timeouts.delivered(self._pending, consumer, out[start:], timeout_s)
         if moved:
-            consumer._dead_letter.move(self, moved)
+            dead_letter.move(self, moved)
         return nbytes, full
-
-    def _after_take(self, consumer, out: list, start: int):
-        """out[start:] went to `consumer` (lock held): past its dead letter policy's count they
-        are diverted (returned, to be moved), the rest are under its ack timeout if any."""
-        moved = None
-        if consumer._dead_letter is not None:
-            moved = consumer._dead_letter.divert(self, out, start)
-        if consumer._ack_timeout_s:
-            self.timeouts.delivered(self._pending, consumer, out[start:], consumer._ack_timeout_s)
-        return moved
 
     def _take_redelivered(self, consumer, out: list, n: int, max_bytes: int):
         """Redeliveries into `out`, in position order, each read again from its entry (lock

@@ -253,3 +253,26 @@ def test_a_sigkill_during_moves_neither_loses_nor_doubles(tmp_path, delay):
     assert not set(moved) & set(left)
     assert sorted(moved + left, key=int) == [b"%d" % i for i in range(n)]
     assert 0 < len(moved) < n  # killed with moves under way
+
+
+def test_a_dead_letter_topic_that_cannot_be_made_is_refused_up_front(client):
+    with pytest.raises(pulsartxn.InvalidTopicName):
+        subscribe(client, DeadLetterPolicy(1, dead_letter_topic="bad://x/y/z"))
+
+
+def test_a_move_that_cannot_be_made_leaves_the_message_where_it_was(tmp_path):
+    with pulsartxn.Broker(tmp_path / "d", sync=False, max_topics=1) as b:
+        client = b.client()
+        client.create_producer("t").send(b"x")
+        c = subscribe(client, DeadLetterPolicy(1))
+        c.negative_acknowledge(c.receive(1000))
+        c.negative_acknowledge(c.receive(1000))
+        with pytest.raises(pulsartxn.QuotaExceeded):
+            c.receive(1000)  # the dead letter topic would be a second topic
+        plain = subscribe(client, None)  # the same Shared subscription, no policy
+        again = plain.receive(1000)
+        assert again.data() == b"x" and again.redelivery_count() == 2
+        plain.acknowledge(again)
+        c.close()
+        plain.close()
+        assert drain(subscribe(client, None)) == []
