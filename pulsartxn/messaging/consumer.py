@@ -341,7 +341,9 @@ class Consumer:
         except TransactionConflict as exc:
             txn._failed(exc)
             raise
-        if sub.key_shared is not None and sub.key_shared.blocked:
+        with sub.lock:
+            drained = sub.key_shared is not None and sub.key_shared.unblocked()
+        if drained:
             sub.notify()  # the message left its consumer: a key draining may be free
         if registration is not None:
             txn.subscriptions.add(name)

@@ -71,7 +71,15 @@ class KeyShared:
         # hash -> consumer -> messages of that hash delivered to it (some acknowledged since)
         self._sent: dict[int, dict[object, set]] = {}
         self._tracked = 0
-        self.blocked = False  # a take passed over a key draining elsewhere: acks rouse all
+        # A take passed over a key draining elsewhere since the last `unblocked()`: the next
+        # ack, nack or transactional hold here rouses every parked consumer.
+        self.blocked = False
+
+    def unblocked(self) -> bool:
+        """Whether a take was blocked since the last call (lock held): a message just left
+        its consumer, so the blocked consumers should look again."""
+        was, self.blocked = self.blocked, False
+        return was
 
     def joined(self, consumer) -> None:
         self.selector.add(consumer, consumer.consumer_name())
@@ -149,7 +157,6 @@ class KeyShared:
     def take(self, sub, consumer, out: list, n: int, max_bytes: int) -> tuple[int, bool]:
         """As Subscription.take_many (lock held), only messages of `consumer`'s keys, each
         key's in position order: a key passed over once in a take waits for the next."""
-        self.blocked = False
         passed: set[int] = set()
         nbytes, full = self._take_redelivered(sub, consumer, out, n, max_bytes, passed)
         if not full and len(out) < n:

@@ -499,7 +499,7 @@ class Subscription:
                     self._redelivery_counts.pop((entry_id, bi), None)
             if changed:
                 self._persist()
-            drained = self.key_shared is not None and self.key_shared.blocked
+            drained = self.key_shared is not None and self.key_shared.unblocked()
         if drained:
             self.notify()  # a key draining here may be free for its new consumer now
 
@@ -509,12 +509,13 @@ class Subscription:
             key = (entry_id, batch_index)
             if self._pending.pop(key, None) is None:
                 return
+            drained = self.key_shared is not None and self.key_shared.unblocked()
             due = time.monotonic() + delay_s
             # A parked consumer waits no later than the earliest due time it saw: only an
             # earlier one needs it to look again.
             earliest = not self._nacked or due < self._nacked[0][0]
             heapq.heappush(self._nacked, (due, key))
-        if earliest:
+        if earliest or drained:
             self.notify()
 
     def redeliver_unacknowledged(self, consumer) -> None:

@@ -5,6 +5,7 @@ redeliveries and transactional acks going to the key's consumer."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -106,8 +107,12 @@ def test_a_joining_consumer_waits_for_its_keys_pending_elsewhere(client):
     waiter.start()
     threading.Event().wait(0.2)
     assert not out
+    with pytest.raises(pulsartxn.Timeout):
+        a.receive(50)  # a take by a between b's and the ack: b is still woken by the ack
+    acked = time.monotonic()
     a.acknowledge(next(m for m in first if m.partition_key() == key))
     waiter.join()
+    assert time.monotonic() - acked < 2.0
     assert out[0].partition_key() == key and b"second" in out[0].data()
     for m in first:
         if m.partition_key() != key:
