@@ -59,10 +59,10 @@ class Reader:
         name: str | None,
         subscription: str,
         read_committed: bool,
-        resume: dict[int, MessageId] | None = None,
+        resume: dict[int, tuple[MessageId, bool]] | None = None,
     ) -> None:
-        """`resume`: partition index -> the last id read there (a reconnected remote reader
-        goes on after it); the other partitions start at `start`."""
+        """`resume`: partition index -> (id, inclusive) to start there instead (a remote
+        reader reconnected: after the last it read, or where it sought)."""
         self._topic = topic
         self._inclusive = inclusive
         self._listener = listener
@@ -73,7 +73,7 @@ class Reader:
         for part in partitions:
             mark, partial = _start_on(part, start, inclusive)
             if resume and part.index in resume:
-                mark, partial = positions.start_of(part, resume[part.index], False)
+                mark, partial = positions.start_of(part, *resume[part.index])
             cursor = Cursor(mark)
             if partial is not None:
                 cursor.ack_cumulative(*partial)
