@@ -90,10 +90,11 @@ class RemoteReader(Handle):
         out = self._client._raw("create_reader", args)
         info = unframe(out[0], 1 << 62)[0]
         self._options = {**self._options, "reader_name": info["name"]}
+        self._full_topic = info["topic"]
         return info["handle"]
 
     def topic(self) -> str:
-        return self._topic
+        return self._full_topic
 
     def reader_name(self) -> str:
         return self._options["reader_name"]

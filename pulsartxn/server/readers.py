@@ -81,7 +81,7 @@ class ReaderActions:
         handle = next(self._handles)
         with s.lock:
             s.consumers[handle] = r
-        return {"handle": handle, "name": r.reader_name()}
+        return {"handle": handle, "name": r.reader_name(), "topic": r.topic()}
 
     def _on_read_next(self, args, payload):
         s = self.sessions.get(args)
