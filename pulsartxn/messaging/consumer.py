@@ -282,6 +282,8 @@ class Consumer:
         return [mid for mid, _ in self._lasts()]
 
     def _lasts(self) -> list[tuple[MessageId, int]]:
+        """(last readable id, its publish time) of each partition, in partition order."""
+        self._check_open()
         return [positions.last_message(s.partition, s.read_committed) for s in self._subs]
 
     def seek(self, position: MessageId | int) -> None:

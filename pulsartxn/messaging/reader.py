@@ -142,6 +142,10 @@ class Reader:
     def get_last_message_ids(self) -> list[MessageId]:
         return self._consumer.get_last_message_ids()
 
+    def _lasts(self) -> list[tuple[MessageId, int]]:
+        self._check_open()
+        return self._consumer._lasts()
+
     def is_connected(self) -> bool:
         return self._consumer.is_connected()
 

@@ -130,8 +130,12 @@ class RemoteConsumer(Handle):
         return MessageId(*out["id"])
 
     def get_last_message_ids(self) -> list[MessageId]:
+        return [mid for mid, _ in self._lasts()]
+
+    def _lasts(self) -> list[tuple[MessageId, int]]:
+        """(last readable id, its publish time) of each partition, in partition order."""
         out = self._client._json("get_last_message_ids", {}, owner=self)
-        return [MessageId(*f) for f in out["ids"]]
+        return [(MessageId(*f), t) for f, t in zip(out["ids"], out["times"])]
 
     def seek(self, position: MessageId | int) -> None:
         """As the embedded consumer's seek."""

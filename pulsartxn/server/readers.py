@@ -43,8 +43,11 @@ class ReaderActions:
         return {}
 
     def _on_get_last_message_ids(self, args, payload):
+        """Each partition's last readable id and its publish time (a cluster client picks
+        the one published last among its brokers' answers)."""
         s = self.sessions.get(args)
-        return {"ids": [id_fields(m) for m in self._consumer(s, args).get_last_message_ids()]}
+        lasts = self._consumer(s, args)._lasts()
+        return {"ids": [id_fields(m) for m, _ in lasts], "times": [t for _, t in lasts]}
 
     def _on_create_reader(self, args, payload):
         s = self.sessions.get(args)
