@@ -1,0 +1,33 @@
+"""A remote reader across a server's kill -9: re-created where it stood (after the last
+message it read, or where it sought), its cursor never stored on the server."""
+
+from __future__ import annotations
+
+import pytest
+
+import pulsartxn
+from pulsartxn import MessageId, errors
+
+
+def test_a_reader_goes_on_where_it_stood_after_a_kill(server):
+    s = server()
+    client = pulsartxn.Client(s.url)
+    p = client.create_producer("t", batching_enabled=False)
+    ids = [p.send(b"m%d" % i) for i in range(6)]
+    reader = client.create_reader("t", MessageId.earliest)
+    assert [reader.read_next(5000).data() for _ in range(2)] == [b"m0", b"m1"]
+    s.kill9()
+    s.start()
+    assert [reader.read_next(10_000).data() for _ in range(2)] == [b"m2", b"m3"]
+    reader.seek(ids[0])  # exclusive, as it started
+    s.kill9()
+    s.start()
+    assert reader.read_next(10_000).data() == b"m1"  # the seek's place, then what it read
+    s.kill9()
+    s.start()
+    assert [reader.read_next(10_000).data() for _ in range(4)] == [b"m2", b"m3", b"m4", b"m5"]
+    with pytest.raises(errors.Timeout):
+        reader.read_next(200)
+    assert client.admin.topic_stats("t")["subscriptions"] == {}
+    reader.close()
+    client.close()
