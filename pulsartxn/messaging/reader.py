@@ -99,7 +99,7 @@ class Reader:
         self._thread = None
         if listener is not None:
             self._thread = threading.Thread(
-                target=self._listen, name="pulsartxn-reader-listener", daemon=True
+                target=self._listen, args=(listener,), name="pulsartxn-reader-listener", daemon=True
             )
             self._thread.start()
 
@@ -164,7 +164,7 @@ class Reader:
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
-    def _listen(self) -> None:
+    def _listen(self, listener: Callable) -> None:
         """listener(reader, message) per message, on this thread, in order (as pulsar-client);
         an exception it raises is logged and reading goes on."""
         while self._consumer.is_connected():
@@ -173,7 +173,7 @@ class Reader:
             except (Timeout, AlreadyClosed):
                 continue
             try:
-                self._listener(self, msg)
+                listener(self, msg)
             except Exception:  # noqa: BLE001 - a listener's error does not stop reading
                 log.exception("reader listener of %s raised", self._topic)
 

@@ -13,6 +13,8 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlparse
 
 import pyarrow.flight as flight
@@ -25,7 +27,7 @@ from ..messaging.consumer import (
     Isolation,
     check_subscribe_enums,
 )
-from ..messaging.message import MessageId
+from ..messaging.message import Message, MessageId
 from ..server import protocol
 from ..server.protocol import SessionLost, frame, unframe
 from .consumer import RemoteConsumer
@@ -342,7 +344,7 @@ class RemoteClient:
         self,
         topic: str,
         start_message_id: MessageId,
-        reader_listener=None,
+        reader_listener: Callable[[Any, Message], None] | None = None,
         receiver_queue_size: int = 1000,
         reader_name: str | None = None,
         subscription_role_prefix: str | None = None,

@@ -18,11 +18,13 @@ import threading
 import time
 import weakref
 import zlib
+from collections.abc import Callable
+from typing import Any
 
 from .. import errors
 from .._native import TxnID
 from ..messaging.consumer import ConsumerType, InitialPosition, Isolation
-from ..messaging.message import MessageId
+from ..messaging.message import Message, MessageId
 from ..messaging.topic_name import TopicName
 from ..server.protocol import SessionLost
 from .client import (
@@ -340,7 +342,7 @@ class ClusterClient:
         self,
         topic: str,
         start_message_id: MessageId,
-        reader_listener=None,
+        reader_listener: Callable[[Any, Message], None] | None = None,
         receiver_queue_size: int = 1000,
         reader_name: str | None = None,
         subscription_role_prefix: str | None = None,

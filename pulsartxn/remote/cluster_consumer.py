@@ -9,6 +9,8 @@ import collections
 import functools
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from .. import errors
 from ..messaging import positions
@@ -88,7 +90,7 @@ class ClusterConsumer:
     to this consumer and unacknowledged, so the broker hands it out again when it closes,
     and a redelivery drops it here first."""
 
-    _part_type = _PartConsumer  # a reader's parts are readers
+    _part_type: Callable[..., Any] = _PartConsumer  # a reader's parts are readers
 
     def __init__(self, cluster, topic: str, partitions: list[str], subscription, options):
         self._topic = topic

@@ -78,7 +78,7 @@ class ClusterReader(ClusterConsumer):
         self._thread = None
         if listener is not None:
             self._thread = threading.Thread(
-                target=self._listen, name="pulsartxn-reader-listener", daemon=True
+                target=self._listen, args=(listener,), name="pulsartxn-reader-listener", daemon=True
             )
             self._thread.start()
 
@@ -111,7 +111,7 @@ class ClusterReader(ClusterConsumer):
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
-    def _listen(self) -> None:
+    def _listen(self, listener: Callable) -> None:
         while not self._closed:
             try:
                 msg = self.receive(_LISTENER_POLL_MS)
@@ -126,7 +126,7 @@ class ClusterReader(ClusterConsumer):
                 time.sleep(_LISTENER_POLL_MS / 1000.0)
                 continue
             try:
-                self._listener(self, msg)
+                listener(self, msg)
             except Exception:  # noqa: BLE001 - a listener's error does not stop reading
                 log.exception("reader listener of %s raised", self._topic)
 

@@ -71,14 +71,14 @@ class RemoteReader(Handle):
         self._thread = None
         if listener is not None:
             self._thread = threading.Thread(
-                target=self._listen, name="pulsartxn-reader-listener", daemon=True
+                target=self._listen, args=(listener,), name="pulsartxn-reader-listener", daemon=True
             )
             self._thread.start()
 
     def _create(self) -> int:
         with self._lock:
             start, resume = self._start, dict(self._resume)
-        args = {
+        args: dict[str, object] = {
             "topic": self._topic,
             "options": self._options,
             "resume": {str(i): [m.serialize().hex(), inc] for i, (m, inc) in resume.items()},
@@ -135,7 +135,7 @@ class RemoteReader(Handle):
         else:
             self._client._call("seek", {"timestamp": position}, owner=self)
         with self._lock:
-            if positions.is_everywhere(position):
+            if not isinstance(position, MessageId) or positions.is_everywhere(position):
                 self._start, self._resume = position, {}
             else:
                 self._resume[position.partition()] = (position, self._inclusive)
@@ -164,7 +164,7 @@ class RemoteReader(Handle):
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
-    def _listen(self) -> None:
+    def _listen(self, listener: Callable) -> None:
         """listener(reader, message) per message, in order, on this thread."""
         while not self._closed:
             try:
@@ -180,7 +180,7 @@ class RemoteReader(Handle):
                 time.sleep(_LISTENER_POLL_MS / 1000.0)
                 continue
             try:
-                self._listener(self, msg)
+                listener(self, msg)
             except Exception:  # noqa: BLE001 - a listener's error does not stop reading
                 log.exception("reader listener of %s raised", self._topic)
 
