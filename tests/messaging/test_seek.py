@@ -265,3 +265,49 @@ def test_a_seek_is_durable_when_it_returns(tmp_path):
     assert take(consumer, 3) == [b"m1", b"m2", b"m3"]
     assert nothing(consumer)
     b.close()
+
+
+def test_seeks_racing_shared_consumers_lose_and_break_nothing(client):
+    """Seeks while two Shared consumers receive and acknowledge in threads: no error, no
+    deadlock; after a last seek to the earliest, every message comes exactly once."""
+    n = 60
+    send(client, "t", n)
+    consumers = [
+        client.subscribe("t", "s", ConsumerType.Shared, initial_position=EARLIEST) for _ in range(2)
+    ]
+    stop = threading.Event()
+    failures: list = []
+
+    def work(c):
+        while not stop.is_set():
+            try:
+                c.acknowledge(c.receive(20))
+            except errors.Timeout:
+                pass
+            except Exception as exc:  # noqa: BLE001 - the test asserts there are none
+                failures.append(exc)
+                return
+
+    threads = [threading.Thread(target=work, args=(c,)) for c in consumers]
+    for t in threads:
+        t.start()
+    for i in range(20):
+        consumers[i % 2].seek(MessageId.earliest if i % 3 else 0)
+        time.sleep(0.005)
+    stop.set()
+    for t in threads:
+        t.join(10)
+    assert not failures, failures
+    consumers[0].seek(MessageId.earliest)
+    got = []
+    for c in consumers:
+        while True:
+            try:
+                msg = c.receive(100)
+            except errors.Timeout:
+                break
+            c.acknowledge(msg)
+            got.append(msg.data())
+    assert sorted(got) == sorted(b"m%d" % i for i in range(n))
+    for c in consumers:
+        c.close()
