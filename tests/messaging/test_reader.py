@@ -59,6 +59,18 @@ def test_earliest_and_latest_are_message_ids_of_both_twins(kind):
         impl.MessageId.deserialize(impl.MessageId(5, -1).serialize())
 
 
+def test_earliest_and_latest_bound_a_scan_and_acknowledge_nothing(client):
+    send(client, "t", 3)
+    batches = list(client.scan("t", start=MessageId.earliest, end=MessageId.latest))
+    assert [v for b in batches for v in b.column("value").to_pylist()] == [b"m0", b"m1", b"m2"]
+    c = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
+    for position in (MessageId.earliest, MessageId.latest):
+        with pytest.raises(errors.InvalidMessageId):
+            c.acknowledge(position)
+    assert c.receive(2000).data() == b"m0"  # nothing was acknowledged
+    c.close()
+
+
 # -- start positions -----------------------------------------------------------------------
 
 
