@@ -125,6 +125,14 @@ class Reader:
         self._consumer.acknowledge_cumulative(msg)
         return msg
 
+    def _read_many(self, n: int, timeout_millis: int = 0) -> list[Message]:
+        """Up to n messages there within timeout_millis (a remote cluster reader's fetch)."""
+        msgs = self._consumer.batch_receive(n, timeout_millis)
+        last = {m.message_id().partition(): m for m in msgs}  # each partition's, in order
+        for msg in last.values():
+            self._consumer.acknowledge_cumulative(msg)
+        return msgs
+
     def has_message_available(self) -> bool:
         return self._consumer.has_message_available()
 

@@ -40,14 +40,8 @@ class _PartReader(Placed, RemoteReader):
         return self._follow(lambda: RemoteReader._read(self, timeout_millis))
 
     def batch_receive(self, max_num_messages=1000, timeout_millis=100) -> list[Message]:
-        """What is there now, up to max_num_messages (a call per message)."""
-        out: list[Message] = []
-        while len(out) < max_num_messages:
-            try:
-                out.append(self.receive(0))
-            except errors.Timeout:
-                break
-        return out
+        """What is there now, up to max_num_messages, in one call."""
+        return self._follow(lambda: RemoteReader._read_many(self, max_num_messages))
 
     def has_message_available(self) -> bool:
         return self._follow(lambda: RemoteReader.has_message_available(self))

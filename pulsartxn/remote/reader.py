@@ -124,6 +124,19 @@ class RemoteReader(Handle):
                 self._resume[mid.partition()] = (mid, False)
             return msg
 
+    def _read_many(self, n: int) -> list[Message]:
+        """Up to n messages there now, in one call (a cluster reader's fetch)."""
+        out = [
+            protocol.decode_message(body)
+            for body in self._client._call("read_many", {"max_num_messages": n}, owner=self)
+        ]
+        if out:
+            with self._lock:
+                for msg in out:
+                    mid = msg.message_id()
+                    self._resume[mid.partition()] = (mid, False)
+        return out
+
     def has_message_available(self) -> bool:
         return self._client._json("has_message_available", {}, owner=self)["value"]
 

@@ -86,6 +86,14 @@ class ReaderActions:
             s.consumers[handle] = r
         return {"handle": handle, "name": r.reader_name(), "topic": r.topic()}
 
+    def _on_read_many(self, args, payload):
+        """Up to max_num_messages a reader has now (a list of messages, maybe empty)."""
+        s = self.sessions.get(args)
+        n = args.get("max_num_messages")
+        check_count("max_num_messages", n, least=1)
+        reader = self._consumer(s, args)
+        return [protocol.encode_message(m) for m in reader._read_many(n)]
+
     def _on_read_next(self, args, payload):
         s = self.sessions.get(args)
         wait = capped_wait(args.get("timeout_millis"), self.max_wait_ms)

@@ -355,3 +355,19 @@ def test_reader_iterates_and_seeks(client):
         assert read(r, 2) == [b"m2", b"m3"]
     with pytest.raises(errors.AlreadyClosed):
         r.seek(MessageId.earliest)
+
+
+def test_a_bulk_read_moves_every_partition_it_read(client, broker):
+    """What a cluster reader's fetcher takes in one call (_read_many) is read: the reader
+    goes on after it on each partition, repeating nothing."""
+    broker.create_topic("pt", 3)
+    p = client.create_producer("pt", batching_enabled=False)
+    for i in range(12):
+        p.send(b"k%d" % i, partition_key=f"key-{i}")
+    with client.create_reader("pt", MessageId.earliest) as r:
+        first = [m.data() for m in r._read_many(7)]
+        assert len(first) == 7 and len(set(first)) == 7
+        rest = read(r, 5)
+        assert sorted(first + rest) == sorted(b"k%d" % i for i in range(12))
+        assert drained(r)
+        assert r._read_many(5) == []
