@@ -31,3 +31,32 @@ def test_a_reader_goes_on_where_it_stood_after_a_kill(server):
     assert client.admin.topic_stats("t")["subscriptions"] == {}
     reader.close()
     client.close()
+
+
+def test_readers_count_as_consumers_and_close_with_their_session(tmp_path):
+    from pulsartxn.server.service import BrokerServer
+    from pulsartxn.server.sessions import SessionLimits
+
+    broker = pulsartxn.Broker(tmp_path / "data", sync=False)
+    server = BrokerServer(broker, "127.0.0.1", 0, limits=SessionLimits(consumers=2))
+    client = pulsartxn.Client(f"pulsartxn://127.0.0.1:{server.port}")
+    try:
+        client.subscribe("t", "s")
+        reader = client.create_reader("t", MessageId.earliest)
+        with pytest.raises(errors.QuotaExceeded):
+            client.create_reader("t", MessageId.earliest)
+        part = broker.topics.resolve("t")[1][0]
+        assert len(part.readers) == 1
+        with pytest.raises(TypeError):  # an option the server does not know
+            client._json("create_reader", {"topic": "t", "start": "00", "options": {"x": 1}})
+        reader.close()
+        assert part.readers == {}
+        client.create_reader("t", MessageId.latest)
+        assert len(part.readers) == 1
+        client._raw("close_session", {})  # the session ends (no reader closed first)
+        assert part.readers == {}
+    finally:
+        client.close()
+        server.shutdown_sessions()
+        server.shutdown()
+        broker.close()
