@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
+from collections.abc import Callable
 
 import numpy as np
 
@@ -18,8 +19,9 @@ from .messaging.consumer import (
     check_subscribe_enums,
 )
 from .messaging.dead_letter import DeadLetter, DeadLetterPolicy, check_policy
-from .messaging.message import MessageId
+from .messaging.message import Message, MessageId
 from .messaging.producer import Producer
+from .messaging.reader import Reader, check_reader_args, reader_subscription
 from .messaging.topic_name import check_keyed_name
 from .remote import connect
 from .txn.log import IN_PROCESS
@@ -212,6 +214,72 @@ class Client:
             consumer.close()
             for sub in consumer._subs:
                 self.broker.topics.delete(sub)
+
+    # -- readers ---------------------------------------------------------------------------
+
+    def create_reader(
+        self,
+        topic: str,
+        start_message_id: MessageId,
+        reader_listener: Callable[[Reader, Message], None] | None = None,
+        receiver_queue_size: int = 1000,
+        reader_name: str | None = None,
+        subscription_role_prefix: str | None = None,
+        is_read_compacted: bool = False,
+        start_message_id_inclusive: bool = False,
+        isolation: Isolation = Isolation.READ_COMMITTED,
+    ) -> Reader:
+        """A reader of every partition of `topic` from start_message_id (the first message
+        after it, or it with start_message_id_inclusive): a non-durable subscription."""
+        self._check_open()
+        check_reader_args(start_message_id, reader_listener, is_read_compacted)
+        check_count("receiver_queue_size", receiver_queue_size, least=1)
+        if reader_name is not None:
+            check_keyed_name("reader_name", reader_name)
+        if subscription_role_prefix is not None:
+            check_keyed_name("subscription_role_prefix", subscription_role_prefix)
+        if not isinstance(isolation, Isolation):
+            raise TypeError(f"isolation must be an Isolation, not {excerpt(isolation)}")
+        return self._reader(
+            topic,
+            start_message_id,
+            reader_listener,
+            receiver_queue_size,
+            reader_name,
+            subscription_role_prefix,
+            bool(start_message_id_inclusive),
+            isolation,
+        )
+
+    def _reader(
+        self, topic, start, listener, queue_size, name, prefix, inclusive, isolation, resume=None
+    ) -> Reader:
+        """A reader from `start` (a MessageId, or a publish time: a reconnect after a seek)."""
+        cfg = self.broker.config
+        full, partitions = self.broker.topics.resolve(topic)
+        with self.broker.topics.lock:
+            reader = Reader(
+                self,
+                full,
+                partitions,
+                start,
+                inclusive,
+                listener,
+                min(queue_size, cfg.max_receiver_queue_size),
+                cfg.dispatch_max_bytes,
+                name,
+                reader_subscription(prefix),
+                isolation is Isolation.READ_COMMITTED,
+                resume,
+            )
+        self._consumers.add(reader)
+        return reader
+
+    def get_topic_partitions(self, topic: str) -> list[str]:
+        """The full names of a topic's partitions (itself when non-partitioned), as
+        pulsar-client's; TopicNotFound if it does not exist."""
+        self._check_open()
+        return self.broker.topic_partitions(topic)
 
     # -- transactions ----------------------------------------------------------------------
 

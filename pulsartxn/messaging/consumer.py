@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
 import threading
@@ -16,6 +17,7 @@ from ..errors import (
     excerpt,
 )
 from ..txn.log import IN_PROCESS
+from . import positions
 from .message import Message, MessageId
 from .subscription import EXCLUSIVE, FAILOVER, KEY_SHARED, MULTI, SHARED, TYPE_NAMES, Subscription
 
@@ -275,21 +277,49 @@ class Consumer:
         return any(sub.has_available(self) for sub in self._subs)
 
     def get_last_message_id(self) -> MessageId:
+        """The last message this consumer may read; on a partitioned topic, the one of all
+        partitions published last (MessageId.earliest when none holds one)."""
         self._check_open()
-        if len(self._subs) != 1:
-            raise InvalidConfiguration(
-                "get_last_message_id is not supported on a partitioned topic"
-            )
-        sub = self._subs[0]
-        p = sub.partition
-        # Answered from what a reader of this subscription may read (the max read position
-        # when read committed), skipping markers and aborted entries, so that a reader never
-        # waits for a message that will not come (Pulsar #11877, #22610).
-        last = p.last_readable_entry(sub.read_committed)
-        if last < 0:
-            return MessageId(p.ledger_id, -1, p.index)
-        n = p.message_count(last)
-        return MessageId(p.ledger_id, last, p.index, n - 1 if n > 1 else -1, n if n > 1 else 0)
+        return positions.last_of(self._lasts())
+
+    def get_last_message_ids(self) -> list[MessageId]:
+        """The last message this consumer may read on each partition, in partition order
+        (entry -1 on a partition that has none yet)."""
+        self._check_open()
+        return [mid for mid, _ in self._lasts()]
+
+    def _lasts(self) -> list[tuple[MessageId, int]]:
+        """(last readable id, its publish time) of each partition, in partition order."""
+        self._check_open()
+        return [positions.last_message(s.partition, s.read_committed) for s in self._subs]
+
+    def seek(self, position: MessageId | int) -> None:
+        """Reset the subscription to a MessageId (that message is delivered again; earliest
+        and latest apply to every partition, another id to its own) or a publish time in ms
+        (every partition: from the first message published at or after it)."""
+        self._check_open()
+        positions.check_position(position)
+        self._seek(position, inclusive=True)
+
+    def _seek(self, position: MessageId | int, inclusive: bool) -> None:
+        if positions.is_everywhere(position):
+            subs = self._subs
+        else:
+            part = positions.partition_of(position, [s.partition for s in self._subs], self._topic)
+            subs = [self._by_partition[part.index]]
+        starts = [positions.start_of(s.partition, position, inclusive) for s in subs]
+        # Every partition's check before any reset: a refused seek changes nothing.
+        with contextlib.ExitStack() as locks:
+            for sub in subs:
+                locks.enter_context(sub.lock)
+            for sub in subs:
+                sub.check_seek()
+            for sub, (mark, partial) in zip(subs, starts):
+                sub.reset(mark, partial)
+        for sub in subs:
+            sub.wait_persisted()  # durable when answered: a restart finds the reset cursor
+            sub.notify()
+        self._wake()
 
     # -- acknowledging ---------------------------------------------------------------------
 

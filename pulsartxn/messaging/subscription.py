@@ -80,6 +80,7 @@ class Subscription:
         # Set under the lock by an unsubscribe that found no transaction holding acks: acks
         # are refused and cursor writes skipped from then on (its records are being deleted).
         self.unsubscribed = False
+        self.durable = True  # a reader's is not: its cursor is never written
         self.pending_ack = PendingAck(self)
         self.error: CorruptEntry | None = None
         try:
@@ -527,7 +528,7 @@ class Subscription:
     def _persist(self) -> None:
         """Persist the cursor soon: acks within one flush interval share one write, as
         Pulsar's clients group acknowledgements (plain acks are asynchronous there too)."""
-        if self._persist_queued:
+        if self._persist_queued or not self.durable:
             return
         self._persist_queued = True
         self._persist_requested = time.monotonic()
@@ -573,6 +574,31 @@ class Subscription:
             if not fut.done():
                 self.partition.storage.commits.flush_lazy()
             fut.result()
+
+    def check_seek(self) -> None:
+        """Refuse a seek while transactions hold acknowledgements here (lock held)."""
+        holders = sorted(self.pending_ack.transactions() | set(self.committing))
+        if holders:
+            named = ", ".join(str(t) for t in holders[:5])
+            raise TransactionConflict(
+                f"cannot seek {self.name!r} on {self.partition.topic}: open transactions "
+                f"{named} hold acknowledgements on it; commit or abort them first"
+            )
+
+    def reset(self, mark_delete: int, partial: tuple[int, int, int] | None = None) -> None:
+        """Seek (lock held, check_seek passed): the cursor is put at mark_delete (and
+        `partial`, a cumulative ack inside the next entry); what was delivered and not
+        acknowledged, or is to be redelivered, is forgotten, as Pulsar's cursor reset."""
+        self.cursor.reset(mark_delete)
+        if partial is not None:
+            self.cursor.ack_cumulative(*partial)
+        self._pending.clear()
+        self._redeliver.clear()
+        self._nacked.clear()
+        self._redelivery_counts.clear()
+        self.read_ahead.rewind(self.cursor.mark_delete + 1)
+        self.read_ahead.forget_reread()
+        self._persist()
 
     # -- stats -----------------------------------------------------------------------------
 

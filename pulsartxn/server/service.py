@@ -25,6 +25,7 @@ from ..txn.state import FINAL
 from ..txn.transaction import as_txn_id
 from . import protocol
 from .protocol import SessionLost, frame, jsonable, unframe
+from .readers import ReaderActions, id_fields
 from .sessions import ADMIN, MAX_SESSIONS, AuthFactory, Session, SessionLimits, Sessions, room
 from .streams import Streams, capped_wait
 
@@ -33,7 +34,7 @@ from .streams import Streams, capped_wait
 MAX_WAIT_MS = 10_000
 
 
-class BrokerServer(Streams, flight.FlightServerBase):
+class BrokerServer(Streams, ReaderActions, flight.FlightServerBase):
     def __init__(
         self,
         broker,
@@ -349,16 +350,7 @@ class BrokerServer(Streams, flight.FlightServerBase):
     def _on_get_last_message_id(self, args, payload):
         s = self.sessions.get(args)
         mid = self._consumer(s, args).get_last_message_id()
-        # Fields, not serialize(): "nothing yet" is entry -1, which has no wire form.
-        return {
-            "id": [
-                mid.ledger_id(),
-                mid.entry_id(),
-                mid.partition(),
-                mid.batch_index(),
-                mid.batch_size(),
-            ]
-        }
+        return {"id": id_fields(mid)}
 
     def _on_close_consumer(self, args, payload):
         s = self.sessions.get(args)
