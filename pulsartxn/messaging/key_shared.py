@@ -15,6 +15,7 @@ from .message import Message, MessageId
 NONE_KEY = b"NONE_KEY"  # the one key of messages that have none, as Pulsar's
 POINTS = 100  # points per consumer on the ring (Pulsar's keySharedConsistentHashingReplicaPoints)
 LOOKAHEAD = 10_000  # messages of other consumers' keys a take may read past in the read-ahead
+HASHES = 65_536  # keys whose hash is kept (then forgotten all at once)
 
 
 def sticky_key(payload) -> bytes:
@@ -71,9 +72,19 @@ class KeyShared:
         # hash -> consumer -> messages of that hash delivered to it (some acknowledged since)
         self._sent: dict[int, dict[object, set]] = {}
         self._tracked = 0
+        self._hashes: dict = {}  # key as the payload holds it -> its hash
         # A take passed over a key draining elsewhere since the last `unblocked()`: the next
         # ack, nack or transactional hold here rouses every parked consumer.
         self.blocked = False
+
+    def _hash(self, payload) -> int:
+        key = payload[2]
+        h = self._hashes.get(key)
+        if h is None:
+            if len(self._hashes) >= HASHES:
+                self._hashes.clear()
+            h = self._hashes[key] = key_hash(sticky_key(payload))
+        return h
 
     def unblocked(self) -> bool:
         """Whether a take was blocked since the last call (lock held): a message just left
@@ -139,7 +150,7 @@ class KeyShared:
                 payload = sub._reread(key)
                 if payload is None:
                     continue
-                h = key_hash(sticky_key(payload))
+                h = self._hash(payload)
             if self._may_take(pending, consumer, h):
                 return True
         ra, seen = sub.read_ahead, 0
@@ -147,7 +158,7 @@ class KeyShared:
             for key, payload in list(ra.buffer)[seen:]:
                 if key in pending or cursor.is_acked(*key) or held(*key):
                     continue
-                if self._may_take(pending, consumer, key_hash(sticky_key(payload))):
+                if self._may_take(pending, consumer, self._hash(payload)):
                     return True
             seen = len(ra.buffer)
             position = ra.position
@@ -186,7 +197,7 @@ class KeyShared:
                 payload = sub._reread(key)
                 if payload is None:
                     continue
-                h = key_hash(sticky_key(payload))
+                h = self._hash(payload)
             if h in passed or not self._may_take(pending, consumer, h):
                 passed.add(h)
                 keep.append(key)
@@ -230,7 +241,7 @@ class KeyShared:
             if payload[5] is not None and is_aborted(payload[5]):
                 sub._ack_internally(key[0])  # read uncommitted, aborted since
                 continue
-            h = key_hash(sticky_key(payload))
+            h = self._hash(payload)
             if h in passed or not self._may_take(pending, consumer, h):
                 passed.add(h)
                 kept.append(item)
