@@ -577,7 +577,9 @@ class Subscription:
 
     def check_seek(self) -> None:
         """Refuse a seek while transactions hold acknowledgements here (lock held)."""
-        holders = sorted(self.pending_ack.transactions() | set(self.committing))
+        # (A dead letter move's token is no transaction: the move is one write, not held.)
+        txns = {t for t in self.committing if not isinstance(t, tuple)}
+        holders = sorted(self.pending_ack.transactions() | txns)
         if holders:
             named = ", ".join(str(t) for t in holders[:5])
             raise TransactionConflict(
