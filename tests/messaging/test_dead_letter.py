@@ -276,3 +276,33 @@ def test_a_move_that_cannot_be_made_leaves_the_message_where_it_was(tmp_path):
         c.close()
         plain.close()
         assert drain(subscribe(client, None)) == []
+
+
+def test_concurrent_consumers_move_each_message_once(client):
+    import threading
+
+    n = 200
+    client.create_producer("t").send_batch([b"%d" % i for i in range(n)])
+    consumers = [subscribe(client, DeadLetterPolicy(2)) for _ in range(3)]
+    seen: dict = {}
+    lock = threading.Lock()
+
+    def run(c):
+        while True:
+            msgs = c.batch_receive(16, 300)
+            if not msgs:
+                return
+            with lock:
+                for m in msgs:
+                    seen.setdefault(m.data(), []).append(m.redelivery_count())
+            for m in msgs:
+                c.negative_acknowledge(m)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in consumers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {k: sorted(v) for k, v in seen.items()} == {b"%d" % i: [0, 1, 2] for i in range(n)}
+    moved = [m.data() for m in dead_letters(client)]
+    assert sorted(moved, key=int) == [b"%d" % i for i in range(n)]
