@@ -19,10 +19,10 @@ from ..errors import (
     InvalidConfiguration,
     TransactionConflict,
 )
-from ..storage import WriteOp
 from ..txn.pending_ack import PendingAck
 from .ack_timeout import AckTimeouts
 from .cursor import Cursor
+from .cursor_writes import CursorWrites
 from .key_shared import KeyShared
 from .message import Message, MessageId
 from .parked import Parked
@@ -44,7 +44,7 @@ _FULL = -2  # take_buffered's answer when the byte budget stopped it
 _LAST = 1 << 62  # above any batch index: (entry, _LAST) follows every message of the entry
 
 
-class Subscription:
+class Subscription(CursorWrites):
     def __init__(self, partition: Partition, name: str, cursor: Cursor) -> None:
         self.partition = partition
         self.name = name
@@ -524,56 +524,6 @@ class Subscription:
             released = self._release(consumer)
         if released:
             self.notify(released if self.type in MULTI else None)
-
-    def _persist(self) -> None:
-        """Persist the cursor soon: acks within one flush interval share one write, as
-        Pulsar's clients group acknowledgements (plain acks are asynchronous there too)."""
-        if self._persist_queued or not self.durable:
-            return
-        self._persist_queued = True
-        self._persist_requested = time.monotonic()
-        flusher = self.partition.broker_flusher
-        flusher.watch(self, self._persist_requested + flusher.delay)
-
-    def flush_if_older(self, seconds: float) -> bool:
-        """Called by the broker's flusher: write the cursor once the interval has passed."""
-        with self.lock:
-            if not self._persist_queued:
-                return True
-            if time.monotonic() - self._persist_requested < seconds:
-                return False
-        self._write_cursor()
-        return True
-
-    def cursor_record(self) -> bytes:
-        """The cursor's record as a write made now must hold it (lock held): the cursor,
-        with the acks of the commits being written (``committing``) applied."""
-        committing = self.committing
-        return self.cursor.serialize(tuple(committing.values()) if committing else ())
-
-    def _write_cursor(self):
-        storage = self.partition.storage
-        db = storage.open_db(b"cursors")
-
-        def apply(lmdb_txn):
-            with self.lock:
-                self._persist_queued = False
-                data = None if self.unsubscribed else self.cursor_record()
-            if data is not None:
-                lmdb_txn.put(self.key, data, db=db)
-
-        self._last_persist = storage.submit(WriteOp(apply, nbytes=64), lazy=True)
-        return self._last_persist
-
-    def wait_persisted(self) -> None:
-        """Write any acknowledgement not yet persisted and wait until it is durable."""
-        with self.lock:
-            queued = self._persist_queued
-        fut = self._write_cursor() if queued else self._last_persist
-        if fut is not None:
-            if not fut.done():
-                self.partition.storage.commits.flush_lazy()
-            fut.result()
 
     def check_seek(self) -> None:
         """Refuse a seek while transactions hold acknowledgements here (lock held)."""
