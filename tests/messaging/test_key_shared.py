@@ -235,3 +235,22 @@ def test_has_message_available_counts_only_the_consumers_keys(client):
     a.close()  # a's keys and messages go to b
     assert b.has_message_available()
     assert {m.data() for m in drain(b)} == {m.data() for m in got_a}
+
+
+def test_the_ring_moves_only_the_keys_of_a_consumer_that_comes_or_goes():
+    from pulsartxn.messaging.key_shared import KeySelector, key_hash
+
+    hashes = [key_hash(f"key-{i}".encode()) for i in range(5000)]
+    ring = KeySelector()
+    ring.add("A", "a")
+    ring.add("B", "b")
+    before = [ring.select(h) for h in hashes]
+    ring.add("C", "c")
+    after = [ring.select(h) for h in hashes]
+    moved = [(x, y) for x, y in zip(before, after) if x != y]
+    assert moved and all(y == "C" for _, y in moved)  # only to the new consumer
+    assert 0.2 < after.count("C") / len(hashes) < 0.45  # about a third
+    ring.remove("C")
+    assert [ring.select(h) for h in hashes] == before  # and back when it leaves
+    ring.remove("A")
+    assert {ring.select(h) for h in hashes} == {"B"}
