@@ -254,3 +254,23 @@ def test_the_ring_moves_only_the_keys_of_a_consumer_that_comes_or_goes():
     assert [ring.select(h) for h in hashes] == before  # and back when it leaves
     ring.remove("A")
     assert {ring.select(h) for h in hashes} == {"B"}
+
+
+def test_batched_entries_spread_by_each_messages_key(client):
+    keys = [f"k{i % 8}" for i in range(400)]
+    client.create_producer("ks").send_batch([b"%d" % i for i in range(400)], keys=keys)
+    a, b = subscribe(client, consumer_name="a"), subscribe(client, consumer_name="b")
+    owner: dict = {}
+    got = 0
+    for name, c in (("a", a), ("b", b)):
+        last: dict = {}
+        for m in drain(c):
+            key, i = m.partition_key(), int(m.data())
+            assert owner.setdefault(key, name) == name and last.get(key, -1) < i
+            last[key] = i
+            c.acknowledge(m)
+            got += 1
+    assert got == 400 and set(owner.values()) == {"a", "b"}
+    a.close()
+    b.close()
+    assert drain(subscribe(client, consumer_name="c")) == []  # every batch index acked
