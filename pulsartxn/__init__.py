@@ -11,6 +11,7 @@ from .broker import Broker
 from .client import Client
 from .errors import *  # noqa: F403 - the hierarchy, listed once (errors.__all__)
 from .messaging.consumer import ConsumerType, InitialPosition, Isolation
+from .messaging.dead_letter import ConsumerDeadLetterPolicy, DeadLetterPolicy
 from .messaging.message import Message, MessageId
 from .txn.state import TxnState
 from .txn.transaction import Transaction
@@ -22,7 +23,9 @@ __all__ = [
     "TxnID",
     "Broker",
     "Client",
+    "ConsumerDeadLetterPolicy",
     "ConsumerType",
+    "DeadLetterPolicy",
     "InitialPosition",
     "Isolation",
     "Message",

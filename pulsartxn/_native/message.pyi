@@ -1,7 +1,10 @@
-from typing import Any
+from typing import Any, ClassVar
 
 class MessageId:
     """Where a message is: ledger, entry, partition, index in its batch, batch size."""
+
+    earliest: ClassVar[MessageId]
+    latest: ClassVar[MessageId]
 
     def __init__(
         self,

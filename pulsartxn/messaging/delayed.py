@@ -53,14 +53,18 @@ class DelayedDelivery:
             return None
         return time.monotonic() + max(0.0, self._heap[0][0] / 1000.0 - time.time())
 
+    def clear(self) -> None:
+        """Forget every held message (a seek: reading again finds them)."""
+        self._heap.clear()
+        self._keys.clear()
+
     def use(self, read_ahead, cursor, delays: bool) -> None:
         """Delay (a Shared subscription, as Pulsar) or not: a change reads again from the
         cursor, so that what was held is delivered at once, or what was read is held."""
         if delays == (read_ahead.delay is not None):
             return
         read_ahead.delay = self.add if delays else None
-        self._heap.clear()
-        self._keys.clear()
+        self.clear()
         read_ahead.rewind(cursor.mark_delete + 1)
 
     def release_due(self, read_ahead) -> None:

@@ -62,6 +62,7 @@ class Partition:
         self.next_entry_id = last + 1 if last >= 0 else 0
         snapshots.recovered(replay_from > 0)
         self.subscriptions: dict[str, Subscription] = {}
+        self.readers: dict[str, Subscription] = {}  # non-durable: no cursor stored, no stats
         self.producers: dict[str, object] = {}
         self.msg_in = 0
         self.bytes_in = 0
@@ -290,7 +291,7 @@ class Partition:
             self.next_entry_id = first + len(counts)
             self.msg_in += sum(counts)
             self.bytes_in += nbytes
-            subscriptions = list(self.subscriptions.values())
+            subscriptions = [*self.subscriptions.values(), *self.readers.values()]
         for sub in subscriptions:
             sub.notify()
 

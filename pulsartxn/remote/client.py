@@ -13,6 +13,8 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlparse
 
 import pyarrow.flight as flight
@@ -25,12 +27,14 @@ from ..messaging.consumer import (
     Isolation,
     check_subscribe_enums,
 )
-from ..messaging.message import MessageId
+from ..messaging.dead_letter import DeadLetterPolicy, check_policy
+from ..messaging.message import Message, MessageId
 from ..server import protocol
 from ..server.protocol import SessionLost, frame, unframe
 from .consumer import RemoteConsumer
 from .handles import RemoteTransaction, txn_str, unreachable
 from .producer import RemoteProducer
+from .reader import RemoteReader, reader_options
 
 __all__ = ["RemoteAdmin", "RemoteClient", "Shared", "parse_service_url"]
 
@@ -117,6 +121,8 @@ def subscribe_options(
     consumer_name,
     negative_ack_redelivery_delay_ms,
     receiver_queue_size,
+    unacked_messages_timeout_ms=None,
+    dead_letter_policy=None,
 ) -> dict:
     """subscribe's options as they travel, its enums checked first."""
     check_subscribe_enums(
@@ -124,7 +130,10 @@ def subscribe_options(
         initial_position=initial_position,
         isolation=isolation,
     )
+    check_policy(dead_letter_policy)
     return {
+        "unacked_messages_timeout_ms": unacked_messages_timeout_ms,
+        "dead_letter_policy": dead_letter_policy and dead_letter_policy.to_wire(),
         "subscription_type": subscription_type.name,
         "initial_position": initial_position.name,
         "isolation": isolation.name,
@@ -324,6 +333,8 @@ class RemoteClient:
         consumer_name: str | None = None,
         negative_ack_redelivery_delay_ms: int = 60_000,
         receiver_queue_size: int | None = None,
+        unacked_messages_timeout_ms: int | None = None,
+        dead_letter_policy: DeadLetterPolicy | None = None,
     ):
         opts = subscribe_options(
             subscription_type,
@@ -332,10 +343,43 @@ class RemoteClient:
             consumer_name,
             negative_ack_redelivery_delay_ms,
             receiver_queue_size,
+            unacked_messages_timeout_ms,
+            dead_letter_policy,
         )
         c = RemoteConsumer(self, topic, subscription_name, opts)
         self._objects.add(c)
         return c
+
+    def create_reader(
+        self,
+        topic: str,
+        start_message_id: MessageId,
+        reader_listener: Callable[[Any, Message], None] | None = None,
+        receiver_queue_size: int = 1000,
+        reader_name: str | None = None,
+        subscription_role_prefix: str | None = None,
+        is_read_compacted: bool = False,
+        start_message_id_inclusive: bool = False,
+        isolation: Isolation = Isolation.READ_COMMITTED,
+    ) -> RemoteReader:
+        """As the embedded client's create_reader; a listener runs in this process."""
+        opts = reader_options(
+            start_message_id,
+            reader_listener,
+            receiver_queue_size,
+            reader_name,
+            subscription_role_prefix,
+            is_read_compacted,
+            start_message_id_inclusive,
+            isolation,
+        )
+        r = RemoteReader(self, topic, start_message_id, opts, reader_listener)
+        self._objects.add(r)
+        return r
+
+    def get_topic_partitions(self, topic: str) -> list[str]:
+        """The full names of a topic's partitions, as pulsar-client's."""
+        return self.topic_partitions(topic)
 
     def _capability_of(self, txn: str | None) -> str | None:
         return None if txn is None else self._capabilities.get(txn)

@@ -18,10 +18,14 @@ import threading
 import time
 import weakref
 import zlib
+from collections.abc import Callable
+from typing import Any
 
 from .. import errors
 from .._native import TxnID
 from ..messaging.consumer import ConsumerType, InitialPosition, Isolation
+from ..messaging.dead_letter import DeadLetterPolicy
+from ..messaging.message import Message, MessageId
 from ..messaging.topic_name import TopicName
 from ..server.protocol import SessionLost
 from .client import (
@@ -36,7 +40,9 @@ from .client import (
 from .cluster_admin import ClusterAdmin
 from .cluster_consumer import ClusterConsumer
 from .cluster_producer import ClusterProducer
+from .cluster_reader import ClusterReader
 from .handles import RemoteTransaction, Unreachable, txn_str
+from .reader import reader_options
 
 __all__ = ["ClusterAdmin", "ClusterClient", "connect"]
 
@@ -318,6 +324,8 @@ class ClusterClient:
         consumer_name: str | None = None,
         negative_ack_redelivery_delay_ms: int = 60_000,
         receiver_queue_size: int | None = None,
+        unacked_messages_timeout_ms: int | None = None,
+        dead_letter_policy: DeadLetterPolicy | None = None,
     ):
         self._check_open()
         opts = subscribe_options(
@@ -327,11 +335,47 @@ class ClusterClient:
             consumer_name,
             negative_ack_redelivery_delay_ms,
             receiver_queue_size,
+            unacked_messages_timeout_ms,
+            dead_letter_policy,
         )
         full = TopicName.parse(topic).full if isinstance(topic, str) else topic
         c = ClusterConsumer(self, full, self._partitions(topic), subscription_name, opts)
         self._objects.add(c)
         return c
+
+    def create_reader(
+        self,
+        topic: str,
+        start_message_id: MessageId,
+        reader_listener: Callable[[Any, Message], None] | None = None,
+        receiver_queue_size: int = 1000,
+        reader_name: str | None = None,
+        subscription_role_prefix: str | None = None,
+        is_read_compacted: bool = False,
+        start_message_id_inclusive: bool = False,
+        isolation: Isolation = Isolation.READ_COMMITTED,
+    ) -> ClusterReader:
+        """A reader per partition at its owner, merged (see cluster_reader.py)."""
+        self._check_open()
+        opts = reader_options(
+            start_message_id,
+            reader_listener,
+            receiver_queue_size,
+            reader_name,
+            subscription_role_prefix,
+            is_read_compacted,
+            start_message_id_inclusive,
+            isolation,
+        )
+        full = TopicName.parse(topic).full if isinstance(topic, str) else topic
+        parts = self._partitions(topic)
+        r = ClusterReader(self, full, parts, start_message_id, opts, reader_listener)
+        self._objects.add(r)
+        return r
+
+    def get_topic_partitions(self, topic: str) -> list[str]:
+        """The full names of a topic's partitions, as pulsar-client's."""
+        return self.topic_partitions(topic)
 
     def new_transaction(
         self, timeout_ms=None, coordinator_id=None, group=None, group_capability=None

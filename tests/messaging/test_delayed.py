@@ -229,3 +229,24 @@ def test_a_closed_producer_refuses_a_delayed_send(client):
         p.send(b"x", deliver_after_ms=10)
     with pytest.raises(pulsartxn.AlreadyClosed):
         p.send_async(b"x", ordering_key="k")
+
+
+def test_key_shared_holds_delayed_messages_and_keys_by_ordering_key(client):
+    p = client.create_producer("dl-keyshared")
+    a = _sub(client, "dl-keyshared", sub_type=ConsumerType.KeyShared, consumer_name="a")
+    b = _sub(client, "dl-keyshared", sub_type=ConsumerType.KeyShared, consumer_name="b")
+    due = _now_ms() + 500
+    # One ordering key over many partition keys: every message on one consumer, in order.
+    for i in range(8):
+        p.send(b"m%d" % i, partition_key=f"pk{i}", ordering_key="one", deliver_at=due)
+    got: dict = {}
+    deadline = time.monotonic() + 5
+    while sum(len(v) for v in got.values()) < 8 and time.monotonic() < deadline:
+        for name, c in (("a", a), ("b", b)):
+            try:
+                m = c.receive(50)
+            except pulsartxn.Timeout:
+                continue
+            assert _now_ms() >= due
+            got.setdefault(name, []).append(m.data())
+    assert len(got) == 1 and list(got.values())[0] == [b"m%d" % i for i in range(8)]
