@@ -250,3 +250,33 @@ def test_key_shared_holds_delayed_messages_and_keys_by_ordering_key(client):
             assert _now_ms() >= due
             got.setdefault(name, []).append(m.data())
     assert len(got) == 1 and list(got.values())[0] == [b"m%d" % i for i in range(8)]
+
+
+def test_seek_keeps_a_delayed_message_held_until_its_time(client):
+    p = client.create_producer("dl-seek")
+    c = _sub(client, "dl-seek")
+    p.send(b"now")
+    due = _now_ms() + 700
+    p.send(b"late", deliver_at=due)
+    assert c.receive(5000).data() == b"now"
+    c.seek(pulsartxn.MessageId.earliest)
+    assert c.receive(5000).data() == b"now"  # read again from the start
+    with pytest.raises(pulsartxn.Timeout):
+        c.receive(200)  # still held after the seek
+    m = c.receive(5000)
+    assert m.data() == b"late" and _now_ms() >= due
+    c.acknowledge(m)
+    with pytest.raises(pulsartxn.Timeout):
+        c.receive(200)  # held once, delivered once
+
+
+def test_seek_past_a_held_message_drops_it(client, broker):
+    p = client.create_producer("dl-seek-past")
+    c = _sub(client, "dl-seek-past")
+    p.send(b"late", deliver_after_ms=300)
+    with pytest.raises(pulsartxn.Timeout):
+        c.receive(100)
+    c.seek(pulsartxn.MessageId.latest)
+    assert broker.admin.topic_stats("dl-seek-past")["subscriptions"]["s"]["delayed"] == 0
+    with pytest.raises(pulsartxn.Timeout):
+        c.receive(500)
