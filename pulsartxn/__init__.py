@@ -11,6 +11,7 @@ from .broker import Broker
 from .client import Client
 from .errors import *  # noqa: F403 - the hierarchy, listed once (errors.__all__)
 from .messaging.consumer import ConsumerType, InitialPosition, Isolation
+from .messaging.dead_letter import ConsumerDeadLetterPolicy, DeadLetterPolicy
 from .messaging.message import Message, MessageId
 from .messaging.send_options import BatchingType, CompressionType, Result
 from .txn.state import TxnState
@@ -25,7 +26,9 @@ __all__ = [
     "Client",
     "BatchingType",
     "CompressionType",
+    "ConsumerDeadLetterPolicy",
     "ConsumerType",
+    "DeadLetterPolicy",
     "InitialPosition",
     "Isolation",
     "Message",

@@ -51,10 +51,19 @@ class Admin:
                         "unacked": 0,
                         "msg_out": 0,
                         "bytes_out": 0,
+                        "delayed": 0,
                         "type": s["type"],
                     },
                 )
-                for k in ("backlog", "consumers", "waiting", "unacked", "msg_out", "bytes_out"):
+                for k in (
+                    "backlog",
+                    "consumers",
+                    "waiting",
+                    "unacked",
+                    "msg_out",
+                    "bytes_out",
+                    "delayed",
+                ):
                     agg[k] += s[k]
                 agg["type"] = agg["type"] or s["type"]
         return out

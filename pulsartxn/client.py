@@ -20,12 +20,15 @@ from .messaging.consumer import (
     ConsumerType,
     InitialPosition,
     Isolation,
+    check_count,
     check_subscribe_enums,
     resolve_subscription_type,
 )
+from .messaging.dead_letter import DeadLetter, DeadLetterPolicy, check_policy
 from .messaging.listener import check_listener, start_listener
 from .messaging.message import Message, MessageId
 from .messaging.producer import Producer
+from .messaging.reader import Reader, check_reader_args, reader_subscription
 from .messaging.send_options import BatchingType, CompressionType, check_producer_options
 from .messaging.topic_name import check_keyed_name
 from .remote import ClusterClient, RemoteClient, connect
@@ -178,6 +181,8 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
         consumer_name: str | None = None,
         negative_ack_redelivery_delay_ms: int = 60_000,
         receiver_queue_size: int | None = None,
+        unacked_messages_timeout_ms: int | None = None,
+        dead_letter_policy: DeadLetterPolicy | None = None,
         consumer_type: ConsumerType | None = None,
         message_listener: Callable[[Consumer, Message], None] | None = None,
     ) -> Consumer:
@@ -185,8 +190,11 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
         or pulsar-client's `consumer_type`, says otherwise; a new subscription starts at the
         Latest message unless `initial_position` says Earliest). receiver_queue_size: the most
         messages one batch_receive takes (default: the broker's, 1000), capped to the
-        broker's max_receiver_queue_size. message_listener(consumer, message): called per
-        message on a listener thread (receive() is then refused)."""
+        broker's max_receiver_queue_size. unacked_messages_timeout_ms: a message
+        unacknowledged that long is redelivered (None or 0: never; else at least the broker's
+        min_ack_timeout_ms, 10 s by default). dead_letter_policy: where a message redelivered
+        too often goes instead. message_listener(consumer, message): called per message on a
+        listener thread (receive() is then refused)."""
         subscription_type = resolve_subscription_type(subscription_type, consumer_type)
         check_listener(message_listener)
         self._check_open()
@@ -209,8 +217,15 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
             raise ValueError(
                 f"receiver_queue_size must be a positive int, not {excerpt(receiver_queue_size)}"
             )
+        check_ack_timeout(unacked_messages_timeout_ms, cfg.min_ack_timeout_ms)
+        check_policy(dead_letter_policy)
         full, partitions = self.broker.topics.resolve(topic)
         check_keyed_name("subscription_name", subscription_name, [p.topic for p in partitions])
+        dead_letter = None
+        if dead_letter_policy is not None:
+            dead_letter = DeadLetter(
+                dead_letter_policy, self.broker.topics, full, subscription_name
+            )
         earliest = initial_position is InitialPosition.Earliest
         topics = self.broker.topics
         with topics.lock:
@@ -226,6 +241,8 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
                 isolation is Isolation.READ_COMMITTED,
                 min(receiver_queue_size, cfg.max_receiver_queue_size),
                 cfg.dispatch_max_bytes,
+                unacked_messages_timeout_ms,
+                dead_letter,
             )
         self._consumers.add(consumer)
         if message_listener is not None:
@@ -249,6 +266,72 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
             consumer.close()
             for sub in consumer._subs:
                 self.broker.topics.delete(sub)
+
+    # -- readers ---------------------------------------------------------------------------
+
+    def create_reader(
+        self,
+        topic: str,
+        start_message_id: MessageId,
+        reader_listener: Callable[[Reader, Message], None] | None = None,
+        receiver_queue_size: int = 1000,
+        reader_name: str | None = None,
+        subscription_role_prefix: str | None = None,
+        is_read_compacted: bool = False,
+        start_message_id_inclusive: bool = False,
+        isolation: Isolation = Isolation.READ_COMMITTED,
+    ) -> Reader:
+        """A reader of every partition of `topic` from start_message_id (the first message
+        after it, or it with start_message_id_inclusive): a non-durable subscription."""
+        self._check_open()
+        check_reader_args(start_message_id, reader_listener, is_read_compacted)
+        check_count("receiver_queue_size", receiver_queue_size, least=1)
+        if reader_name is not None:
+            check_keyed_name("reader_name", reader_name)
+        if subscription_role_prefix is not None:
+            check_keyed_name("subscription_role_prefix", subscription_role_prefix)
+        if not isinstance(isolation, Isolation):
+            raise TypeError(f"isolation must be an Isolation, not {excerpt(isolation)}")
+        return self._reader(
+            topic,
+            start_message_id,
+            reader_listener,
+            receiver_queue_size,
+            reader_name,
+            subscription_role_prefix,
+            bool(start_message_id_inclusive),
+            isolation,
+        )
+
+    def _reader(
+        self, topic, start, listener, queue_size, name, prefix, inclusive, isolation, resume=None
+    ) -> Reader:
+        """A reader from `start` (a MessageId, or a publish time: a reconnect after a seek)."""
+        cfg = self.broker.config
+        full, partitions = self.broker.topics.resolve(topic)
+        with self.broker.topics.lock:
+            reader = Reader(
+                self,
+                full,
+                partitions,
+                start,
+                inclusive,
+                listener,
+                min(queue_size, cfg.max_receiver_queue_size),
+                cfg.dispatch_max_bytes,
+                name,
+                reader_subscription(prefix),
+                isolation is Isolation.READ_COMMITTED,
+                resume,
+            )
+        self._consumers.add(reader)
+        return reader
+
+    def get_topic_partitions(self, topic: str) -> list[str]:
+        """The full names of a topic's partitions (itself when non-partitioned), as
+        pulsar-client's; TopicNotFound if it does not exist."""
+        self._check_open()
+        return self.broker.topic_partitions(topic)
 
     # -- transactions ----------------------------------------------------------------------
 
@@ -340,10 +423,6 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
         self._check_open()
         return self.broker.topic_partitions(topic)
 
-    def get_topic_partitions(self, topic: str) -> list[str]:
-        """pulsar-client's name of topic_partitions."""
-        return self.topic_partitions(topic)
-
     def close(self) -> None:
         if self._closed:
             return
@@ -361,6 +440,16 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def check_ack_timeout(value, least: int) -> None:
+    """ValueError unless unacked_messages_timeout_ms is None, 0 or at least `least`."""
+    check_count("unacked_messages_timeout_ms", value, least=0, optional=True)
+    if value and value < least:
+        raise ValueError(
+            f"unacked_messages_timeout_ms must be 0, None or at least {least} (the broker's "
+            f"min_ack_timeout_ms), not {value}"
+        )
 
 
 # One type family (docs/API.md): the network clients and their handles are registered as

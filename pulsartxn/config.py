@@ -47,6 +47,8 @@ class BrokerConfig:
     receiver_queue_size: int = 1000
     max_receiver_queue_size: int = 50_000
     dispatch_max_bytes: int = 64 * 1024 * 1024
+    # The least unacked_messages_timeout_ms a subscribe may ask for (pulsar-client's: 10 s).
+    min_ack_timeout_ms: int = 10_000
     # Transactions. A timeout above the maximum is capped to it; a limit on live transactions
     # per coordinator keeps memory bounded (Pulsar #15133); deadlines are checked every tick
     # (Pulsar: 100 ms).
@@ -79,6 +81,7 @@ class BrokerConfig:
             "receiver_queue_size",
             "max_receiver_queue_size",
             "dispatch_max_bytes",
+            "min_ack_timeout_ms",
             "max_dbs",
             "max_topics",
             "max_partitions",

@@ -53,6 +53,7 @@ def take_buffered(
     object message_id_type,
 ):
     """Move read-ahead items ``((entry, batch_index), payload)`` from the left of `buffer`
+    (a payload of 7 carries the message's (event_timestamp, ordering_key))
     into `out` as Messages for `consumer` until `out` holds `n`, `buffer` is empty, or the
     next message's data would bring the bytes taken by this call past `max_bytes` while `out`
     is not empty (that item stays at the left of `buffer`: a larger message goes out alone).
@@ -136,7 +137,12 @@ def take_buffered(
             msg._publish_time = payload[3]
             msg._redelivery_count = count
             msg._txn = None
+            if len(payload) > 6:  # (event_timestamp, ordering_key) of a message sent with them
+                msg._meta = payload[6]
             out.append(msg)
+        elif len(payload) > 6:
+            out.append(message_type(data, payload[1], payload[2], mid, topic, payload[3], count,
+                                    None, *payload[6]))
         else:
             out.append(message_type(data, payload[1], payload[2], mid, topic, payload[3], count))
         delivered += 1

@@ -68,6 +68,8 @@ cdef class Messages:
     cdef int64_t *klen              # -1: no key
     cdef const uint8_t **pptr       # NULL when no message has properties
     cdef uint64_t *plen
+    cdef const uint8_t **mptr       # NULL when no message has metadata (FLAG_METADATA)
+    cdef uint64_t *mlen
     cdef list keep                  # the Python objects the pointers point into
 
     cdef inline void value(self, Py_ssize_t i, const uint8_t **ptr, uint64_t *length) noexcept nogil:
@@ -93,10 +95,12 @@ cdef class Messages:
         if self.kptr != NULL and self.klen[i] >= 0:
             s += <uint64_t>self.klen[i]
         s += self.plen[i] if self.pptr != NULL else 4
+        if self.mptr != NULL:
+            s += self.mlen[i]
         return s
 
 
-cdef Messages gather(values, keys, properties)
+cdef Messages gather(values, keys, properties, metadata=*)
 cdef void write_entry(uint8_t *out, Messages m, Py_ssize_t i0, Py_ssize_t i1, uint8_t marker,
                       uint64_t txn_msb, uint64_t txn_lsb, uint64_t producer_id,
                       uint64_t sequence_id, int64_t publish_time, size_t total) noexcept nogil

@@ -19,6 +19,7 @@ def encode_entry(
     sequence_id: int = 0,
     publish_time: int = 0,
     marker_type: int = 0,
+    metadata: Sequence[tuple[int, int, bytes | None] | None] | None = None,
 ) -> bytes: ...
 def encode_entries(
     values: Any,
@@ -32,4 +33,5 @@ def encode_entries(
     producer_id: int = 0,
     first_sequence_id: int = 0,
     publish_time: int = 0,
+    metadata: Sequence[tuple[int, int, bytes | None] | None] | None = None,
 ) -> list[bytes]: ...

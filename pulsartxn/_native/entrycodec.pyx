@@ -26,6 +26,7 @@ from .entryformat import (
     arrow_binary,
     check_header_ints,
     normalize_keys,
+    normalize_metadata,
     normalize_properties,
 )
 
@@ -75,7 +76,7 @@ cdef char *_scratch_bytes(str name, size_t need) except NULL:
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
-cdef Messages gather(values, keys, properties):
+cdef Messages gather(values, keys, properties, metadata=None):
     cdef Messages m = Messages.__new__(Messages)
     cdef Py_ssize_t i, n
     cdef const int32_t[::1] o32
@@ -96,6 +97,7 @@ cdef Messages gather(values, keys, properties):
         raise ValueError(f"{n} messages do not fit one entry log call")
     key_list = normalize_keys(keys, n)
     prop_list = normalize_properties(properties, n)
+    meta_list = normalize_metadata(metadata, n)
     m.n = n
     count = n if n else 1
     if arrow is not None:
@@ -149,6 +151,13 @@ cdef Messages gather(values, keys, properties):
         for i in range(n):
             m.pptr[i] = <const uint8_t *>PyBytes_AS_STRING(prop_list[i])
             m.plen[i] = PyBytes_GET_SIZE(prop_list[i])
+    if meta_list is not None:
+        m.keep.append(meta_list)
+        m.mptr = <const uint8_t **>_scratch_bytes("mptr", count * sizeof(uint8_t *))
+        m.mlen = <uint64_t *>_scratch_bytes("mlen", count * sizeof(uint64_t))
+        for i in range(n):
+            m.mptr[i] = <const uint8_t *>PyBytes_AS_STRING(meta_list[i])
+            m.mlen[i] = PyBytes_GET_SIZE(meta_list[i])
     return m
 
 
@@ -158,7 +167,7 @@ cdef void write_entry(uint8_t *out, Messages m, Py_ssize_t i0, Py_ssize_t i1, ui
     put_magic(out)
     out[4] = 1
     out[5] = marker
-    out[6] = 0
+    out[6] = 1 if m.mptr != NULL else 0  # FLAG_METADATA
     out[7] = 0
     put_u64(out + 8, txn_msb)
     put_u64(out + 16, txn_lsb)
@@ -190,6 +199,9 @@ cdef void write_entry(uint8_t *out, Messages m, Py_ssize_t i0, Py_ssize_t i1, ui
         p += 4
         memcpy(p, vp, vl)
         p += vl
+        if m.mptr != NULL:
+            memcpy(p, m.mptr[i], m.mlen[i])
+            p += m.mlen[i]
     cdef uint32_t crc = ptx_crc32c(0, out, 52)
     crc = ptx_crc32c(crc, out + ENTRY_HEADER_SIZE, total - ENTRY_HEADER_SIZE)
     put_u32(out + 52, crc)
@@ -235,10 +247,10 @@ def value_sizes(values):
 
 
 def encode_entry(values, keys=None, properties=None, *, txn_msb=0, txn_lsb=0, producer_id=0,
-                 sequence_id=0, publish_time=0, marker_type=0) -> bytes:
+                 sequence_id=0, publish_time=0, marker_type=0, metadata=None) -> bytes:
     """One entry holding every message of `values` (a marker entry holds zero or one)."""
     check_header_ints(txn_msb, txn_lsb, producer_id, sequence_id, publish_time, marker_type)
-    cdef Messages m = gather(values, keys, properties)
+    cdef Messages m = gather(values, keys, properties, metadata)
     if m.n > 0xFFFFFFFF:
         raise ValueError(f"{m.n} messages do not fit one entry")
     return _encodeentry_range(m, 0, m.n, marker_type, txn_msb, txn_lsb, producer_id, sequence_id,
@@ -247,12 +259,12 @@ def encode_entry(values, keys=None, properties=None, *, txn_msb=0, txn_lsb=0, pr
 
 def encode_entries(values, keys=None, properties=None, *, batch_size=1000,
                    max_entry_bytes=DEFAULT_MAX_ENTRY_BYTES, txn_msb=0, txn_lsb=0, producer_id=0,
-                   first_sequence_id=0, publish_time=0) -> list:
+                   first_sequence_id=0, publish_time=0, metadata=None) -> list:
     """Split a bulk of messages into consecutive entries of at most batch_size messages and
     (unless one message alone is larger) max_entry_bytes bytes; sequence ids run on."""
     check_header_ints(txn_msb, txn_lsb, producer_id, first_sequence_id, publish_time, 0)
     check_bulk(batch_size, max_entry_bytes, first_sequence_id, 1)
-    cdef Messages m = gather(values, keys, properties)
+    cdef Messages m = gather(values, keys, properties, metadata)
     check_bulk(batch_size, max_entry_bytes, first_sequence_id, m.n)
     cdef list out = []
     cdef Py_ssize_t i0 = 0, i

@@ -34,6 +34,8 @@ cdef struct _Totals:
     uint64_t pairs
     uint64_t pkey_bytes
     uint64_t pval_bytes
+    uint64_t meta_entries     # entries with FLAG_METADATA
+    uint64_t okey_bytes
 
 
 cdef int _check_entry(const uint8_t *p, uint64_t size, bint verify, _Totals *t) noexcept nogil:
@@ -44,8 +46,9 @@ cdef int _check_entry(const uint8_t *p, uint64_t size, bint verify, _Totals *t) 
         return 2
     if p[4] != 1:
         return 3
-    if p[6] != 0 or p[7] != 0:
+    if (p[6] & ~1) != 0 or p[7] != 0:  # FLAG_METADATA alone is known
         return 4
+    cdef bint meta = p[6] & 1
     cdef uint32_t crc
     if verify:
         crc = ptx_crc32c(0, p, 52)
@@ -99,9 +102,20 @@ cdef int _check_entry(const uint8_t *p, uint64_t size, bint verify, _Totals *t) 
             return 6
         pos += n
         t.value_bytes += n
+        if meta:
+            if size - pos < 20:
+                return 6
+            n = get_u32(p + pos + 16)
+            pos += 20
+            if n != NO_KEY:
+                if n > size - pos:
+                    return 6
+                pos += n
+                t.okey_bytes += n
     if pos != size:
         return 7
     t.messages += count
+    t.meta_entries += meta
     return 0
 
 
@@ -114,6 +128,7 @@ def decode_header(buf, verify=True):
     try:
         p = <const uint8_t *>view.buf
         t.messages = t.key_bytes = t.value_bytes = t.pairs = t.pkey_bytes = t.pval_bytes = 0
+        t.meta_entries = t.okey_bytes = 0
         if verify:
             code = _check_entry(p, view.len, True, &t)
         elif view.len < ENTRY_HEADER_SIZE:
@@ -190,6 +205,7 @@ def decode_entries(entry_ids, buffers, verify=True) -> DecodedEntries:
             PyObject_GetBuffer(buffers[e], &views[e], PyBUF_SIMPLE)
             acquired += 1
         t.messages = t.key_bytes = t.value_bytes = t.pairs = t.pkey_bytes = t.pval_bytes = 0
+        t.meta_entries = t.okey_bytes = 0
         with nogil:
             for e in range(ne):
                 code = _check_entry(<const uint8_t *>views[e].buf, views[e].len, do_verify, &t)
@@ -224,6 +240,7 @@ cdef uint8_t *_data_ptr(object arr) except? NULL:
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
+@cython.initializedcheck(False)
 cdef object _fill(Py_buffer *views, Py_ssize_t ne, ids_arr, _Totals *t):
     cdef Py_ssize_t nm = t.messages
     a = {
@@ -242,6 +259,23 @@ cdef object _fill(Py_buffer *views, Py_ssize_t ne, ids_arr, _Totals *t):
         "prop_value_offsets": np.empty(t.pairs + 1, np.int64),
         "prop_value_data": np.empty(t.pval_bytes, np.uint8),
     }
+    cdef bint with_meta = t.meta_entries > 0
+    if with_meta:
+        a.update(event_time=np.empty(nm, np.int64), deliver_at=np.empty(nm, np.int64),
+                 okey_offsets=np.empty(nm + 1, np.int64),
+                 okey_data=np.empty(t.okey_bytes, np.uint8), okey_valid=np.empty(nm, np.bool_))
+    # Without metadata these views stay unbound (and are never touched): no cost to acquire.
+    cdef int64_t[::1] event_time, deliver_at, okey_off
+    cdef uint8_t[::1] okey_valid
+    cdef uint8_t *okey_data = EMPTY
+    if with_meta:
+        event_time = a["event_time"]
+        deliver_at = a["deliver_at"]
+        okey_off = a["okey_offsets"]
+        okey_valid = a["okey_valid"].view(np.uint8)
+        okey_data = _data_ptr(a["okey_data"])
+    cdef int64_t ob = 0
+    cdef bint meta
     cdef uint64_t[::1] txn_msb = a["txn_msb"], txn_lsb = a["txn_lsb"]
     cdef uint64_t[::1] producer = a["producer_id"], sequence = a["sequence_id"]
     cdef int64_t[::1] publish = a["publish_time"], first = a["first_message"]
@@ -267,8 +301,11 @@ cdef object _fill(Py_buffer *views, Py_ssize_t ne, ids_arr, _Totals *t):
         prop_off[0] = 0
         pk_off[0] = 0
         pv_off[0] = 0
+        if with_meta:
+            okey_off[0] = 0
         for e in range(ne):
             p = <const uint8_t *>views[e].buf
+            meta = p[6] & 1
             marker[e] = p[5]
             txn_msb[e] = get_u64(p + 8)
             txn_lsb[e] = get_u64(p + 16)
@@ -303,5 +340,21 @@ cdef object _fill(Py_buffer *views, Py_ssize_t ne, ids_arr, _Totals *t):
                 prop_off[m + 1] = pair
                 pos = _copy_field(p, pos, val_data, &vb)
                 val_off[m + 1] = vb
+                if with_meta:
+                    if meta:
+                        event_time[m] = <int64_t>get_u64(p + pos)
+                        deliver_at[m] = <int64_t>get_u64(p + pos + 8)
+                        n = get_u32(p + pos + 16)
+                        pos += 20
+                        okey_valid[m] = n != NO_KEY
+                        if n != NO_KEY:
+                            memcpy(okey_data + ob, p + pos, n)
+                            ob += n
+                            pos += n
+                    else:
+                        event_time[m] = 0
+                        deliver_at[m] = 0
+                        okey_valid[m] = 0
+                    okey_off[m + 1] = ob
                 m += 1
     return DecodedEntries(**a)

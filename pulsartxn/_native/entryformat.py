@@ -6,12 +6,16 @@ An entry is one LMDB value of a partition's ledger and holds a batch of messages
     0  4s  magic b"PTXE"            24 u64 producer_id          48 u32 message_count
     4  u8  version (1)              32 u64 sequence_id (first)  52 u32 crc32c of [0:52] + [56:]
     5  u8  marker_type (0 = data)   40 i64 publish_time (ms)
-    6  u16 flags (0)
+    6  u16 flags (0, or FLAG_METADATA)
     8  u64 txn_msb, 16 u64 txn_lsb (0, 0 = not transactional)
 
     per message: u32 key_len (0xFFFFFFFF = no key), key;
                  u32 n_properties, n x (u32 len, utf-8 key, u32 len, utf-8 value);
-                 u32 payload_len, payload
+                 u32 payload_len, payload;
+                 with FLAG_METADATA, then: i64 event_time (ms, 0 = none), i64 deliver_at
+                 (ms, 0 = none), u32 ordering_key_len (0xFFFFFFFF = none), ordering_key
+
+An entry without metadata has flags 0 and is byte for byte what it was before the flag.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import pyarrow.compute as pc
 from ..errors import excerpt
 
 HEADER_SIZE = 56
+FLAG_METADATA = 1  # each message carries the metadata block after its payload
 MAGIC = b"PTXE"
 VERSION = 1
 NO_KEY = 0xFFFFFFFF
@@ -72,6 +77,43 @@ def encode_properties(props, index: int) -> bytes:
         kb, vb = k.encode(), v.encode()
         parts += [struct.pack("<I", len(kb)), kb, struct.pack("<I", len(vb)), vb]
     return b"".join(parts)
+
+
+_META = struct.Struct("<qqI")
+NO_METADATA = _META.pack(0, 0, NO_KEY)
+
+
+def encode_metadata(meta, index: int) -> bytes:
+    """The metadata block of one message: meta is None or (event_time, deliver_at,
+    ordering_key bytes or None), the times ints in the int64 range (0 = none)."""
+    if meta is None:
+        return NO_METADATA
+    if not isinstance(meta, tuple) or len(meta) != 3:
+        raise TypeError(f"metadata[{index}] must be None or a 3-tuple, not {excerpt(meta)}")
+    event_time, deliver_at, key = meta
+    for what, value in (("event_time", event_time), ("deliver_at", deliver_at)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"metadata[{index}] {what} must be an int, not {excerpt(value)}")
+        if not -(1 << 63) <= value < (1 << 63):
+            raise ValueError(f"metadata[{index}] {what} {value} out of the int64 range")
+    if key is None:
+        return _META.pack(event_time, deliver_at, NO_KEY)
+    if not isinstance(key, bytes):
+        raise TypeError(f"metadata[{index}] ordering key must be bytes, not {excerpt(key)}")
+    if len(key) > MAX_FIELD:
+        raise ValueError(f"metadata[{index}] ordering key of {len(key)} bytes is too long")
+    return _META.pack(event_time, deliver_at, len(key)) + key
+
+
+def normalize_metadata(metadata, n: int) -> list | None:
+    """Each message's encoded metadata block, or None when no message has metadata."""
+    if metadata is None:
+        return None
+    if not isinstance(metadata, (list, tuple)):
+        raise TypeError(f"metadata must be a list, not {type(metadata).__name__}")
+    if len(metadata) != n:
+        raise ValueError(f"metadata has {len(metadata)} items for {n} values")
+    return [encode_metadata(m, i) for i, m in enumerate(metadata)]
 
 
 def check_header_ints(
@@ -175,6 +217,8 @@ class DecodedEntries:
     Message level: msg_entry (i64 index into entry arrays), batch_index (i32), key_offsets/
     key_data/key_valid, value_offsets/value_data, prop_offsets (into pairs), prop_key_offsets/
     prop_key_data, prop_value_offsets/prop_value_data. Offsets are int64, n + 1 long.
+    Metadata (None when no entry decoded carries any): event_time, deliver_at (i64, 0 = none),
+    okey_offsets/okey_data/okey_valid (the ordering keys, as the keys).
     """
 
     ENTRY_FIELDS = (
@@ -202,10 +246,13 @@ class DecodedEntries:
         "prop_value_offsets",
         "prop_value_data",
     )
+    META_FIELDS = ("event_time", "deliver_at", "okey_offsets", "okey_data", "okey_valid")
 
     def __init__(self, **arrays) -> None:
         for name in self.ENTRY_FIELDS + self.MESSAGE_FIELDS:
             setattr(self, name, arrays[name])
+        for name in self.META_FIELDS:
+            setattr(self, name, arrays.get(name))
         self.num_entries = len(self.entry_id)
         self.num_messages = len(self.msg_entry)
 
@@ -237,11 +284,26 @@ class DecodedEntries:
             for i in range(self.num_messages)
         ]
 
+    def metadata(self, m: int) -> tuple[int, int, bytes | None] | None:
+        """(event_time, deliver_at, ordering key) of message m, None when it has none."""
+        if self.event_time is None:
+            return None
+        ev, at, valid = int(self.event_time[m]), int(self.deliver_at[m]), self.okey_valid[m]
+        if not (ev or at or valid):
+            return None
+        o = self.okey_offsets
+        return ev, at, self.okey_data[o[m] : o[m + 1]].tobytes() if valid else None
+
     def equals(self, other: DecodedEntries) -> bool:
+        if (self.event_time is None) != (other.event_time is None):
+            return False
+        fields = self.ENTRY_FIELDS + self.MESSAGE_FIELDS
+        if self.event_time is not None:
+            fields += self.META_FIELDS
         return all(
             np.array_equal(getattr(self, f), getattr(other, f))
             and getattr(self, f).dtype == getattr(other, f).dtype
-            for f in self.ENTRY_FIELDS + self.MESSAGE_FIELDS
+            for f in fields
         )
 
     def to_arrow(self, topic: str = "", partition: int = -1, ledger_id: int = 0, mask=None):

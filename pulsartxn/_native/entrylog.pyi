@@ -28,6 +28,7 @@ class EntryLog:
         producer_id: int = 0,
         first_sequence_id: int = 0,
         publish_time: int = 0,
+        metadata: Sequence[tuple[int, int, bytes | None] | None] | None = None,
     ) -> tuple[int, list[int]]: ...
     def scan(
         self, txn: Any, start: int = 0, end: int | None = None, limit: int | None = None

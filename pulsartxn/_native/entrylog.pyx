@@ -152,7 +152,7 @@ cdef class EntryLog:
 
     def append_messages(self, txn, values, keys=None, properties=None, *, batch_size=1000,
                         max_entry_bytes=DEFAULT_MAX_ENTRY_BYTES, txn_msb=0, txn_lsb=0,
-                        producer_id=0, first_sequence_id=0, publish_time=0):
+                        producer_id=0, first_sequence_id=0, publish_time=0, metadata=None):
         """Encode a bulk of messages into entries (as encode_entries) and append them.
 
         Returns (first entry id, messages per entry). The entries are written from a reused
@@ -160,7 +160,7 @@ cdef class EntryLog:
         """
         check_header_ints(txn_msb, txn_lsb, producer_id, first_sequence_id, publish_time, 0)
         check_bulk(batch_size, max_entry_bytes, first_sequence_id, 1)
-        cdef Messages m = gather(values, keys, properties)
+        cdef Messages m = gather(values, keys, properties, metadata)
         check_bulk(batch_size, max_entry_bytes, first_sequence_id, m.n)
         cdef uint64_t first = self.last_entry_id(txn) + 1
         cdef uint64_t seq = first_sequence_id, total

@@ -18,6 +18,7 @@ cdef class Message:
     cdef object _publish_time
     cdef object _redelivery_count
     cdef object _txn
+    cdef object _meta  # None, or (event_timestamp, ordering_key) as sent
 
 
 cdef MessageId new_message_id(int64_t ledger_id, int64_t entry_id, int32_t partition,

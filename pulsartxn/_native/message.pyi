@@ -1,7 +1,10 @@
-from typing import Any
+from typing import Any, ClassVar
 
 class MessageId:
     """Where a message is: ledger, entry, partition, index in its batch, batch size."""
+
+    earliest: ClassVar[MessageId]
+    latest: ClassVar[MessageId]
 
     def __init__(
         self,
@@ -38,6 +41,8 @@ class Message:
         publish_time: int,
         redelivery_count: int = 0,
         txn: Any = None,
+        event_timestamp: int = 0,
+        ordering_key: str | None = None,
     ) -> None: ...
     def data(self) -> bytes: ...
     def value(self) -> bytes: ...
@@ -47,3 +52,5 @@ class Message:
     def topic_name(self) -> str: ...
     def publish_timestamp(self) -> int: ...
     def redelivery_count(self) -> int: ...
+    def event_timestamp(self) -> int: ...
+    def ordering_key(self) -> str | None: ...

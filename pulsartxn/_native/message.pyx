@@ -13,9 +13,8 @@ from pulsartxn.errors import InvalidMessageId
 
 from .checks import as_int
 
-_ID = struct.Struct("<2sQQiii")
+_ID = struct.Struct("<2sqqiii")  # signed: MessageId.earliest is (-1, -1)
 _ID_MAGIC = b"M1"
-_MAX = (1 << 63) - 1
 cdef int64_t _I64_MIN = -0x7FFFFFFFFFFFFFFF - 1
 cdef int64_t _I64_MAX = 0x7FFFFFFFFFFFFFFF
 
@@ -36,13 +35,32 @@ cdef int64_t _checked(object value, str what, int64_t lo, int64_t hi) except? -1
     return v
 
 
+class _Position:
+    """A class attribute naming a fixed position (MessageId.earliest, .latest): the owner's
+    MessageId of these fields, made on first use (the class does not exist before)."""
+
+    def __init__(self, ledger_id, entry_id):
+        self._fields = (ledger_id, entry_id)
+        self._value = None
+
+    def __get__(self, obj, owner):
+        if self._value is None:
+            self._value = owner(*self._fields)
+        return self._value
+
+
 cdef class MessageId:
     """Where a message is: ledger and entry, its index in a batched entry, and its partition.
 
     ``batch_index`` is -1 for an entry that holds one message; ``batch_size`` is the number of
     messages in the entry (what batch-index acknowledgement needs). Ordered by (ledger, entry,
     batch index, partition), hashable, picklable. The twin is ``reference/message.py``.
+    ``MessageId.earliest`` and ``MessageId.latest`` are pulsar-client's: before the first
+    message and after the last of any partition.
     """
+
+    earliest = _Position(-1, -1)
+    latest = _Position(_I64_MAX, _I64_MAX)
 
     def __init__(self, ledger_id, entry_id, partition=-1, batch_index=-1, batch_size=0):
         cdef int64_t ledger, entry
@@ -125,7 +143,7 @@ cdef class MessageId:
         if len(data) != _ID.size or bytes(data[:2]) != _ID_MAGIC:
             raise InvalidMessageId(f"not a serialized MessageId: {bytes(data)[:32]!r}")
         _, ledger, entry, partition, batch_index, batch_size = _ID.unpack(bytes(data))
-        if ledger > _MAX or entry > _MAX:
+        if (ledger < 0 or entry < 0) and (ledger, entry) != (-1, -1):  # only earliest's
             raise InvalidMessageId(f"not a serialized MessageId: {bytes(data)[:32]!r}")
         return cls(ledger, entry, partition, batch_index, batch_size)
 
@@ -165,7 +183,7 @@ cdef class Message:
     the MessageId is then made when first asked for."""
 
     def __init__(self, data, properties, key, message_id, topic, publish_time,
-                 redelivery_count=0, txn=None):
+                 redelivery_count=0, txn=None, event_timestamp=0, ordering_key=None):
         self._data = data
         self._properties = properties
         self._key = key
@@ -174,6 +192,8 @@ cdef class Message:
         self._publish_time = publish_time
         self._redelivery_count = redelivery_count
         self._txn = txn
+        if event_timestamp or ordering_key is not None:
+            self._meta = (event_timestamp, ordering_key)
 
     def data(self):
         return self._data
@@ -202,6 +222,14 @@ cdef class Message:
 
     def redelivery_count(self):
         return self._redelivery_count
+
+    def event_timestamp(self):
+        """The event time the producer set (ms since the epoch), 0 when none."""
+        return self._meta[0] if self._meta is not None else 0
+
+    def ordering_key(self):
+        """The ordering key the producer set, None when none."""
+        return self._meta[1] if self._meta is not None else None
 
     def __repr__(self):
         return f"Message(topic={self._topic!r}, id={self.message_id()!r}, {len(self._data)} bytes)"

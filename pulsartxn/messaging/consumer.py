@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
 import threading
@@ -20,9 +21,10 @@ from ..errors import (
 )
 from ..txn.log import IN_PROCESS
 from ..txn.transaction import Transaction
+from . import positions
 from .listener import MessageListener
 from .message import Message, MessageId
-from .subscription import EXCLUSIVE, FAILOVER, SHARED, Subscription
+from .subscription import EXCLUSIVE, FAILOVER, KEY_SHARED, MULTI, SHARED, TYPE_NAMES, Subscription
 
 
 def check_count(name: str, value: object, least: int, optional: bool = False) -> None:
@@ -40,6 +42,7 @@ class ConsumerType(enum.Enum):
     Exclusive = EXCLUSIVE
     Shared = SHARED
     Failover = FAILOVER
+    KeyShared = KEY_SHARED
 
 
 class InitialPosition(enum.Enum):
@@ -109,7 +112,11 @@ class Consumer:
         read_committed: bool = True,
         receiver_queue_size: int = 1000,
         max_bytes: int = 64 * 1024 * 1024,
+        ack_timeout_ms: int | None = None,
+        dead_letter=None,
     ) -> None:
+        """ack_timeout_ms: unacknowledged messages come back after it (None: never);
+        dead_letter: the consumer's dead_letter.DeadLetter, or None."""
         self._client = client
         self._topic = topic
         self._subscription_name = subscription_name
@@ -120,6 +127,8 @@ class Consumer:
         self._nack_delay = negative_ack_redelivery_delay_ms / 1000.0
         self._queue_size = receiver_queue_size  # messages one batch_receive takes at most
         self._max_bytes = max_bytes  # and bytes of message data (one larger goes alone)
+        self._ack_timeout_s = (ack_timeout_ms or 0) / 1000.0
+        self._dead_letter = dead_letter
         self._cond = threading.Condition()
         self._signal = 0  # wake-ups so far: a wait is skipped if one came since it parked
         self._parked = 0  # receives parked on the subscriptions, waiting for a wake-up
@@ -132,7 +141,7 @@ class Consumer:
         attached = []
         try:
             for sub in subscriptions:
-                sub.attach(self, sub_type, read_committed)
+                sub.attach(self, sub_type, read_committed, self._ack_timeout_s, self._dead_letter)
                 attached.append(sub)
         except BaseException:
             for sub in attached:
@@ -303,21 +312,49 @@ class Consumer:
         return any(sub.has_available(self) for sub in self._subs)
 
     def get_last_message_id(self) -> MessageId:
+        """The last message this consumer may read; on a partitioned topic, the one of all
+        partitions published last (MessageId.earliest when none holds one)."""
         self._check_open()
-        if len(self._subs) != 1:
-            raise InvalidConfiguration(
-                "get_last_message_id is not supported on a partitioned topic"
-            )
-        sub = self._subs[0]
-        p = sub.partition
-        # Answered from what a reader of this subscription may read (the max read position
-        # when read committed), skipping markers and aborted entries, so that a reader never
-        # waits for a message that will not come (Pulsar #11877, #22610).
-        last = p.last_readable_entry(sub.read_committed)
-        if last < 0:
-            return MessageId(p.ledger_id, -1, p.index)
-        n = p.message_count(last)
-        return MessageId(p.ledger_id, last, p.index, n - 1 if n > 1 else -1, n if n > 1 else 0)
+        return positions.last_of(self._lasts())
+
+    def get_last_message_ids(self) -> list[MessageId]:
+        """The last message this consumer may read on each partition, in partition order
+        (entry -1 on a partition that has none yet)."""
+        self._check_open()
+        return [mid for mid, _ in self._lasts()]
+
+    def _lasts(self) -> list[tuple[MessageId, int]]:
+        """(last readable id, its publish time) of each partition, in partition order."""
+        self._check_open()
+        return [positions.last_message(s.partition, s.read_committed) for s in self._subs]
+
+    def seek(self, position: MessageId | int) -> None:
+        """Reset the subscription to a MessageId (that message is delivered again; earliest
+        and latest apply to every partition, another id to its own) or a publish time in ms
+        (every partition: from the first message published at or after it)."""
+        self._check_open()
+        positions.check_position(position)
+        self._seek(position, inclusive=True)
+
+    def _seek(self, position: MessageId | int, inclusive: bool) -> None:
+        if positions.is_everywhere(position):
+            subs = self._subs
+        else:
+            part = positions.partition_of(position, [s.partition for s in self._subs], self._topic)
+            subs = [self._by_partition[part.index]]
+        starts = [positions.start_of(s.partition, position, inclusive) for s in subs]
+        # Every partition's check before any reset: a refused seek changes nothing.
+        with contextlib.ExitStack() as locks:
+            for sub in subs:
+                locks.enter_context(sub.lock)
+            for sub in subs:
+                sub.check_seek()
+            for sub, (mark, partial) in zip(subs, starts):
+                sub.reset(mark, partial)
+        for sub in subs:
+            sub.wait_persisted()  # durable when answered: a restart finds the reset cursor
+            sub.notify()
+        self._wake()
 
     # -- acknowledging ---------------------------------------------------------------------
 
@@ -355,10 +392,10 @@ class Consumer:
         self, msg_or_id: Message | MessageId, txn: Transaction | TxnID | None = None
     ) -> None:
         self._check_open()
-        if self._type == SHARED:
+        if self._type in MULTI:
             raise InvalidConfiguration(
-                f"cumulative acknowledgement is not allowed on Shared subscription "
-                f"{self._subscription_name}"
+                f"cumulative acknowledgement is not allowed on {TYPE_NAMES[self._type]} "
+                f"subscription {self._subscription_name}"
             )
         sub, mid = self._sub_for(msg_or_id)
         if txn is None:
@@ -378,6 +415,10 @@ class Consumer:
         except TransactionConflict as exc:
             txn._failed(exc)
             raise
+        with sub.lock:
+            drained = sub.key_shared is not None and sub.key_shared.unblocked()
+        if drained:
+            sub.notify()  # the message left its consumer: a key draining may be free
         if registration is not None:
             txn._subscriptions.add(name)
         txn._ack_counts[name] = txn._ack_counts.get(name, 0) + 1

@@ -131,6 +131,14 @@ class Cursor:
         if entry_id - 1 > self.mark_delete:
             self.ack_cumulative(entry_id - 1)
 
+    def reset(self, mark_delete: int) -> None:
+        """Forget every acknowledgement: everything up to mark_delete is acknowledged, nothing
+        after it (a seek)."""
+        self.mark_delete = mark_delete
+        self.acked = set()
+        self.batch_acks = {}
+        self._starts, self._ends = {}, {}
+
     # -- persistence -----------------------------------------------------------------------
 
     def serialize(self, pending=()) -> bytes:

@@ -62,6 +62,7 @@ class Partition:
         self.next_entry_id = last + 1 if last >= 0 else 0
         snapshots.recovered(replay_from > 0)
         self.subscriptions: dict[str, Subscription] = {}
+        self.readers: dict[str, Subscription] = {}  # non-durable: no cursor stored, no stats
         self.producers: dict[str, object] = {}
         self.msg_in = 0
         self.bytes_in = 0
@@ -199,6 +200,8 @@ class Partition:
         first_sequence: int,
         publish_time: int,
         txn_id=None,
+        properties=None,
+        metadata=None,
     ) -> WriteOp:
         """A group-commit operation that encodes a bulk of messages straight into the ledger
         (no intermediate bytes objects); its result is (first entry id, messages per entry).
@@ -211,12 +214,14 @@ class Partition:
                 lmdb_txn,
                 values,
                 keys,
+                properties,
                 batch_size=batch_size,
                 producer_id=producer_id,
                 first_sequence_id=first_sequence,
                 publish_time=publish_time,
                 txn_msb=msb,
                 txn_lsb=lsb,
+                metadata=metadata,
             )
             self._index_sequences(lmdb_txn, first, counts, producer, first_sequence)
             return first, counts
@@ -286,7 +291,7 @@ class Partition:
             self.next_entry_id = first + len(counts)
             self.msg_in += sum(counts)
             self.bytes_in += nbytes
-            subscriptions = list(self.subscriptions.values())
+            subscriptions = [*self.subscriptions.values(), *self.readers.values()]
         for sub in subscriptions:
             sub.notify()
 

@@ -15,6 +15,7 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from datetime import timedelta
 from functools import partial
 from typing import Any, NoReturn
 
@@ -28,6 +29,7 @@ from ..errors import AlreadyClosed, MessageTooBig, excerpt
 from ..txn.log import IN_PROCESS
 from ..txn.transaction import Transaction
 from .message import MessageId
+from .metadata import message_metadata, send_with_metadata
 from .partition import Partition
 from .send_options import check_callback, with_callback
 from .txn_batches import TransactionBatches
@@ -166,6 +168,12 @@ class Producer(TransactionBatches):
         partition_key: str | None = None,
         sequence_id: int | None = None,
         txn: Transaction | None = None,
+        *,
+        ordering_key: str | bytes | None = None,
+        event_timestamp: int | None = None,
+        deliver_after_ms: int | None = None,
+        deliver_at: int | None = None,
+        deliver_after: timedelta | None = None,
         **unknown: NoReturn,
     ) -> Future:
         """Queue one message; the future gives its MessageId once it is durable, and
@@ -182,13 +190,40 @@ class Producer(TransactionBatches):
         ``_send_async`` for the rest."""
         if unknown:
             raise refused(Producer.send_async, unknown)
-        return self._send_async(content, properties, partition_key, sequence_id, txn, callback)
+        if (
+            ordering_key is None
+            and event_timestamp is None
+            and deliver_after_ms is None
+            and deliver_at is None
+            and deliver_after is None
+        ):
+            return self._send_async(content, properties, partition_key, sequence_id, txn, callback)
+        return self._send_async(
+            content,
+            properties,
+            partition_key,
+            sequence_id,
+            txn,
+            callback,
+            ordering_key=ordering_key,
+            event_timestamp=event_timestamp,
+            deliver_after_ms=deliver_after_ms,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
+        )
 
-    def _send_async(self, content, properties, partition_key, sequence_id, txn, callback) -> Future:
+    def _send_async(
+        self, content, properties, partition_key, sequence_id, txn, callback, **metadata
+    ) -> Future:
         if self._closed:
             self._check_open()
         if callback is not None:
             check_callback(callback)
+        if metadata:
+            meta = message_metadata(**metadata)
+            if meta is not None:
+                fut = self._send_meta(content, properties, partition_key, sequence_id, txn, meta)
+                return fut if callback is None else with_callback(fut, callback)
         if txn is not None:
             content, properties = self._validate(content, properties, partition_key, sequence_id)
             fut = self._txn_add(txn, content, properties, partition_key, sequence_id)
@@ -216,12 +251,25 @@ class Producer(TransactionBatches):
         partition_key: str | None = None,
         sequence_id: int | None = None,
         txn: Transaction | None = None,
+        *,
+        ordering_key: str | bytes | None = None,
+        event_timestamp: int | None = None,
+        deliver_after_ms: int | None = None,
+        deliver_at: int | None = None,
+        deliver_after: timedelta | None = None,
         **unknown: NoReturn,
     ) -> MessageId:
         """Send one message; durable when it returns."""
         if unknown:
             raise refused(Producer.send, unknown)
         self._check_open()
+        meta = message_metadata(
+            ordering_key, event_timestamp, deliver_after_ms, deliver_at, deliver_after
+        )
+        if meta is not None:
+            fut = self._send_meta(content, properties, partition_key, sequence_id, txn, meta)
+            self._parts[0].partition.storage.wait(fut)
+            return fut.result()
         content, properties = self._validate(content, properties, partition_key, sequence_id)
         if txn is not None:
             fut = self._txn_add(txn, content, properties, partition_key, sequence_id)
@@ -252,6 +300,9 @@ class Producer(TransactionBatches):
         if not ride:
             self._wait_batches(futures, txn)
         return n
+
+    def _send_meta(self, content, properties, partition_key, sequence_id, txn, meta) -> Future:
+        return send_with_metadata(self, content, properties, partition_key, sequence_id, txn, meta)
 
     def _submit_batch(self, values, keys, txn, quiet: bool, ride: bool = False):
         """send_batch without the wait: (count, futures of its writes, the Transaction,
@@ -347,7 +398,9 @@ class Producer(TransactionBatches):
         txn=None,
         quiet: bool = True,
         ride: bool = False,
+        **one,
     ) -> Future:
+        """`one`: properties, metadata and sequence_id of a single message (_send_meta)."""
         if len(rows) == n:
             sub_values = values
             sub_keys = key_list
@@ -370,7 +423,7 @@ class Producer(TransactionBatches):
                 raise
         try:
             fut = self._submit_rows(
-                part, sub_values, sub_keys, rows, sizes, txn, staged, quiet, ride
+                part, sub_values, sub_keys, rows, sizes, txn, staged, quiet, ride, **one
             )
         except BaseException:
             if txn is not None:
@@ -390,14 +443,26 @@ class Producer(TransactionBatches):
         return fut
 
     def _submit_rows(
-        self, part, sub_values, sub_keys, rows, sizes, txn, staged, quiet, ride=False
+        self,
+        part,
+        sub_values,
+        sub_keys,
+        rows,
+        sizes,
+        txn,
+        staged,
+        quiet,
+        ride=False,
+        properties=None,
+        metadata=None,
+        sequence_id=None,
     ) -> Future:
         with part.lock:
             part._flush_locked()
-            first_seq = part.last_sequence + 1
+            first_seq = part.last_sequence + 1 if sequence_id is None else sequence_id
             if first_seq + len(rows) - 1 > MAX_SEQUENCE_ID:  # sent by another thread meanwhile
                 raise sequences_used_up(self.name, part.partition.topic)
-            part.last_sequence = first_seq + len(rows) - 1
+            part.last_sequence = max(part.last_sequence, first_seq + len(rows) - 1)
             nbytes = int(sizes[rows].sum())
             op = part.partition.append_messages_op(
                 sub_values,
@@ -410,6 +475,8 @@ class Producer(TransactionBatches):
                 first_sequence=first_seq,
                 publish_time=int(time.time() * 1000),
                 txn_id=txn.id if txn is not None else None,
+                properties=properties,
+                metadata=metadata,
             )
             if staged is not None:
                 op.prepend(staged[0])

@@ -3,6 +3,7 @@ may deliver. Bounded, so that a ledger of large entries is not decoded all at on
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 import numpy as np
@@ -32,6 +33,9 @@ class ReadAhead:
         self.buffer: deque = deque()
         # The entry a redelivery read last: (entry id, batch_index -> payload not yet taken).
         self._reread: tuple[int, dict] | None = None
+        # delay(key, deliver_at): where a message read before its delivery time goes
+        # (a Shared subscription's DelayedDelivery); None delivers every message at once.
+        self.delay = None
 
     def fill(self, read_committed: bool) -> bool:
         """Read the next entries after `position` into the buffer; False when none."""
@@ -46,7 +50,7 @@ class ReadAhead:
                 self.position = end
                 return False
             self.position = int(decoded.entry_id[-1]) + 1
-            if self._decode(decoded, self.buffer.append):
+            if self._decode(decoded, self.buffer.append, self.delay):
                 return True
         return bool(self.buffer)
 
@@ -83,15 +87,16 @@ class ReadAhead:
     def forget_reread(self) -> None:
         self._reread = None
 
-    def _decode(self, decoded, append) -> int:
+    def _decode(self, decoded, append, delay=None) -> int:
         aborted_mask = self.partition.buffer.aborted_mask
-        return buffer_entries(decoded, self.cursor, aborted_mask, append, self._filter_out)
+        return buffer_entries(decoded, self.cursor, aborted_mask, append, self._filter_out, delay)
 
 
-def buffer_entries(decoded, cursor, aborted_mask, buffer_append, filter_out) -> int:
+def buffer_entries(decoded, cursor, aborted_mask, buffer_append, filter_out, delay=None) -> int:
     """The deliverable messages of decoded entries, as read-ahead items, to buffer_append;
     markers and aborted entries go to filter_out(entry_id, count) instead (the subscription
-    acknowledges them internally). How many were added."""
+    acknowledges them internally), and with `delay`, messages before their delivery time to
+    delay(key, deliver_at). How many were added."""
     added = 0
     entry_ids = decoded.entry_id.tolist()
     counts = decoded.message_count.tolist()
@@ -114,6 +119,7 @@ def buffer_entries(decoded, cursor, aborted_mask, buffer_append, filter_out) -> 
         txn_of = in_txn.tolist()
     props_of = (lambda m: _properties(decoded, m)) if any_props else None
     mark, acked, partly = cursor.mark_delete, cursor.acked, cursor.batch_acks
+    with_meta = decoded.event_time is not None
     for e, entry_id in enumerate(entry_ids):
         txn_id = None
         if markers[e] or (aborted is not None and aborted[e]):
@@ -128,8 +134,12 @@ def buffer_entries(decoded, cursor, aborted_mask, buffer_append, filter_out) -> 
         if aborted is not None and txn_of[e]:
             txn_id = TxnID.from_halves(int(txn_msb[e]), int(txn_lsb[e]))
         n = counts[e]
+        append = buffer_append
+        if with_meta:
+            items: list = []
+            append = items.append
         added += buffer_messages(
-            buffer_append,
+            append,
             entry_id,
             n,
             firsts[e],
@@ -143,7 +153,30 @@ def buffer_entries(decoded, cursor, aborted_mask, buffer_append, filter_out) -> 
             key_data,
             props_of,
         )
+        if with_meta:
+            added -= _with_metadata(decoded, firsts[e], items, buffer_append, delay)
     return added
+
+
+def _with_metadata(decoded, first: int, items: list, append, delay) -> int:
+    """Items of one entry of a decode with metadata to `append`, each with its message's
+    (event_timestamp, ordering_key); those before their time to delay(). How many were."""
+    held = 0
+    now = int(time.time() * 1000)
+    for item in items:
+        key, payload = item
+        meta = decoded.metadata(first + max(key[1], 0))
+        if meta is None:
+            append(item)
+            continue
+        event_time, deliver_at, okey = meta
+        if delay is not None and deliver_at > now:
+            delay(key, deliver_at)
+            held += 1
+            continue
+        okey = None if okey is None else okey.decode("utf-8", "surrogateescape")
+        append((key, payload + ((event_time, okey),)))
+    return held
 
 
 def _properties(decoded, m: int) -> dict[str, str] | None:

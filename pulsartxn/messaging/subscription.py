@@ -1,7 +1,8 @@
-"""Subscriptions (Exclusive, Failover, Shared): a durable cursor and the pull-based dispatch of
-a partition's messages, redeliveries first. What one consumer makes the broker hold is
-bounded: a take by its count and byte budget, the read-ahead by READ_AHEAD_*, a delivered and
-unacknowledged message by its position only. See docs/API.md, "Consuming"."""
+"""Subscriptions (Exclusive, Failover, Shared, Key_Shared): a durable cursor and the
+pull-based dispatch of a partition's messages, redeliveries first. What one consumer makes
+the broker hold is bounded: a take by its count and byte budget, the read-ahead by
+READ_AHEAD_*, a delivered and unacknowledged message by its position only.
+See docs/API.md, "Consuming"."""
 
 from __future__ import annotations
 
@@ -18,9 +19,12 @@ from ..errors import (
     InvalidConfiguration,
     TransactionConflict,
 )
-from ..storage import WriteOp
 from ..txn.pending_ack import PendingAck
+from .ack_timeout import AckTimeouts
 from .cursor import Cursor
+from .cursor_writes import CursorWrites
+from .delayed import DelayedDelivery
+from .key_shared import KeyShared
 from .message import Message, MessageId
 from .parked import Parked
 from .partition import Partition
@@ -29,29 +33,39 @@ from .readahead import ReadAhead
 if TYPE_CHECKING:
     from .consumer import Consumer
 
-EXCLUSIVE, SHARED, FAILOVER = 0, 1, 2
-TYPE_NAMES = {EXCLUSIVE: "Exclusive", SHARED: "Shared", FAILOVER: "Failover"}
+EXCLUSIVE, SHARED, FAILOVER, KEY_SHARED = 0, 1, 2, 3
+TYPE_NAMES = {
+    EXCLUSIVE: "Exclusive",
+    SHARED: "Shared",
+    FAILOVER: "Failover",
+    KEY_SHARED: "Key_Shared",
+}
+MULTI = (SHARED, KEY_SHARED)  # every consumer receives
 _FULL = -2  # take_buffered's answer when the byte budget stopped it
 _LAST = 1 << 62  # above any batch index: (entry, _LAST) follows every message of the entry
 
 
-class Subscription:
+class Subscription(CursorWrites):
     def __init__(self, partition: Partition, name: str, cursor: Cursor) -> None:
         self.partition = partition
         self.name = name
         self.cursor = cursor
         self.lock = threading.RLock()
-        self.consumers: dict[Consumer, None] = {}  # in the order they attached
+        # In the order they attached, each with its (ack timeout s, DeadLetter) or None.
+        self.consumers: dict[Consumer, tuple | None] = {}
         self.active: Consumer | None = None  # the first: who receives unless Shared
         self.type: int | None = None
         self.parked = Parked()
         self.read_ahead = ReadAhead(partition, cursor, self._filter_out)
+        self.delayed = DelayedDelivery()  # messages read before their delivery time
         # Past the read-ahead only positions are held: a message delivered and not yet
         # acknowledged (entry, batch_index) -> Pending, and the heaps of those to redeliver.
         self._pending: dict[tuple[int, int], Pending] = {}
         self._redeliver: list = []  # heap of (entry, batch_index)
         self._nacked: list = []  # heap of (due, (entry, batch_index))
         self._redelivery_counts: dict[tuple[int, int], int] = {}
+        self.timeouts = AckTimeouts()  # deliveries to consumers with an ack timeout
+        self.key_shared: KeyShared | None = None  # while Key_Shared
         self._persist_queued = False
         self._persist_requested = 0.0
         self._last_persist = None
@@ -68,6 +82,7 @@ class Subscription:
         # Set under the lock by an unsubscribe that found no transaction holding acks: acks
         # are refused and cursor writes skipped from then on (its records are being deleted).
         self.unsubscribed = False
+        self.durable = True  # a reader's is not: its cursor is never written
         self.pending_ack = PendingAck(self)
         self.error: CorruptEntry | None = None
         try:
@@ -82,7 +97,16 @@ class Subscription:
 
     # -- consumers -------------------------------------------------------------------------
 
-    def attach(self, consumer: Consumer, sub_type: int, read_committed: bool = True) -> None:
+    def attach(
+        self,
+        consumer: Consumer,
+        sub_type: int,
+        read_committed: bool = True,
+        ack_timeout_s: float = 0.0,
+        dead_letter=None,
+    ) -> None:
+        """`ack_timeout_s` (0: none) and `dead_letter` (a dead_letter.DeadLetter or None)
+        apply to what `consumer` takes."""
         if self.error is not None:
             raise self.error
         with self.lock:
@@ -98,12 +122,19 @@ class Subscription:
                         "already has a consumer"
                     )
             self.type = sub_type
-            self.consumers[consumer] = None
+            self.consumers[consumer] = (
+                (ack_timeout_s, dead_letter) if ack_timeout_s or dead_letter else None
+            )
+            if sub_type == KEY_SHARED:
+                if self.key_shared is None:
+                    self.key_shared = KeyShared()
+                self.key_shared.joined(consumer)
             if self.active is None:
                 self.active = consumer
             if read_committed != self.read_committed:
                 self.read_committed = read_committed
                 self.read_ahead.rewind(self.cursor.mark_delete + 1)
+            self.delayed.use(self.read_ahead, self.cursor, sub_type in (SHARED, KEY_SHARED))
 
     def detach(self, consumer: Consumer) -> None:
         """`consumer` leaves: what it held goes to the others, and only as many of them are
@@ -113,9 +144,11 @@ class Subscription:
             released = self._release(consumer)
             took_over = self.active is consumer
             self.active = next(iter(self.consumers), None)
+            if self.key_shared is not None:
+                self.key_shared.left(consumer)
             if not self.consumers:
-                self.type = None
-            shared = self.type == SHARED
+                self.type = self.key_shared = None
+            shared = self.type in MULTI
         self.parked.discard(consumer)
         if shared:
             if released:
@@ -150,7 +183,7 @@ class Subscription:
             )
 
     def may_receive(self, consumer) -> bool:
-        if self.type == SHARED:
+        if self.type in MULTI:
             return consumer in self.consumers
         return consumer is self.active and consumer is not None
 
@@ -161,16 +194,16 @@ class Subscription:
     def notify(self, k: int | None = None) -> None:
         """Rouse consumers parked in a receive: k of them (Shared), every one (k None), or
         the one that receives here (Exclusive, Failover). Roused ones no longer wait here."""
-        if self.type != SHARED:
+        if self.type not in MULTI:
             active = self.active
             if active is not None:
                 active._wake_parked()
         elif self.parked:
-            self.parked.rouse(k)
+            self.parked.rouse(None if self.type == KEY_SHARED else k)  # whose keys: unknown
 
     def pass_on(self) -> None:
         """Rouse a parked consumer if there may be more to take (a wake-up is handed on)."""
-        if self.parked and self.type == SHARED:
+        if self.parked and self.type in MULTI:
             with self.lock:
                 more = self._more_to_take()
             if more:
@@ -197,17 +230,38 @@ class Subscription:
         read-ahead entries (one lock acquisition for all of them). A message whose data would
         bring the bytes taken past max_bytes stays, unless `out` is empty (it goes alone).
         Returns (bytes taken, whether max_bytes stopped it)."""
+        start = len(out)
+        moved = dead_letter = None
         with self.lock:
             if not self.may_receive(consumer):
                 return 0, False
-            if self._nacked:
+            if self._nacked or self.timeouts:
                 self._due_nacks()
+            if self.delayed:
+                self.delayed.release_due(self.read_ahead)
             nbytes, full = 0, False
-            if self._redeliver:
-                nbytes, full = self._take_redelivered(consumer, out, n, max_bytes)
-            if not full and len(out) < n:
-                taken, full = self._take_buffered(consumer, out, n, max_bytes - nbytes)
-                nbytes += taken
+            if self.key_shared is not None:
+                nbytes, full = self.key_shared.take(self, consumer, out, n, max_bytes)
+            else:
+                if self._redeliver:
+                    nbytes, full = self._take_redelivered(consumer, out, n, max_bytes)
+                if not full and len(out) < n:
+                    taken, full = self._take_buffered(consumer, out, n, max_bytes - nbytes)
+                    nbytes += taken
+            opts = self.consumers.get(consumer) if len(out) > start else None
+            if opts is not None:
+                # Past the consumer's dead letter policy they are diverted, to be moved; the
+                # rest are under its ack timeout, if any.
+                timeout_s, dead_letter = opts
+                if dead_letter is not None:
+                    moved = dead_letter.divert(self, out, start)
+                if timeout_s:
+                    self.timeouts.delivered(self._pending, consumer, out[start:], timeout_s)
+            woke, self.delayed.woke = self.delayed.woke, False
+        if moved:
+            dead_letter.move(self, moved)
+        if woke:
+            self.notify()  # a delayed message due before what parked receives wait for
         return nbytes, full
 
     def _take_redelivered(self, consumer, out: list, n: int, max_bytes: int):
@@ -306,7 +360,7 @@ class Subscription:
     def _deliver(self, consumer, key, payload, count) -> Message:
         """One redelivered message (the read-ahead path is _take_buffered)."""
         self._pending[key] = Pending(consumer, count)
-        data, properties, pkey, publish_time, batch_size, _ = payload
+        data, properties, pkey, publish_time, batch_size, _ = payload[:6]
         entry_id, batch_index = key
         p = self.partition
         self.msg_out += 1
@@ -314,7 +368,8 @@ class Subscription:
         p.msg_out += 1
         p.bytes_out += len(data)
         mid = MessageId(p.ledger_id, entry_id, p.index, batch_index, batch_size)
-        return Message(data, properties, pkey, mid, p.topic, publish_time, count)
+        meta = payload[6] if len(payload) > 6 else (0, None)  # event time, ordering key
+        return Message(data, properties, pkey, mid, p.topic, publish_time, count, None, *meta)
 
     def _filter_out(self, entry_id: int, count: int) -> None:
         """A marker or an aborted transaction's entry: never delivered, acknowledged
@@ -332,6 +387,11 @@ class Subscription:
         """A message acknowledged in a transaction leaves its consumer's unacknowledged
         messages: it is held by the transaction, not redelivered (lock held)."""
         self._pending.pop((entry_id, batch_index), None)
+
+    def dead_lettering(self, entry_id: int, batch_index: int) -> bool:
+        """Whether the message is on its way to a dead letter topic (lock held)."""
+        p = self._pending.get((entry_id, batch_index))
+        return p is not None and p.consumer is None
 
     def forget_acked(self, cumulative: tuple[int, int, int] | None = None, entries=()) -> None:
         """Drop the bookkeeping (pending deliveries, redelivery counts) of the messages an
@@ -392,14 +452,23 @@ class Subscription:
         while self._nacked and self._nacked[0][0] <= now:
             _, key = heapq.heappop(self._nacked)
             heapq.heappush(self._redeliver, key)
+        if self.timeouts:
+            self.timeouts.expire(now, self._pending, self._redeliver)
 
     def next_due(self) -> float | None:
         with self.lock:
-            return self._nacked[0][0] if self._nacked else None
+            due = self._nacked[0][0] if self._nacked else None
+            timeout = self.timeouts.next_due()
+            delayed = self.delayed.next_due() if self.delayed else None
+        return min((d for d in (due, timeout, delayed) if d is not None), default=None)
 
     def has_available(self, consumer) -> bool:
         with self.lock:
             self._due_nacks()
+            if self.delayed:
+                self.delayed.release_due(self.read_ahead)
+            if self.key_shared is not None:
+                return self.key_shared.has_available(self, consumer)
             if any(
                 not self.cursor.is_acked(*k)
                 and k not in self._pending
@@ -429,10 +498,10 @@ class Subscription:
                 raise AlreadyClosed(f"subscription {self.name!r} on {p.topic} was unsubscribed")
             self.pending_ack.check_plain_ack(entry_id, bi, cumulative)
             if cumulative:
-                if self.type == SHARED:
+                if self.type in MULTI:
                     raise InvalidConfiguration(
-                        "cumulative acknowledgement is not allowed on Shared "
-                        f"subscription {self.name}"
+                        "cumulative acknowledgement is not allowed on "
+                        f"{TYPE_NAMES[self.type]} subscription {self.name}"
                     )
                 changed = self.cursor.ack_cumulative(entry_id, bi, size)
                 self.forget_acked((entry_id, bi, size))
@@ -443,6 +512,9 @@ class Subscription:
                     self._redelivery_counts.pop((entry_id, bi), None)
             if changed:
                 self._persist()
+            drained = self.key_shared is not None and self.key_shared.unblocked()
+        if drained:
+            self.notify()  # a key draining here may be free for its new consumer now
 
     def negative_acknowledge(self, mid: MessageId, delay_s: float) -> None:
         entry_id, batch_index, _ = self.partition.position_of(mid)
@@ -450,69 +522,48 @@ class Subscription:
             key = (entry_id, batch_index)
             if self._pending.pop(key, None) is None:
                 return
+            drained = self.key_shared is not None and self.key_shared.unblocked()
             due = time.monotonic() + delay_s
             # A parked consumer waits no later than the earliest due time it saw: only an
             # earlier one needs it to look again.
             earliest = not self._nacked or due < self._nacked[0][0]
             heapq.heappush(self._nacked, (due, key))
-        if earliest:
+        if earliest or drained:
             self.notify()
 
     def redeliver_unacknowledged(self, consumer) -> None:
         with self.lock:
             released = self._release(consumer)
         if released:
-            self.notify(released if self.type == SHARED else None)
+            self.notify(released if self.type in MULTI else None)
 
-    def _persist(self) -> None:
-        """Persist the cursor soon: acks within one flush interval share one write, as
-        Pulsar's clients group acknowledgements (plain acks are asynchronous there too)."""
-        if self._persist_queued:
-            return
-        self._persist_queued = True
-        self._persist_requested = time.monotonic()
-        flusher = self.partition.broker_flusher
-        flusher.watch(self, self._persist_requested + flusher.delay)
+    def check_seek(self) -> None:
+        """Refuse a seek while transactions hold acknowledgements here (lock held)."""
+        # (A dead letter move's token is no transaction: the move is one write, not held.)
+        txns = {t for t in self.committing if not isinstance(t, tuple)}
+        holders = sorted(self.pending_ack.transactions() | txns)
+        if holders:
+            named = ", ".join(str(t) for t in holders[:5])
+            raise TransactionConflict(
+                f"cannot seek {self.name!r} on {self.partition.topic}: open transactions "
+                f"{named} hold acknowledgements on it; commit or abort them first"
+            )
 
-    def flush_if_older(self, seconds: float) -> bool:
-        """Called by the broker's flusher: write the cursor once the interval has passed."""
-        with self.lock:
-            if not self._persist_queued:
-                return True
-            if time.monotonic() - self._persist_requested < seconds:
-                return False
-        self._write_cursor()
-        return True
-
-    def cursor_record(self) -> bytes:
-        """The cursor's record as a write made now must hold it (lock held): the cursor,
-        with the acks of the commits being written (``committing``) applied."""
-        committing = self.committing
-        return self.cursor.serialize(tuple(committing.values()) if committing else ())
-
-    def _write_cursor(self):
-        storage = self.partition.storage
-        db = storage.open_db(b"cursors")
-
-        def apply(lmdb_txn):
-            with self.lock:
-                self._persist_queued = False
-                data = None if self.unsubscribed else self.cursor_record()
-            if data is not None:
-                lmdb_txn.put(self.key, data, db=db)
-
-        self._last_persist = storage.submit(WriteOp(apply, nbytes=64), lazy=True)
-        return self._last_persist
-
-    def wait_persisted(self) -> None:
-        """Write any acknowledgement not yet persisted and wait until it is durable."""
-        with self.lock:
-            queued = self._persist_queued
-        fut = self._write_cursor() if queued else self._last_persist
-        if fut is not None:
-            if not fut.done():
-                self.partition.storage.commits.flush_lazy()
-            fut.result()
+    def reset(self, mark_delete: int, partial: tuple[int, int, int] | None = None) -> None:
+        """Seek (lock held, check_seek passed): the cursor is put at mark_delete (and
+        `partial`, a cumulative ack inside the next entry); what was delivered and not
+        acknowledged, or is to be redelivered, is forgotten, as Pulsar's cursor reset."""
+        self.cursor.reset(mark_delete)
+        if partial is not None:
+            self.cursor.ack_cumulative(*partial)
+        self._pending.clear()
+        self._redeliver.clear()
+        self._nacked.clear()
+        self._redelivery_counts.clear()
+        self.delayed.clear()  # read again from the new position: those still early held again
+        self.read_ahead.rewind(self.cursor.mark_delete + 1)
+        self.read_ahead.forget_reread()
+        self._persist()
 
     # -- stats -----------------------------------------------------------------------------
 
@@ -534,6 +585,7 @@ class Subscription:
                 "unacked": len(self._pending),
                 "mark_delete_position": self.cursor.mark_delete,
                 "filtered_aborted": self.filtered,
+                "delayed": len(self.delayed),  # held until their delivery time (msgDelayed)
                 "msg_out": self.msg_out,
                 "bytes_out": self.bytes_out,
             }

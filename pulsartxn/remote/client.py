@@ -30,6 +30,7 @@ from ..messaging.consumer import (
     check_subscribe_enums,
     resolve_subscription_type,
 )
+from ..messaging.dead_letter import DeadLetterPolicy, check_policy
 from ..messaging.listener import check_listener, start_listener
 from ..messaging.message import Message, MessageId
 from ..messaging.send_options import BatchingType, CompressionType, check_producer_options
@@ -39,6 +40,7 @@ from .admin import RemoteAdmin
 from .consumer import RemoteConsumer
 from .handles import RemoteTransaction, txn_str, unreachable
 from .producer import RemoteProducer
+from .reader import RemoteReader, reader_options
 
 __all__ = ["RemoteClient", "Shared", "parse_service_url"]
 
@@ -125,6 +127,8 @@ def subscribe_options(
     consumer_name,
     negative_ack_redelivery_delay_ms,
     receiver_queue_size,
+    unacked_messages_timeout_ms=None,
+    dead_letter_policy=None,
 ) -> dict:
     """subscribe's options as they travel, its enums checked first."""
     check_subscribe_enums(
@@ -132,7 +136,10 @@ def subscribe_options(
         initial_position=initial_position,
         isolation=isolation,
     )
+    check_policy(dead_letter_policy)
     return {
+        "unacked_messages_timeout_ms": unacked_messages_timeout_ms,
+        "dead_letter_policy": dead_letter_policy and dead_letter_policy.to_wire(),
         "subscription_type": subscription_type.name,
         "initial_position": initial_position.name,
         "isolation": isolation.name,
@@ -348,6 +355,8 @@ class RemoteClient:
         consumer_name: str | None = None,
         negative_ack_redelivery_delay_ms: int = 60_000,
         receiver_queue_size: int | None = None,
+        unacked_messages_timeout_ms: int | None = None,
+        dead_letter_policy: DeadLetterPolicy | None = None,
         consumer_type: ConsumerType | None = None,
         message_listener: Callable[[Any, Message], None] | None = None,
     ) -> RemoteConsumer:
@@ -362,12 +371,45 @@ class RemoteClient:
             consumer_name,
             negative_ack_redelivery_delay_ms,
             receiver_queue_size,
+            unacked_messages_timeout_ms,
+            dead_letter_policy,
         )
         c = RemoteConsumer(self, topic, subscription_name, opts)
         self._objects.add(c)
         if message_listener is not None:
             start_listener(c, message_listener)
         return c
+
+    def create_reader(
+        self,
+        topic: str,
+        start_message_id: MessageId,
+        reader_listener: Callable[[Any, Message], None] | None = None,
+        receiver_queue_size: int = 1000,
+        reader_name: str | None = None,
+        subscription_role_prefix: str | None = None,
+        is_read_compacted: bool = False,
+        start_message_id_inclusive: bool = False,
+        isolation: Isolation = Isolation.READ_COMMITTED,
+    ) -> RemoteReader:
+        """As the embedded client's create_reader; a listener runs in this process."""
+        opts = reader_options(
+            start_message_id,
+            reader_listener,
+            receiver_queue_size,
+            reader_name,
+            subscription_role_prefix,
+            is_read_compacted,
+            start_message_id_inclusive,
+            isolation,
+        )
+        r = RemoteReader(self, topic, start_message_id, opts, reader_listener)
+        self._objects.add(r)
+        return r
+
+    def get_topic_partitions(self, topic: str) -> list[str]:
+        """The full names of a topic's partitions, as pulsar-client's."""
+        return self.topic_partitions(topic)
 
     def _capability_of(self, txn: str | None) -> str | None:
         return None if txn is None else self._capabilities.get(txn)
@@ -489,10 +531,6 @@ class RemoteClient:
 
     def create_topic(self, topic: str, partitions: int = 0) -> None:
         self._json("create_topic", {"topic": topic, "partitions": partitions})
-
-    def get_topic_partitions(self, topic: str) -> list[str]:
-        """pulsar-client's name of topic_partitions."""
-        return self.topic_partitions(topic)
 
     def topic_partitions(self, topic: str) -> list[str]:
         return self._json("topic_partitions", {"topic": topic})["partitions"]

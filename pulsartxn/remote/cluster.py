@@ -32,6 +32,7 @@ from ..messaging.consumer import (
     Isolation,
     resolve_subscription_type,
 )
+from ..messaging.dead_letter import DeadLetterPolicy
 from ..messaging.listener import check_listener, start_listener
 from ..messaging.message import Message, MessageId
 from ..messaging.send_options import BatchingType, CompressionType, check_producer_options
@@ -49,7 +50,9 @@ from .client import (
 from .cluster_admin import ClusterAdmin
 from .cluster_consumer import ClusterConsumer
 from .cluster_producer import ClusterProducer
+from .cluster_reader import ClusterReader
 from .handles import RemoteTransaction, Unreachable, txn_str
+from .reader import reader_options
 
 __all__ = ["ClusterAdmin", "ClusterClient", "connect"]
 
@@ -347,6 +350,8 @@ class ClusterClient:
         consumer_name: str | None = None,
         negative_ack_redelivery_delay_ms: int = 60_000,
         receiver_queue_size: int | None = None,
+        unacked_messages_timeout_ms: int | None = None,
+        dead_letter_policy: DeadLetterPolicy | None = None,
         consumer_type: ConsumerType | None = None,
         message_listener: Callable[[Any, Message], None] | None = None,
     ) -> ClusterConsumer:
@@ -362,6 +367,8 @@ class ClusterClient:
             consumer_name,
             negative_ack_redelivery_delay_ms,
             receiver_queue_size,
+            unacked_messages_timeout_ms,
+            dead_letter_policy,
         )
         full = TopicName.parse(topic).full if isinstance(topic, str) else topic
         c = ClusterConsumer(self, full, self._partitions(topic), subscription_name, opts)
@@ -369,6 +376,40 @@ class ClusterClient:
         if message_listener is not None:
             start_listener(c, message_listener)
         return c
+
+    def create_reader(
+        self,
+        topic: str,
+        start_message_id: MessageId,
+        reader_listener: Callable[[Any, Message], None] | None = None,
+        receiver_queue_size: int = 1000,
+        reader_name: str | None = None,
+        subscription_role_prefix: str | None = None,
+        is_read_compacted: bool = False,
+        start_message_id_inclusive: bool = False,
+        isolation: Isolation = Isolation.READ_COMMITTED,
+    ) -> ClusterReader:
+        """A reader per partition at its owner, merged (see cluster_reader.py)."""
+        self._check_open()
+        opts = reader_options(
+            start_message_id,
+            reader_listener,
+            receiver_queue_size,
+            reader_name,
+            subscription_role_prefix,
+            is_read_compacted,
+            start_message_id_inclusive,
+            isolation,
+        )
+        full = TopicName.parse(topic).full if isinstance(topic, str) else topic
+        parts = self._partitions(topic)
+        r = ClusterReader(self, full, parts, start_message_id, opts, reader_listener)
+        self._objects.add(r)
+        return r
+
+    def get_topic_partitions(self, topic: str) -> list[str]:
+        """The full names of a topic's partitions, as pulsar-client's."""
+        return self.topic_partitions(topic)
 
     def new_transaction(
         self,
@@ -484,10 +525,6 @@ class ClusterClient:
     def create_topic(self, topic: str, partitions: int = 0) -> None:
         self._check_open()
         self._any(lambda c: c.create_topic(topic, partitions))
-
-    def get_topic_partitions(self, topic: str) -> list[str]:
-        """pulsar-client's name of topic_partitions."""
-        return self.topic_partitions(topic)
 
     def topic_partitions(self, topic: str) -> list[str]:
         self._check_open()

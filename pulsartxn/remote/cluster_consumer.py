@@ -9,10 +9,13 @@ import collections
 import functools
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from .. import errors
 from .._native import TxnID
 from .._native.keywords import strict_class
+from ..messaging import positions
 from ..messaging.consumer import check_count
 from ..messaging.listener import MessageListener
 from ..messaging.message import Message, MessageId
@@ -78,6 +81,12 @@ class _PartConsumer(Placed, RemoteConsumer):
     def unsubscribe(self) -> None:
         self._follow(lambda: RemoteConsumer.unsubscribe(self))
 
+    def seek(self, position) -> None:
+        self._follow(lambda: RemoteConsumer.seek(self, position))
+
+    def _lasts(self) -> list[tuple[MessageId, int]]:
+        return self._follow(lambda: RemoteConsumer._lasts(self))
+
 
 @strict_class
 class ClusterConsumer:
@@ -89,6 +98,7 @@ class ClusterConsumer:
     and a redelivery drops it here first."""
 
     _listener: MessageListener | None = None  # with a message_listener, it receives
+    _part_type: Callable[..., Any] = _PartConsumer  # a reader's parts are readers
 
     def __init__(self, cluster, topic: str, partitions: list[str], subscription, options):
         self._topic = topic
@@ -97,7 +107,7 @@ class ClusterConsumer:
         opts = dict(options)
         try:
             for partition in partitions:
-                part = _PartConsumer(cluster, partition, subscription, opts)
+                part = self._part_type(cluster, partition, subscription, opts)
                 opts["consumer_name"] = part.consumer_name()
                 self._parts.append(part)
         except BaseException:
@@ -282,12 +292,38 @@ class ClusterConsumer:
         return any(part.has_message_available() for part in self._parts)
 
     def get_last_message_id(self) -> MessageId:
+        """As the embedded consumer's: on several partitions, the one published last."""
         self._check_open()
-        if len(self._parts) != 1:
-            raise errors.InvalidConfiguration(
-                "get_last_message_id is not supported on a partitioned topic"
-            )
-        return self._parts[0].get_last_message_id()
+        return positions.last_of([last for part in self._parts for last in part._lasts()])
+
+    def get_last_message_ids(self) -> list[MessageId]:
+        self._check_open()
+        return [mid for part in self._parts for mid, _ in part._lasts()]
+
+    def seek(self, position: MessageId | int) -> None:
+        """Each partition's broker resets its cursor (a MessageId: its partition's only);
+        what was taken ahead here is dropped first."""
+        self._check_open()
+        positions.check_position(position)
+        if len(self._parts) == 1:
+            self._parts[0].seek(position)
+            return
+        chosen = range(len(self._parts))
+        if not positions.is_everywhere(position):
+            chosen = [self._parts.index(self._part_of(position))]
+        with self._cond:
+            # The fetchers stop; only what the sought partitions took ahead is dropped.
+            self._paused += 1
+            while self._fetching:
+                self._cond.wait()
+            self._queue = collections.deque(e for e in self._queue if e[0] not in chosen)
+            for i in chosen:
+                self._held[i] = 0
+        try:
+            for i in chosen:
+                self._parts[i].seek(position)
+        finally:
+            self._resume()
 
     # -- acknowledging -----------------------------------------------------------------------
 

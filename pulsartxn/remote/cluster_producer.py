@@ -11,6 +11,7 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -148,11 +149,27 @@ class ClusterProducer:
         partition_key: str | None = None,
         sequence_id: int | None = None,
         txn: RemoteTransaction | TxnID | None = None,
+        *,
+        ordering_key: str | bytes | None = None,
+        event_timestamp: int | None = None,
+        deliver_after_ms: int | None = None,
+        deliver_at: int | None = None,
+        deliver_after: timedelta | None = None,
     ) -> MessageId:
+        """Send one message at its partition's owner; durable when it returns."""
         self._check_open()
         content = _validate(content, properties, partition_key, sequence_id)
         return self._part_for(partition_key).send(
-            content, properties, partition_key, sequence_id, txn
+            content,
+            properties,
+            partition_key,
+            sequence_id,
+            txn,
+            ordering_key=ordering_key,
+            event_timestamp=event_timestamp,
+            deliver_after_ms=deliver_after_ms,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
         )
 
     def send_async(
@@ -163,12 +180,29 @@ class ClusterProducer:
         partition_key: str | None = None,
         sequence_id: int | None = None,
         txn: RemoteTransaction | None = None,
+        *,
+        ordering_key: str | bytes | None = None,
+        event_timestamp: int | None = None,
+        deliver_after_ms: int | None = None,
+        deliver_at: int | None = None,
+        deliver_after: timedelta | None = None,
     ) -> Future:
+        """Queue one message for its partition's owner; the future gives its MessageId."""
         self._check_open()
         content = _validate(content, properties, partition_key, sequence_id)
         check_callback(callback)
         return self._part_for(partition_key).send_async(
-            content, callback, properties, partition_key, sequence_id, txn
+            content,
+            callback,
+            properties,
+            partition_key,
+            sequence_id,
+            txn,
+            ordering_key=ordering_key,
+            event_timestamp=event_timestamp,
+            deliver_after_ms=deliver_after_ms,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
         )
 
     def _split(self, values, keys):

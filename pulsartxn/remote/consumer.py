@@ -12,6 +12,7 @@ from .._native.keywords import strict_class
 from ..messaging.consumer import check_count
 from ..messaging.listener import MessageListener
 from ..messaging.message import Message, MessageId
+from ..messaging.positions import check_position
 from ..server import protocol
 from ..server.protocol import SessionLost, frame, unframe
 from .handles import Handle, RemoteTransaction, mid_hex, txn_str, unreachable
@@ -145,6 +146,22 @@ class RemoteConsumer(Handle):
     def get_last_message_id(self) -> MessageId:
         out = self._client._json("get_last_message_id", {}, owner=self)
         return MessageId(*out["id"])
+
+    def get_last_message_ids(self) -> list[MessageId]:
+        return [mid for mid, _ in self._lasts()]
+
+    def _lasts(self) -> list[tuple[MessageId, int]]:
+        """(last readable id, its publish time) of each partition, in partition order."""
+        out = self._client._json("get_last_message_ids", {}, owner=self)
+        return [(MessageId(*f), t) for f, t in zip(out["ids"], out["times"])]
+
+    def seek(self, position: MessageId | int) -> None:
+        """As the embedded consumer's seek."""
+        check_position(position)
+        if isinstance(position, MessageId):
+            self._client._call("seek", {"id": position.serialize().hex()}, owner=self)
+        else:
+            self._client._call("seek", {"timestamp": position}, owner=self)
 
     def unsubscribe(self) -> None:
         self._client._call("unsubscribe", {}, owner=self)

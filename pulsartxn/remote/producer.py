@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from datetime import timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -17,6 +18,7 @@ from .. import errors
 from .._native import TxnID
 from .._native.keywords import strict_class
 from ..messaging.message import MessageId
+from ..messaging.metadata import message_metadata
 from ..messaging.producer import check_sequence_id
 from ..messaging.send_options import check_callback, with_callback
 from ..server import protocol
@@ -163,8 +165,11 @@ class RemoteProducer(Handle):
 
     def _send_many(self, items, txn, handle=None) -> list:
         msgs, payloads = [], []
-        for content, props, key, seq in items:
-            msgs.append({"n": len(content), "props": props, "key": key, "seq": seq})
+        for content, props, key, seq, meta in items:
+            msg = {"n": len(content), "props": props, "key": key, "seq": seq}
+            if meta is not None:  # (event time, deliver at, ordering key): wire_metadata
+                msg["meta"] = protocol.wire_metadata(meta)
+            msgs.append(msg)
             payloads.append(content)
         out = self._client._json(
             "send_many",
@@ -197,13 +202,23 @@ class RemoteProducer(Handle):
         partition_key: str | None = None,
         sequence_id: int | None = None,
         txn: RemoteTransaction | TxnID | None = None,
+        *,
+        ordering_key: str | bytes | None = None,
+        event_timestamp: int | None = None,
+        deliver_after_ms: int | None = None,
+        deliver_at: int | None = None,
+        deliver_after: timedelta | None = None,
     ) -> MessageId:
+        """Send one message; durable when it returns."""
         content = self._check(content)
+        meta = message_metadata(
+            ordering_key, event_timestamp, deliver_after_ms, deliver_at, deliver_after
+        )
         self.flush()
         seq = self._next_seq(sequence_id)
         handle = txn if isinstance(txn, RemoteTransaction) else None
         (result,) = self._send_many(
-            [(content, properties, partition_key, seq)], txn_str(txn), handle
+            [(content, properties, partition_key, seq, meta)], txn_str(txn), handle
         )
         if isinstance(result, BaseException):
             raise result
@@ -217,11 +232,20 @@ class RemoteProducer(Handle):
         partition_key: str | None = None,
         sequence_id: int | None = None,
         txn: RemoteTransaction | None = None,
+        *,
+        ordering_key: str | bytes | None = None,
+        event_timestamp: int | None = None,
+        deliver_after_ms: int | None = None,
+        deliver_at: int | None = None,
+        deliver_after: timedelta | None = None,
     ) -> Future:
         """Queued and sent in batches by a worker (whatever accumulates while one call is in
         flight goes in the next)."""
         content = self._check(content)
         check_callback(callback)
+        meta = message_metadata(
+            ordering_key, event_timestamp, deliver_after_ms, deliver_at, deliver_after
+        )
         fut: Future = Future()
         if isinstance(txn, RemoteTransaction):
             txn._producers.add(self)
@@ -234,7 +258,7 @@ class RemoteProducer(Handle):
             handle = txn if isinstance(txn, RemoteTransaction) else None
             self._queue.append(
                 (
-                    (content, properties, partition_key, seq),
+                    (content, properties, partition_key, seq, meta),
                     txn_str(txn),
                     fut,
                     time.monotonic(),

@@ -116,7 +116,38 @@ def encode_message(msg: Message) -> bytes:
         "t": msg.publish_timestamp(),
         "r": msg.redelivery_count(),
     }
+    if msg.event_timestamp() or msg.ordering_key() is not None:
+        head["meta"] = [msg.event_timestamp(), _okey_hex(msg.ordering_key())]
     return frame(head, msg.data())
+
+
+def _okey_hex(okey: str | None) -> str | None:
+    return None if okey is None else okey.encode("utf-8", "surrogateescape").hex()
+
+
+def _okey_str(raw: bytes | None) -> str | None:
+    return None if raw is None else raw.decode("utf-8", "surrogateescape")
+
+
+def wire_metadata(meta: tuple[int, int, bytes | None]) -> list:
+    """A send's stored metadata (event time, deliver at, ordering key bytes) as JSON."""
+    return [meta[0], meta[1], None if meta[2] is None else meta[2].hex()]
+
+
+def metadata_args(wire) -> dict:
+    """The send arguments of wire_metadata's list; a malformed one is a ValueError."""
+    if wire is None:
+        return {}
+    try:
+        event_time, deliver_at, okey = wire
+        okey = None if okey is None else bytes.fromhex(okey)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"malformed send metadata: {errors.excerpt(wire)}") from exc
+    return {
+        "event_timestamp": event_time or None,
+        "deliver_at": deliver_at or None,
+        "ordering_key": okey,
+    }
 
 
 def decode_message(body) -> Message:
@@ -125,6 +156,8 @@ def decode_message(body) -> Message:
     try:
         props, key, topic, t, r = (head[k] for k in ("props", "key", "topic", "t", "r"))
         mid = MessageId.deserialize(bytes.fromhex(head["id"]))
+        event_time, okey = head.get("meta") or (0, None)
+        okey = None if okey is None else _okey_str(bytes.fromhex(okey))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"malformed message: {type(exc).__name__}: {exc}") from None
     if not (
@@ -134,9 +167,10 @@ def decode_message(body) -> Message:
         and isinstance(topic, str)
         and _is_int(t)
         and _is_int(r)
+        and _is_int(event_time)
     ):
         raise ValueError(f"malformed message: bad field types in {errors.excerpt(head)}")
-    return Message(bytes(data), props, key, mid, topic, t, r)
+    return Message(bytes(data), props, key, mid, topic, t, r, None, event_time, okey)
 
 
 def _is_int(value) -> bool:
@@ -170,6 +204,8 @@ def dispatch_schema():
                 ("topic", pa.string()),
                 ("publish_time", pa.int64()),
                 ("redelivery_count", pa.int32()),
+                ("event_time", pa.int64()),  # 0: none
+                ("ordering_key", pa.binary()),
             ]
         )
     return DISPATCH_SCHEMA
@@ -185,6 +221,13 @@ def messages_to_batch(msgs):
             "topic": [m.topic_name() for m in msgs],
             "publish_time": [m.publish_timestamp() for m in msgs],
             "redelivery_count": [m.redelivery_count() for m in msgs],
+            "event_time": [m.event_timestamp() for m in msgs],
+            "ordering_key": [
+                None
+                if m.ordering_key() is None
+                else m.ordering_key().encode("utf-8", "surrogateescape")
+                for m in msgs
+            ],
         },
         schema=dispatch_schema(),
     )
@@ -229,7 +272,7 @@ def batch_to_messages(batch) -> list[Message]:
         raise ValueError(f"malformed dispatch batch: schema {batch.schema}")
     cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
     out = []
-    for mid, value, key, props, topic, t, r in zip(*cols):
+    for mid, value, key, props, topic, t, r, event_time, okey in zip(*cols):
         try:
             props = json.loads(props) if props else {}
             ok = isinstance(props, dict) and all(
@@ -238,7 +281,7 @@ def batch_to_messages(batch) -> list[Message]:
             mid = MessageId.deserialize(mid)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"malformed dispatch batch: {type(exc).__name__}: {exc}") from None
-        if not ok or None in (mid, value, topic, t, r):
+        if not ok or None in (mid, value, topic, t, r, event_time):
             raise ValueError("malformed dispatch batch: a missing or ill-typed field")
-        out.append(Message(value, props, key, mid, topic, t, r))
+        out.append(Message(value, props, key, mid, topic, t, r, None, event_time, _okey_str(okey)))
     return out

@@ -19,11 +19,13 @@ from .. import errors
 from .._native.entryformat import READ_SCHEMA
 from ..client import Client
 from ..messaging.consumer import SUBSCRIBE_ENUMS
+from ..messaging.dead_letter import DeadLetterPolicy, dead_letter_topic
 from ..messaging.message import MessageId
 from ..txn.state import FINAL
 from ..txn.transaction import as_txn_id
 from . import protocol
 from .protocol import SessionLost, frame, jsonable, unframe
+from .readers import ReaderActions, id_fields
 from .sessions import ADMIN, MAX_SESSIONS, AuthFactory, Session, SessionLimits, Sessions, room
 from .streams import Streams, capped_wait
 
@@ -32,7 +34,7 @@ from .streams import Streams, capped_wait
 MAX_WAIT_MS = 10_000
 
 
-class BrokerServer(Streams, flight.FlightServerBase):
+class BrokerServer(Streams, ReaderActions, flight.FlightServerBase):
     def __init__(
         self,
         broker,
@@ -233,6 +235,7 @@ class BrokerServer(Streams, flight.FlightServerBase):
                 raise ValueError("malformed send: message lengths past the payload")
             content = bytes(payload[off : off + n])
             off += n
+            meta = protocol.metadata_args(m.get("meta"))
             futures.append(
                 p.send_async(
                     content,
@@ -240,6 +243,7 @@ class BrokerServer(Streams, flight.FlightServerBase):
                     partition_key=m.get("key"),
                     sequence_id=m.get("seq"),
                     txn=txn,
+                    **meta,
                 )
             )
         p.flush()
@@ -287,11 +291,27 @@ class BrokerServer(Streams, flight.FlightServerBase):
                 opts[key] = enum[opts[key]]
         room(len(s.consumers), self.sessions.limits.consumers, "consumers")
         self._serve_topic(args["topic"])
+        if opts.get("dead_letter_policy") is not None:
+            opts["dead_letter_policy"] = DeadLetterPolicy.from_wire(opts["dead_letter_policy"])
+            self._serve_dead_letter(args["topic"], args["subscription"], opts)
         c = s.client.subscribe(args["topic"], args["subscription"], **opts)
         handle = next(self._handles)
         with s.lock:
             s.consumers[handle] = c
         return {"handle": handle, "name": c.consumer_name()}
+
+    def _serve_dead_letter(self, topic, subscription, opts) -> None:
+        """In a cluster: a message moves to its dead letter topic in one local write, so that
+        topic must be this broker's too (InvalidConfiguration, not NotOwner: no retry helps)."""
+        if self.cluster is None:
+            return
+        dlq = dead_letter_topic(opts["dead_letter_policy"], topic, subscription)
+        try:
+            self.cluster.serve_topic(dlq)
+        except errors.NotOwner as exc:
+            raise errors.InvalidConfiguration(
+                f"dead letter topic {dlq} is not served by the broker of {topic}: {exc}"
+            ) from None
 
     def _consumer(self, s: Session, args):
         c = s.consumers.get(args.get("handle"))
@@ -338,16 +358,7 @@ class BrokerServer(Streams, flight.FlightServerBase):
     def _on_get_last_message_id(self, args, payload):
         s = self.sessions.get(args)
         mid = self._consumer(s, args).get_last_message_id()
-        # Fields, not serialize(): "nothing yet" is entry -1, which has no wire form.
-        return {
-            "id": [
-                mid.ledger_id(),
-                mid.entry_id(),
-                mid.partition(),
-                mid.batch_index(),
-                mid.batch_size(),
-            ]
-        }
+        return {"id": id_fields(mid)}
 
     def _on_close_consumer(self, args, payload):
         s = self.sessions.get(args)

@@ -107,6 +107,11 @@ class PendingAck:
                     f"entry {entry_id} batch index {batch_index} on {sub.partition.topic} is "
                     f"already acknowledged on subscription {sub.name}"
                 )
+            if sub.dead_lettering(entry_id, batch_index):
+                raise TransactionConflict(
+                    f"entry {entry_id} batch index {batch_index} on {sub.partition.topic} is "
+                    f"being moved to its dead letter topic from subscription {sub.name}"
+                )
             batched = batch_index >= 0 and batch_size > 1
             if cumulative:
                 if sub.type not in (0, 2, None):

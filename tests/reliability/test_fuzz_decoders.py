@@ -39,6 +39,13 @@ message = st.tuples(
     st.binary(max_size=40),
     st.none() | st.binary(max_size=8),
     st.none() | st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3),
+    # metadata (FLAG_METADATA): event time, deliver at, ordering key
+    st.none()
+    | st.tuples(
+        st.integers(-(1 << 63), (1 << 63) - 1),
+        st.integers(0, 1 << 50),
+        st.none() | st.binary(max_size=8),
+    ),
 )
 
 
@@ -49,6 +56,7 @@ def valid_entry(draw):
         [m[0] for m in msgs],
         keys=[m[1] for m in msgs],
         properties=[m[2] for m in msgs],
+        metadata=[m[3] for m in msgs] if draw(st.booleans()) else None,
         txn_msb=draw(st.integers(0, 3)),
         txn_lsb=draw(st.integers(0, 3)),
         sequence_id=draw(st.integers(0, 1 << 40)),
@@ -202,16 +210,26 @@ def test_receive_answers_round_trip():
     assert again.data() == b"payload" and again.message_id() == msg.message_id()
     batch = messages_to_batch([msg, again])
     assert [m.message_id() for m in batch_to_messages(batch)] == [msg.message_id()] * 2
+    # The metadata of a message sent with it travels both ways (a key not UTF-8 too).
+    meta = decode_message(_message(b"m", meta=[42, b"\xffk".hex()]))
+    assert (meta.event_timestamp(), meta.ordering_key()) == (42, "\udcffk")
+    for got in (
+        decode_message(encode_message(meta)),
+        *batch_to_messages(messages_to_batch([meta])),
+    ):
+        assert (got.event_timestamp(), got.ordering_key()) == (42, "\udcffk")
 
 
 @given(
-    st.sampled_from(["id", "props", "key", "topic", "t", "r"]),
+    st.sampled_from(["id", "props", "key", "topic", "t", "r", "meta"]),
     json_value,
     st.booleans(),
 )
 def test_malformed_receive_answers_are_value_errors(field, value, drop):
     body = _message(**{field: value}) if not drop else None
-    if drop:
+    if drop and field == "meta":
+        body = _message()  # optional: a message without metadata
+    elif drop:
         fields = json.loads(_message()[4:-1])
         del fields[field]
         body = frame(fields, b"v")
@@ -240,6 +258,8 @@ def test_random_receive_answers_are_value_errors(body):
             st.none() | st.text(max_size=12),
             st.none() | st.text(max_size=4),
             st.none() | st.integers(-5, 5),
+            st.none() | st.integers(-5, 5),  # event time
+            st.none() | st.binary(max_size=6),  # ordering key, maybe not UTF-8
         ),
         min_size=1,
         max_size=5,
@@ -256,6 +276,8 @@ def test_dispatch_batches_with_garbage_fields_are_value_errors(rows):
             "topic": ["t" for _ in rows],
             "publish_time": [r[3] for r in rows],
             "redelivery_count": [0 for _ in rows],
+            "event_time": [r[4] for r in rows],
+            "ordering_key": [r[5] for r in rows],
         },
         schema=schema,
     )

@@ -52,7 +52,7 @@ def take_buffered(
             or (holds is not None and holds(entry_id, batch_index))
         ):
             continue
-        data, properties, pkey, publish_time, batch_size, txn = payload
+        data, properties, pkey, publish_time, batch_size, txn = payload[:6]
         if txn is not None and is_aborted(txn):
             return delivered, nbytes, entry_id
         if nbytes + len(data) > max_bytes and out:
@@ -63,7 +63,12 @@ def take_buffered(
         mid = (ledger_id, entry_id, index, batch_index, batch_size)
         if message_id_type is not None:
             mid = message_id_type(*mid)
-        out.append(message_type(data, properties, pkey, mid, topic, publish_time, count))
+        meta = payload[6:]  # (event_timestamp, ordering_key) of a message sent with them
+        out.append(
+            message_type(data, properties, pkey, mid, topic, publish_time, count, None, *meta[0])
+            if meta
+            else message_type(data, properties, pkey, mid, topic, publish_time, count)
+        )
         delivered += 1
         nbytes += len(data)
     return delivered, nbytes, -1

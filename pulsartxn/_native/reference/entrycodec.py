@@ -9,6 +9,7 @@ import numpy as np
 from ..checks import check_bulk
 from ..entryformat import (
     DEFAULT_MAX_ENTRY_BYTES,
+    FLAG_METADATA,
     HEADER,
     HEADER_SIZE,
     MAGIC,
@@ -17,6 +18,7 @@ from ..entryformat import (
     arrow_binary,
     check_header_ints,
     normalize_keys,
+    normalize_metadata,
     normalize_properties,
 )
 
@@ -83,21 +85,28 @@ def value_sizes(values) -> np.ndarray:
     return np.array([len(v) for v in _values(values)], dtype=np.int64)
 
 
-def _message(value: bytes, key, props) -> bytes:
+def _message(value: bytes, key, props, meta=b"") -> bytes:
     key_part = _U32.pack(NO_KEY) if key is None else _U32.pack(len(key)) + key
     prop_part = b"\0\0\0\0" if props is None else props
-    return key_part + prop_part + _U32.pack(len(value)) + value
+    return key_part + prop_part + _U32.pack(len(value)) + value + meta
 
 
 def _entry(
-    messages: list[bytes], marker, txn_msb, txn_lsb, producer_id, sequence_id, publish_time
+    messages: list[bytes],
+    marker,
+    txn_msb,
+    txn_lsb,
+    producer_id,
+    sequence_id,
+    publish_time,
+    flags=0,
 ) -> bytes:
     body = b"".join(messages)
     head = HEADER.pack(
         MAGIC,
         VERSION,
         marker,
-        0,
+        flags,
         txn_msb,
         txn_lsb,
         producer_id,
@@ -110,19 +119,21 @@ def _entry(
     return head[:52] + _U32.pack(crc) + body
 
 
-def _prepare(values, keys, properties):
+def _prepare(values, keys, properties, metadata=None):
     vals = _values(values)
     n = len(vals)
     key_list = normalize_keys(keys, n)
     prop_list = normalize_properties(properties, n)
+    meta_list = normalize_metadata(metadata, n)
     return [
         _message(
             vals[i],
             None if key_list is None else key_list[i],
             None if prop_list is None else prop_list[i],
+            b"" if meta_list is None else meta_list[i],
         )
         for i in range(n)
-    ]
+    ], (0 if meta_list is None else FLAG_METADATA)
 
 
 def encode_entry(
@@ -136,10 +147,13 @@ def encode_entry(
     sequence_id=0,
     publish_time=0,
     marker_type=0,
+    metadata=None,
 ) -> bytes:
     check_header_ints(txn_msb, txn_lsb, producer_id, sequence_id, publish_time, marker_type)
-    messages = _prepare(values, keys, properties)
-    return _entry(messages, marker_type, txn_msb, txn_lsb, producer_id, sequence_id, publish_time)
+    messages, flags = _prepare(values, keys, properties, metadata)
+    return _entry(
+        messages, marker_type, txn_msb, txn_lsb, producer_id, sequence_id, publish_time, flags
+    )
 
 
 def encode_entries(
@@ -154,10 +168,11 @@ def encode_entries(
     producer_id=0,
     first_sequence_id=0,
     publish_time=0,
+    metadata=None,
 ) -> list[bytes]:
     check_header_ints(txn_msb, txn_lsb, producer_id, first_sequence_id, publish_time, 0)
     check_bulk(batch_size, max_entry_bytes, first_sequence_id, 1)
-    messages = _prepare(values, keys, properties)
+    messages, flags = _prepare(values, keys, properties, metadata)
     check_bulk(batch_size, max_entry_bytes, first_sequence_id, len(messages))
     out = []
     i0 = 0
@@ -170,7 +185,9 @@ def encode_entries(
                 break
             size += len(messages[i])
             i += 1
-        out.append(_entry(messages[i0:i], 0, txn_msb, txn_lsb, producer_id, seq, publish_time))
+        out.append(
+            _entry(messages[i0:i], 0, txn_msb, txn_lsb, producer_id, seq, publish_time, flags)
+        )
         seq += i - i0
         i0 = i
     return out

@@ -9,6 +9,7 @@ import numpy as np
 from ...errors import CorruptEntry
 from ..checks import as_entry_ids
 from ..entryformat import (
+    FLAG_METADATA,
     HEADER,
     HEADER_SIZE,
     MAGIC,
@@ -23,6 +24,7 @@ from .entrycodec import crc32c
 __all__ = ["EntryHeader", "DecodedEntries", "decode_header", "header_columns", "decode_entries"]
 
 _U32 = struct.Struct("<I")
+_TIMES = struct.Struct("<qq")
 
 
 def _parse(raw: bytes, verify: bool):
@@ -37,7 +39,7 @@ def _parse(raw: bytes, verify: bool):
         return 2
     if version != VERSION:
         return 3
-    if flags:
+    if flags & ~FLAG_METADATA:
         return 4
     if verify and crc32c(raw[HEADER_SIZE:], crc32c(raw[:52])) != crc:
         return 5
@@ -66,12 +68,18 @@ def _parse(raw: bytes, verify: bool):
                 (n,) = _U32.unpack(take(4))
                 props.append((k, take(n)))
             (vlen,) = _U32.unpack(take(4))
-            messages.append((key, props, take(vlen)))
+            value = take(vlen)
+            meta = None
+            if flags:
+                event_time, deliver_at = _TIMES.unpack(take(16))
+                (olen,) = _U32.unpack(take(4))
+                meta = (event_time, deliver_at, None if olen == NO_KEY else take(olen))
+            messages.append((key, props, value, meta))
     except IndexError:
         return 6
     if pos != size:
         return 7
-    return (marker, msb, lsb, producer, seq, publish, count), messages
+    return (marker, msb, lsb, producer, seq, publish, count, flags), messages
 
 
 def decode_header(buf, verify=True) -> EntryHeader:
@@ -80,7 +88,7 @@ def decode_header(buf, verify=True) -> EntryHeader:
         parsed = _parse(raw, True)
         if isinstance(parsed, int):
             raise CorruptEntry(f"entry: {REASONS[parsed]}")
-        return EntryHeader(*parsed[0])
+        return EntryHeader(*parsed[0][:7])
     if len(raw) < HEADER_SIZE:
         raise CorruptEntry(f"entry: {REASONS[1]}")
     magic, _, marker, _, msb, lsb, producer, seq, publish, count, _ = HEADER.unpack_from(raw)
@@ -124,9 +132,18 @@ def decode_entries(entry_ids, buffers, verify=True) -> DecodedEntries:
     key_parts, value_parts, pk_parts, pv_parts = [], [], [], []
     key_off, val_off, prop_off, pk_off, pv_off = [0], [0], [0], [0], [0]
     first = []
+    with_meta = any(h[7] for h in heads)
+    events, dues, okey_parts, okey_valid, okey_off = [], [], [], [], [0]
     for e, messages in enumerate(entries):
         first.append(len(cols["msg_entry"]))
-        for j, (key, props, value) in enumerate(messages):
+        for j, (key, props, value, meta) in enumerate(messages):
+            if with_meta:
+                ev, at, okey = meta if meta is not None else (0, 0, None)
+                events.append(ev)
+                dues.append(at)
+                okey_valid.append(okey is not None)
+                okey_parts.append(okey or b"")
+                okey_off.append(okey_off[-1] + len(okey or b""))
             cols["msg_entry"].append(e)
             cols["batch_index"].append(j)
             cols["key_valid"].append(key is not None)
@@ -147,7 +164,17 @@ def decode_entries(entry_ids, buffers, verify=True) -> DecodedEntries:
     def data(parts):
         return np.frombuffer(b"".join(parts), dtype=np.uint8).copy()
 
+    meta = {}
+    if with_meta:
+        meta = dict(
+            event_time=np.array(events, dtype=np.int64),
+            deliver_at=np.array(dues, dtype=np.int64),
+            okey_offsets=np.array(okey_off, dtype=np.int64),
+            okey_data=data(okey_parts),
+            okey_valid=np.array(okey_valid, dtype=np.bool_),
+        )
     return DecodedEntries(
+        **meta,
         entry_id=ids,
         marker_type=column(0, np.uint8),
         txn_msb=column(1, np.uint64),

@@ -72,6 +72,7 @@ class EntryLog:
         producer_id=0,
         first_sequence_id=0,
         publish_time=0,
+        metadata=None,
     ):
         entries = encode_entries(
             values,
@@ -84,6 +85,7 @@ class EntryLog:
             producer_id=producer_id,
             first_sequence_id=first_sequence_id,
             publish_time=publish_time,
+            metadata=metadata,
         )
         counts = [decode_header(e, verify=False).message_count for e in entries]
         return self.append(txn, entries), counts

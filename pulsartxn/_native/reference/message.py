@@ -8,7 +8,7 @@ from functools import total_ordering
 from ...errors import InvalidMessageId
 from ..checks import as_int
 
-_ID = struct.Struct("<2sQQiii")
+_ID = struct.Struct("<2sqqiii")  # signed: MessageId.earliest is (-1, -1)
 _ID_MAGIC = b"M1"
 _MAX = (1 << 63) - 1
 _I64 = (-(1 << 63), _MAX)
@@ -25,13 +25,32 @@ def _field(value, what: str, bounds: tuple[int, int]) -> int:
     return value
 
 
+class _Position:
+    """A class attribute naming a fixed position (MessageId.earliest, .latest): the owner's
+    MessageId of these fields, made on first use (the class does not exist before)."""
+
+    def __init__(self, ledger_id: int, entry_id: int) -> None:
+        self._fields = (ledger_id, entry_id)
+        self._value = None
+
+    def __get__(self, obj, owner):
+        if self._value is None:
+            self._value = owner(*self._fields)
+        return self._value
+
+
 @total_ordering
 class MessageId:
     """Where a message is: ledger and entry, its index in a batched entry, and its partition.
 
     ``batch_index`` is -1 for an entry that holds one message; ``batch_size`` is the number of
-    messages in the entry (what batch-index acknowledgement needs).
+    messages in the entry (what batch-index acknowledgement needs). ``MessageId.earliest``
+    and ``MessageId.latest`` are pulsar-client's: before the first message and after the last
+    of any partition.
     """
+
+    earliest = _Position(-1, -1)
+    latest = _Position(_MAX, _MAX)
 
     __slots__ = ("_ledger_id", "_entry_id", "_partition", "_batch_index", "_batch_size")
 
@@ -98,7 +117,7 @@ class MessageId:
         if len(data) != _ID.size or bytes(data[:2]) != _ID_MAGIC:
             raise InvalidMessageId(f"not a serialized MessageId: {bytes(data)[:32]!r}")
         _, ledger, entry, partition, batch_index, batch_size = _ID.unpack(bytes(data))
-        if ledger > _MAX or entry > _MAX:
+        if (ledger < 0 or entry < 0) and (ledger, entry) != (-1, -1):  # only earliest's
             raise InvalidMessageId(f"not a serialized MessageId: {bytes(data)[:32]!r}")
         return cls(ledger, entry, partition, batch_index, batch_size)
 
@@ -125,6 +144,7 @@ class Message:
         "_publish_time",
         "_redelivery_count",
         "_txn",
+        "_meta",
     )
 
     def __init__(
@@ -137,6 +157,8 @@ class Message:
         publish_time: int,
         redelivery_count: int = 0,
         txn=None,
+        event_timestamp: int = 0,
+        ordering_key: str | None = None,
     ) -> None:
         self._data = data
         self._properties = properties
@@ -146,6 +168,8 @@ class Message:
         self._publish_time = publish_time
         self._redelivery_count = redelivery_count
         self._txn = txn
+        has_meta = event_timestamp or ordering_key is not None
+        self._meta = (event_timestamp, ordering_key) if has_meta else None
 
     def data(self) -> bytes:
         return self._data
@@ -174,6 +198,14 @@ class Message:
 
     def redelivery_count(self) -> int:
         return self._redelivery_count
+
+    def event_timestamp(self) -> int:
+        """The event time the producer set (ms since the epoch), 0 when none."""
+        return self._meta[0] if self._meta is not None else 0
+
+    def ordering_key(self) -> str | None:
+        """The ordering key the producer set, None when none."""
+        return self._meta[1] if self._meta is not None else None
 
     def __repr__(self) -> str:
         return f"Message(topic={self._topic!r}, id={self.message_id()!r}, {len(self._data)} bytes)"

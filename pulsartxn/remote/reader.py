@@ -1,0 +1,208 @@
+"""The remote client's readers: the server's reader over a handle, re-created after a lost
+session where it stood (after the last message read on each partition, or where it sought);
+a listener runs on a thread of this process."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from .. import errors
+from ..messaging import positions
+from ..messaging.consumer import Isolation, check_count
+from ..messaging.message import Message, MessageId
+from ..messaging.reader import check_reader_args
+from ..messaging.topic_name import check_keyed_name
+from ..server import protocol
+from ..server.protocol import unframe
+from .handles import Handle
+
+log = logging.getLogger(__name__)
+
+_LISTENER_POLL_MS = 100
+
+
+def reader_options(
+    start_message_id,
+    reader_listener,
+    receiver_queue_size,
+    reader_name,
+    subscription_role_prefix,
+    is_read_compacted,
+    start_message_id_inclusive,
+    isolation,
+) -> dict:
+    """create_reader's options as they travel, checked first as the embedded client does."""
+    check_reader_args(start_message_id, reader_listener, is_read_compacted)
+    check_count("receiver_queue_size", receiver_queue_size, least=1)
+    for key, value in (
+        ("reader_name", reader_name),
+        ("subscription_role_prefix", subscription_role_prefix),
+    ):
+        if value is not None:
+            check_keyed_name(key, value)
+    if not isinstance(isolation, Isolation):
+        raise TypeError(f"isolation must be an Isolation, not {errors.excerpt(isolation)}")
+    return {
+        "receiver_queue_size": receiver_queue_size,
+        "reader_name": reader_name,
+        "subscription_role_prefix": subscription_role_prefix,
+        "start_message_id_inclusive": bool(start_message_id_inclusive),
+        "isolation": isolation.name,
+    }
+
+
+class RemoteReader(Handle):
+    def __init__(
+        self, client, topic: str, start: MessageId, options: dict, listener: Callable | None
+    ) -> None:
+        super().__init__(client)
+        self._topic = topic
+        self._start: MessageId | int = start
+        self._options = options
+        self._inclusive = options["start_message_id_inclusive"]
+        # partition index -> (id, inclusive): where a re-created reader starts there.
+        self._resume: dict[int, tuple[MessageId, bool]] = {}
+        self._lock = threading.Lock()
+        self._listener = listener
+        self._ensure()
+        self._thread = None
+        if listener is not None:
+            self._thread = threading.Thread(
+                target=self._listen, args=(listener,), name="pulsartxn-reader-listener", daemon=True
+            )
+            self._thread.start()
+
+    def _create(self) -> int:
+        with self._lock:
+            start, resume = self._start, dict(self._resume)
+        args: dict[str, object] = {
+            "topic": self._topic,
+            "options": self._options,
+            "resume": {str(i): [m.serialize().hex(), inc] for i, (m, inc) in resume.items()},
+        }
+        if isinstance(start, MessageId):
+            args["start"] = start.serialize().hex()
+        else:
+            args["start_time"] = start
+        out = self._client._raw("create_reader", args)
+        info = unframe(out[0], 1 << 62)[0]
+        self._options = {**self._options, "reader_name": info["name"]}
+        self._full_topic = info["topic"]
+        return info["handle"]
+
+    def topic(self) -> str:
+        return self._full_topic
+
+    def reader_name(self) -> str:
+        return self._options["reader_name"]
+
+    def read_next(self, timeout_millis: int | None = None) -> Message:
+        """The next message; raises Timeout when none comes within timeout_millis."""
+        if self._listener is not None:
+            raise errors.InvalidConfiguration(
+                "read_next is not allowed on a reader with a listener"
+            )
+        return self._read(timeout_millis)
+
+    def _read(self, timeout_millis: int | None) -> Message:
+        check_count("timeout_millis", timeout_millis, least=0, optional=True)
+        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
+        while True:
+            left = None if deadline is None else max(int((deadline - time.monotonic()) * 1000), 0)
+            try:
+                (body,) = self._client._call("read_next", {"timeout_millis": left}, owner=self)
+            except errors.Timeout:
+                if deadline is None or time.monotonic() < deadline:
+                    continue  # the server's wait ended before ours
+                raise
+            msg = protocol.decode_message(body)
+            mid = msg.message_id()
+            with self._lock:
+                self._resume[mid.partition()] = (mid, False)
+            return msg
+
+    def _read_many(self, n: int) -> list[Message]:
+        """Up to n messages there now, in one call (a cluster reader's fetch)."""
+        out = [
+            protocol.decode_message(body)
+            for body in self._client._call("read_many", {"max_num_messages": n}, owner=self)
+        ]
+        if out:
+            with self._lock:
+                for msg in out:
+                    mid = msg.message_id()
+                    self._resume[mid.partition()] = (mid, False)
+        return out
+
+    def has_message_available(self) -> bool:
+        return self._client._json("has_message_available", {}, owner=self)["value"]
+
+    def seek(self, position: MessageId | int) -> None:
+        """As the embedded Reader's seek."""
+        positions.check_position(position)
+        if isinstance(position, MessageId):
+            self._client._call("seek", {"id": position.serialize().hex()}, owner=self)
+        else:
+            self._client._call("seek", {"timestamp": position}, owner=self)
+        with self._lock:
+            if not isinstance(position, MessageId) or positions.is_everywhere(position):
+                self._start, self._resume = position, {}
+            else:
+                self._resume[position.partition()] = (position, self._inclusive)
+
+    def get_last_message_id(self) -> MessageId:
+        return MessageId(*self._client._json("get_last_message_id", {}, owner=self)["id"])
+
+    def get_last_message_ids(self) -> list[MessageId]:
+        return [mid for mid, _ in self._lasts()]
+
+    def _lasts(self) -> list[tuple[MessageId, int]]:
+        """(last readable id, its publish time) of each partition, in partition order."""
+        out = self._client._json("get_last_message_ids", {}, owner=self)
+        return [(MessageId(*f), t) for f, t in zip(out["ids"], out["times"])]
+
+    def is_connected(self) -> bool:
+        return not self._closed
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        handle = self._handle
+        self._closed = True
+        self._close_remote("close_consumer", handle)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _listen(self, listener: Callable) -> None:
+        """listener(reader, message) per message, in order, on this thread."""
+        while not self._closed:
+            try:
+                msg = self._read(_LISTENER_POLL_MS)
+            except errors.Timeout:
+                continue
+            except errors.AlreadyClosed:
+                return
+            except errors.PulsarTxnError:
+                if self._closed:
+                    return
+                log.exception("reader listener of %s: read failed", self._topic)
+                time.sleep(_LISTENER_POLL_MS / 1000.0)
+                continue
+            try:
+                listener(self, msg)
+            except Exception:  # noqa: BLE001 - a listener's error does not stop reading
+                log.exception("reader listener of %s raised", self._topic)
+
+    def __enter__(self) -> RemoteReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[Message]:
+        while True:
+            yield self.read_next()

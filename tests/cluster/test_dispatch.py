@@ -1,0 +1,85 @@
+"""Key_Shared and the dead letter policy on a cluster of 3 brokers (real ZooKeeper): each
+partition spreads its keys at its owner broker, and a dead letter topic is served by the
+broker of the subscription it takes messages from (refused elsewhere, not half-done)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+import pulsartxn
+from pulsartxn import ConsumerType, DeadLetterPolicy, InitialPosition
+
+EARLIEST = InitialPosition.Earliest
+
+
+def drain(consumer, quiet_s: float = 0.5) -> list:
+    out: list = []
+    last = time.monotonic()
+    while time.monotonic() - last < quiet_s:
+        msgs = consumer.batch_receive(1000, 100)
+        if msgs:
+            out.extend(msgs)
+            last = time.monotonic()
+    return out
+
+
+def test_key_shared_and_dead_letters_on_a_cluster(local_cluster):
+    cluster = local_cluster(3)
+    with pulsartxn.Client(cluster.service_url, reconnect_timeout_s=60) as client:
+        topic = f"ks-{uuid.uuid4().hex[:8]}"
+        client.create_topic(topic, partitions=3)
+        consumers = [
+            client.subscribe(
+                topic, "s", subscription_type=ConsumerType.KeyShared, initial_position=EARLIEST
+            )
+            for _ in range(2)
+        ]
+        p = client.create_producer(topic)
+        for i in range(300):
+            p.send(b"%d" % i, partition_key=f"k{i % 30}")
+        owner: dict = {}
+        order: dict = {}
+        for n, c in enumerate(consumers):
+            for m in drain(c):
+                assert owner.setdefault(m.partition_key(), n) == n
+                order.setdefault(m.partition_key(), []).append(int(m.data()))
+                c.acknowledge(m)
+        assert sum(len(v) for v in order.values()) == 300
+        assert all(v == sorted(v) for v in order.values())
+        assert len(set(owner.values())) == 2
+
+        source = f"dl-{uuid.uuid4().hex[:8]}"
+        client.create_producer(source).send(b"x", properties={"p": "1"})
+        refused = 0
+        for i in range(40):  # a dead letter topic that lands on the source's broker
+            try:
+                c = client.subscribe(
+                    source,
+                    "s",
+                    subscription_type=ConsumerType.Shared,
+                    initial_position=EARLIEST,
+                    negative_ack_redelivery_delay_ms=0,
+                    dead_letter_policy=DeadLetterPolicy(1, dead_letter_topic=f"{source}-dlq{i}"),
+                )
+            except pulsartxn.InvalidConfiguration:
+                refused += 1
+                continue
+            dlq = f"{source}-dlq{i}"
+            break
+        else:
+            pytest.fail("no dead letter topic on the source's broker in 40 names")
+        counts = []
+        while True:
+            try:
+                m = c.receive(500)
+            except pulsartxn.Timeout:
+                break
+            counts.append(m.redelivery_count())
+            c.negative_acknowledge(m)
+        assert counts == [0, 1]
+        r = client.subscribe(dlq, "r", initial_position=EARLIEST)
+        moved = drain(r)
+        assert [(m.data(), m.properties()["p"]) for m in moved] == [(b"x", "1")]
