@@ -3,7 +3,9 @@
 ``run()`` is what a Pulsar user writes from memory: ``import pulsar`` becomes ``import
 pulsartxn as pulsar`` and nothing else changes (callback second in ``send_async``,
 ``consumer_type=``, ``message_listener=``, the producer options, ``receive(timeout_millis=)``,
-``get_topic_partitions``). It is also the program the tests type-check with mypy.
+``get_topic_partitions``, ``seek``, Key_Shared, a dead letter policy, a reader from
+``MessageId.earliest``, ``ordering_key`` and ``event_timestamp``). It is also the program the
+tests type-check with mypy.
 
 Try it (without a URL it starts a broker and its network service on 127.0.0.1)::
 
@@ -20,6 +22,8 @@ from typing import Any
 import pulsartxn as pulsar
 
 TOPIC = "persistent://public/default/orders"
+PAYMENTS = "persistent://public/default/payments"
+DLQ = "persistent://public/default/payments-rejected"
 N = 10
 
 
@@ -68,17 +72,80 @@ def run(service_url: str) -> dict[str, list[str]]:
         reported.append(msg.data().decode())
         report.acknowledge(msg)
     all_audited.wait(10)
+    # Back to the start: the report subscription sees its first order again.
+    report.seek(pulsar.MessageId.earliest)
+    first_again = report.receive(timeout_millis=10_000).data().decode()
     partitions = client.get_topic_partitions(TOPIC)
     audit.close()
     report.close()
     producer.close()
+    keyed, rejected = payments(client)
     client.close()
     return {
         "sent": [str(len(sent))],
         "audited": sorted(audited),
         "reported": reported,
+        "first_again": [first_again],
         "partitions": partitions,
+        "keyed": keyed,
+        "rejected": rejected,
     }
+
+
+def payments(client: pulsar.Client) -> tuple[list[str], list[str]]:
+    """Key_Shared workers (each customer's payments in order on one of them), and a strict
+    subscription whose rejected payment goes to a dead letter topic, read back by a reader."""
+    producer = client.create_producer(PAYMENTS)
+    workers = [
+        client.subscribe(
+            PAYMENTS,
+            "workers",
+            consumer_type=pulsar.ConsumerType.KeyShared,
+            initial_position=pulsar.InitialPosition.Earliest,
+        )
+        for _ in range(2)
+    ]
+    strict = client.subscribe(
+        PAYMENTS,
+        "strict",
+        consumer_type=pulsar.ConsumerType.Shared,
+        initial_position=pulsar.InitialPosition.Earliest,
+        negative_ack_redelivery_delay_ms=0,
+        dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(
+            max_redeliver_count=1, dead_letter_topic=DLQ
+        ),
+    )
+    for i in range(N):
+        producer.send(
+            f"payment-{i}".encode(),
+            ordering_key=f"customer-{i % 3}",
+            event_timestamp=1_700_000_000_000 + i,
+        )
+    keyed: dict[str, list[int]] = {}
+    while sum(len(v) for v in keyed.values()) < N:
+        for worker in workers:
+            try:
+                msg = worker.receive(timeout_millis=100)
+            except pulsar.Timeout:
+                continue
+            keyed.setdefault(msg.ordering_key() or "", []).append(msg.event_timestamp())
+            worker.acknowledge(msg)
+    accepted = 0
+    while accepted < N - 1:
+        msg = strict.receive(timeout_millis=10_000)
+        if msg.data() == b"payment-0":
+            strict.negative_acknowledge(msg)  # rejected: redelivered once, then dead-lettered
+        else:
+            strict.acknowledge(msg)
+            accepted += 1
+    reader = client.create_reader(DLQ, pulsar.MessageId.earliest)
+    rejected = [reader.read_next(timeout_millis=10_000).data().decode()]
+    reader.close()
+    for c in (*workers, strict):
+        c.close()
+    producer.close()
+    in_order = [k for k, stamps in sorted(keyed.items()) if stamps == sorted(stamps)]
+    return in_order, rejected
 
 
 def _local_service() -> tuple[str, Any]:

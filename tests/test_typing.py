@@ -75,3 +75,6 @@ def test_the_example_runs_unchanged():
     out = eval(run.stdout)  # noqa: S307 - the example prints a dict literal
     orders = [f"order-{i}" for i in range(10)]
     assert out["sent"] == ["10"] and out["audited"] == orders and out["reported"] == orders
+    assert out["first_again"] == ["order-0"]
+    assert out["keyed"] == ["customer-0", "customer-1", "customer-2"]  # each in order
+    assert out["rejected"] == ["payment-0"]

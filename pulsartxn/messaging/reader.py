@@ -9,6 +9,7 @@ import secrets
 import threading
 from collections.abc import Callable, Iterator
 
+from .._native.keywords import strict_class
 from ..errors import AlreadyClosed, InvalidConfiguration, Timeout
 from . import positions
 from .consumer import Consumer
@@ -42,6 +43,7 @@ def check_reader_args(start_message_id, reader_listener, is_read_compacted) -> N
         )
 
 
+@strict_class
 class Reader:
     """client.create_reader(topic, start_message_id, ...): read_next() from the start on,
     every partition, read committed unless told otherwise."""
@@ -108,10 +110,6 @@ class Reader:
 
     def reader_name(self) -> str:
         return self._consumer.consumer_name()
-
-    def subscription_name(self) -> str:
-        """The non-durable subscription it reads through (not stored, not in stats)."""
-        return self._subscription
 
     def read_next(self, timeout_millis: int | None = None) -> Message:
         """The next message; raises Timeout when none comes within timeout_millis."""

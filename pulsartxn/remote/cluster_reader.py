@@ -53,9 +53,29 @@ class _PartReader(Placed, RemoteReader):
         return self._follow(lambda: RemoteReader._lasts(self))
 
 
+class _ConsumersOnly:
+    """A consumer's method that a reader does not offer (as Reader and RemoteReader)."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        raise AttributeError(f"a reader has no {self.name}(): it is a consumer's")
+
+
 class ClusterReader(ClusterConsumer):
     """``client.create_reader(topic, ...)`` on a cluster: RemoteReader's API over a reader per
     partition, at its owner."""
+
+    receive = _ConsumersOnly()
+    batch_receive = _ConsumersOnly()
+    acknowledge = _ConsumersOnly()
+    acknowledge_cumulative = _ConsumersOnly()
+    negative_acknowledge = _ConsumersOnly()
+    redeliver_unacknowledged_messages = _ConsumersOnly()
+    unsubscribe = _ConsumersOnly()
+    consumer_name = _ConsumersOnly()
+    subscription_name = _ConsumersOnly()
 
     def __init__(
         self,
@@ -97,7 +117,7 @@ class ClusterReader(ClusterConsumer):
             raise errors.InvalidConfiguration(
                 "read_next is not allowed on a reader with a listener"
             )
-        return self.receive(timeout_millis)
+        return ClusterConsumer.receive(self, timeout_millis)
 
     def close(self) -> None:
         super().close()
@@ -108,7 +128,7 @@ class ClusterReader(ClusterConsumer):
     def _listen(self, listener: Callable) -> None:
         while not self._closed:
             try:
-                msg = self.receive(_LISTENER_POLL_MS)
+                msg = ClusterConsumer.receive(self, _LISTENER_POLL_MS)
             except errors.Timeout:
                 continue
             except errors.AlreadyClosed:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from .. import errors
+from .._native.keywords import strict_class
 from ..messaging import positions
 from ..messaging.consumer import Isolation, check_count
 from ..messaging.message import Message, MessageId
@@ -54,6 +55,7 @@ def reader_options(
     }
 
 
+@strict_class
 class RemoteReader(Handle):
     def __init__(
         self, client, topic: str, start: MessageId, options: dict, listener: Callable | None

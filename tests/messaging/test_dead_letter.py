@@ -219,15 +219,21 @@ c = client.subscribe("t", "s", subscription_type=ConsumerType.Shared,
                      negative_ack_redelivery_delay_ms=0,
                      dead_letter_policy=DeadLetterPolicy(1, initial_subscription_name="dlq"))
 print("ready", flush=True)
+# Announces the first move that landed: the parent's kill then finds moves under way.
+probe = client.subscribe(sys.argv[2], "probe", initial_position=InitialPosition.Earliest)
+announced = False
 while True:
     try:
         c.negative_acknowledge(c.receive(1000))
     except pulsartxn.Timeout:
         pass
+    if not announced and probe.has_message_available():
+        print("moving", flush=True)
+        announced = True
 """
 
 
-@pytest.mark.parametrize("delay", [0.15, 0.3, 0.6])
+@pytest.mark.parametrize("delay", [0.0, 0.1, 0.3])
 def test_a_sigkill_during_moves_neither_loses_nor_doubles(tmp_path, delay):
     data = str(tmp_path / "data")
     n = 3000
@@ -237,10 +243,11 @@ def test_a_sigkill_during_moves_neither_loses_nor_doubles(tmp_path, delay):
     script.write_text(CHILD)
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     proc = subprocess.Popen(
-        [sys.executable, str(script), data], stdout=subprocess.PIPE, env=env, text=True
+        [sys.executable, str(script), data, DLQ], stdout=subprocess.PIPE, env=env, text=True
     )
     try:
         assert proc.stdout.readline().strip() == "ready"
+        assert proc.stdout.readline().strip() == "moving"
         time.sleep(delay)
     finally:
         proc.send_signal(signal.SIGKILL)

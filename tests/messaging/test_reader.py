@@ -192,8 +192,8 @@ def test_a_reader_leaves_no_subscription_and_holds_nothing(tmp_path):
     assert read(r, 1) == [b"m0"]
     part = b.topics.resolve("t")[1][0]
     assert b.admin.topic_stats("t")["subscriptions"] == {}
-    assert list(part.readers) == [r.subscription_name()]
-    assert r.subscription_name().startswith("reader-")
+    assert list(part.readers) == [r._subscription]
+    assert r._subscription.startswith("reader-")
     with b.storage.read() as lmdb_txn:
         cursors = list(lmdb_txn.cursor(db=b.storage.open_db(b"cursors")))
     assert cursors == []  # never written
@@ -207,7 +207,7 @@ def test_a_reader_leaves_no_subscription_and_holds_nothing(tmp_path):
     # A reader open when the broker closes leaves nothing either.
     c = b.client()
     r = c.create_reader("t", MessageId.earliest, subscription_role_prefix="audit")
-    assert r.subscription_name().startswith("audit-")
+    assert r._subscription.startswith("audit-")
     assert read(r, 3) == [b"m0", b"m1", b"m2"]
     b.close()
     b = pulsartxn.Broker(tmp_path / "data", sync=False)

@@ -16,6 +16,7 @@ import pulsartxn
 from pulsartxn.admin import Admin
 from pulsartxn.messaging.consumer import Consumer
 from pulsartxn.messaging.producer import Producer
+from pulsartxn.messaging.reader import Reader
 from pulsartxn.remote import (
     ClusterAdmin,
     ClusterClient,
@@ -26,6 +27,8 @@ from pulsartxn.remote import (
 )
 from pulsartxn.remote.cluster_consumer import ClusterConsumer
 from pulsartxn.remote.cluster_producer import ClusterProducer
+from pulsartxn.remote.cluster_reader import ClusterReader
+from pulsartxn.remote.reader import RemoteReader
 
 EARLIEST = pulsartxn.InitialPosition.Earliest
 SHARED = pulsartxn.ConsumerType.Shared
@@ -370,6 +373,7 @@ def _parameters(member) -> list:
         ((Admin, RemoteAdmin, ClusterAdmin), False),
         ((Producer, RemoteProducer, ClusterProducer), True),
         ((Consumer, RemoteConsumer, ClusterConsumer), False),
+        ((Reader, RemoteReader, ClusterReader), False),
     ],
 )
 def test_the_clients_offer_the_same_methods_and_signatures(family, common_only):
