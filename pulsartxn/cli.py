@@ -142,6 +142,11 @@ def _serve(args: argparse.Namespace) -> int:
         advertised_address=args.advertised_address,
         num_coordinators=args.num_coordinators,
         **({"max_dbs": args.max_dbs} if args.max_dbs is not None else {}),
+        **(
+            {"min_ack_timeout_ms": args.min_ack_timeout_ms}
+            if args.min_ack_timeout_ms is not None
+            else {}
+        ),
     )
     return 0
 
@@ -180,6 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="LMDB named databases, one per partition and coordinator (default 16384): raise "
         "it to open a store whose coordinators do not fit",
+    )
+    srv.add_argument(
+        "--min-ack-timeout-ms",
+        type=int,
+        help="the least unacked_messages_timeout_ms a subscribe may ask for (default 10000, "
+        "as pulsar-client's)",
     )
     for what, default in (
         ("consumers", 1024),

@@ -83,3 +83,45 @@ def test_key_shared_and_dead_letters_on_a_cluster(local_cluster):
         r = client.subscribe(dlq, "r", initial_position=EARLIEST)
         moved = drain(r)
         assert [(m.data(), m.properties()["p"]) for m in moved] == [(b"x", "1")]
+
+
+def receive_n(consumer, n: int, within_s: float = 10.0) -> list:
+    """The next n messages (fewer if they do not come within within_s)."""
+    out: list = []
+    deadline = time.monotonic() + within_s
+    while len(out) < n and time.monotonic() < deadline:
+        out.extend(consumer.batch_receive(n - len(out), 100))
+    return out
+
+
+def test_the_ack_timeout_on_a_cluster(local_cluster):
+    """Partitions at different brokers redeliver what was not acknowledged in time, once per
+    timeout, counted; a transactional ack holds its message against the timeout."""
+    cluster = local_cluster(2, extra_args=("--min-ack-timeout-ms", "100"))
+    with pulsartxn.Client(cluster.service_url, reconnect_timeout_s=60) as client:
+        topic = f"at-{uuid.uuid4().hex[:8]}"
+        client.create_topic(topic, partitions=4)
+        c = client.subscribe(
+            topic,
+            "s",
+            subscription_type=ConsumerType.Shared,
+            initial_position=EARLIEST,
+            unacked_messages_timeout_ms=1500,
+        )
+        p = client.create_producer(topic)
+        for i in range(40):
+            p.send(b"%d" % i)
+        first = receive_n(c, 40)
+        assert sorted(int(m.data()) for m in first) == list(range(40))
+        assert {m.redelivery_count() for m in first} == {0}
+        txn = client.new_transaction()
+        c.acknowledge(first[0], txn=txn)  # held for txn: not timed out
+        again = receive_n(c, 39)  # after the timeout: the 39 others, counted once
+        assert sorted(int(m.data()) for m in again) == sorted(int(m.data()) for m in first[1:])
+        assert {m.redelivery_count() for m in again} == {1}
+        for m in again:
+            c.acknowledge(m)
+        txn.commit()
+        assert receive_n(c, 1, within_s=3.0) == []  # all acknowledged: nothing comes back
+        parts = client.get_topic_partitions(topic)
+        assert {client._owner("partition", t) for t in parts} == set(cluster.addresses)
