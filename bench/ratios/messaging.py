@@ -192,7 +192,52 @@ def measure(quick: bool = False) -> list[Row]:
                     None,
                 )
             )
+            rows.append(_key_shared(client, values[:n_consume]))
     finally:
         raw.close()
         shutil.rmtree(tmp, ignore_errors=True)
     return rows
+
+
+def _key_shared(client, values: list[bytes]) -> Row:
+    """Two consumers draining keyed messages: Key_Shared (each key on one consumer, in order)
+    against Shared (anyone takes anything), same messages, same run."""
+    keys = [f"key-{i % 100}" for i in range(len(values))]
+    client.create_producer("keyed").send_batch(values, keys=keys)
+
+    def drain(sub_type, name: str) -> float:
+        consumers = [
+            client.subscribe(
+                "keyed",
+                name,
+                subscription_type=sub_type,
+                initial_position=pulsartxn.InitialPosition.Earliest,
+            )
+            for _ in range(2)
+        ]
+
+        def run():
+            got = 0
+            while got < len(values):
+                for c in consumers:
+                    msgs = c.batch_receive(1000, 10)
+                    for m in msgs:
+                        c.acknowledge(m)
+                    got += len(msgs)
+
+        t = timed(run)
+        for c in consumers:
+            c.close()
+        return t
+
+    shared = drain(pulsartxn.ConsumerType.Shared, "shared")
+    key_shared = drain(pulsartxn.ConsumerType.KeyShared, "key-shared")
+    return Row(
+        "Key_Shared, 2 consumers: batch_receive(1000) + acknowledge, 100 keys",
+        len(values),
+        "msgs",
+        key_shared,
+        shared,
+        "Shared, the same 2 consumers and messages",
+        None,
+    )

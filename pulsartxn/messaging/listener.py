@@ -1,5 +1,6 @@
 """``subscribe(..., message_listener=fn)``: ``fn(consumer, message)`` called per message on a
-listener thread, as pulsar-client's; the consumer's receive() is then refused."""
+listener thread, as pulsar-client's; the consumer's receive() is then refused. Readers'
+``reader_listener=fn`` (``fn(reader, message)``) runs on the same kind of thread."""
 
 from __future__ import annotations
 
@@ -25,15 +26,28 @@ def check_listener(message_listener: object) -> None:
 
 
 class MessageListener:
-    """The thread that receives for a consumer with a listener and hands each message on; an
-    exception of the listener is logged and the next message delivered."""
+    """The thread that receives for a consumer (or reader) with a listener and hands each
+    message on; an exception of the listener is logged and the next message delivered."""
 
-    def __init__(self, consumer: Any, listener: Callable[[Any, Any], None]) -> None:
+    def __init__(
+        self,
+        consumer: Any,
+        listener: Callable[[Any, Any], None],
+        receive: Callable[[int], Any] | None = None,
+        name: str | None = None,
+        param: str = "message_listener",
+    ) -> None:
+        """`receive(timeout_ms)`: how it takes a message (default: consumer.receive); `name`:
+        what its thread and its log lines call it (default: the consumer's name); `param`:
+        the argument that set it, as errors name it."""
+        self._param = param
         self._consumer = consumer
         self._listener = listener
+        self._receive = consumer.receive if receive is None else receive
+        self._name = consumer.consumer_name() if name is None else name
         self._stop = threading.Event()
         self.thread = threading.Thread(
-            target=self._run, name=f"pulsartxn-listener-{consumer.consumer_name()}", daemon=True
+            target=self._run, name=f"pulsartxn-listener-{self._name}", daemon=True
         )
 
     def start(self) -> None:
@@ -42,15 +56,13 @@ class MessageListener:
     def refuse(self, what: str) -> None:
         """InvalidConfiguration for a receive by anyone but the listener thread."""
         if threading.current_thread() is not self.thread:
-            raise InvalidConfiguration(
-                f"cannot {what}() on a consumer with a message_listener (it receives them)"
-            )
+            raise InvalidConfiguration(f"cannot {what}() with a {self._param} (it receives them)")
 
     def _run(self) -> None:
         consumer = self._consumer
         while not self._stop.is_set():
             try:
-                msg = consumer.receive(POLL_MS)
+                msg = self._receive(POLL_MS)
             except Timeout:
                 continue
             except AlreadyClosed:
@@ -58,13 +70,13 @@ class MessageListener:
             except PulsarTxnError:
                 if self._stop.is_set():
                     return
-                log.exception("message listener of %s: receive failed", consumer.consumer_name())
+                log.exception("listener of %s: receive failed", self._name)
                 time.sleep(POLL_MS / 1000.0)
                 continue
             try:
                 self._listener(consumer, msg)
             except Exception:  # noqa: BLE001 - logged; the listener goes on, as pulsar-client's
-                log.exception("message listener of %s raised", consumer.consumer_name())
+                log.exception("listener of %s raised", self._name)
 
     def stop(self) -> None:
         """Stop delivering; waits for a call under way unless made from the listener itself."""

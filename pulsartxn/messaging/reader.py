@@ -4,24 +4,18 @@ subscriptions (stats, unsubscribe), and it holds nothing back. See docs/API.md, 
 
 from __future__ import annotations
 
-import logging
 import secrets
-import threading
 from collections.abc import Callable, Iterator
 
 from .._native.keywords import strict_class
-from ..errors import AlreadyClosed, InvalidConfiguration, Timeout
+from ..errors import AlreadyClosed, InvalidConfiguration
 from . import positions
 from .consumer import Consumer
 from .cursor import Cursor
+from .listener import MessageListener
 from .message import Message, MessageId
 from .partition import Partition
 from .subscription import EXCLUSIVE, Subscription
-
-log = logging.getLogger(__name__)
-
-# How often a listener thread looks whether its reader was closed.
-_LISTENER_POLL_MS = 100
 
 
 def reader_subscription(prefix: str | None) -> str:
@@ -67,7 +61,6 @@ class Reader:
         reader reconnected: after the last it read, or where it sought)."""
         self._topic = topic
         self._inclusive = inclusive
-        self._listener = listener
         self._subscription = subscription
         if not positions.is_everywhere(start):
             positions.partition_of(start, partitions, topic)  # InvalidMessageId if foreign
@@ -98,12 +91,12 @@ class Reader:
         for sub in subs:
             with sub.partition.lock:
                 sub.partition.readers[subscription] = sub
-        self._thread = None
+        self._listener = None
         if listener is not None:
-            self._thread = threading.Thread(
-                target=self._listen, args=(listener,), name="pulsartxn-reader-listener", daemon=True
+            self._listener = MessageListener(
+                self, listener, self._read, self.reader_name(), "reader_listener"
             )
-            self._thread.start()
+            self._listener.start()
 
     def topic(self) -> str:
         return self._topic
@@ -114,7 +107,7 @@ class Reader:
     def read_next(self, timeout_millis: int | None = None) -> Message:
         """The next message; raises Timeout when none comes within timeout_millis."""
         if self._listener is not None:
-            raise InvalidConfiguration("read_next is not allowed on a reader with a listener")
+            self._listener.refuse("read_next")
         return self._read(timeout_millis)
 
     def _read(self, timeout_millis: int | None) -> Message:
@@ -166,22 +159,8 @@ class Reader:
         for sub in self._subs:
             with sub.partition.lock:
                 sub.partition.readers.pop(self._subscription, None)
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-
-    def _listen(self, listener: Callable) -> None:
-        """listener(reader, message) per message, on this thread, in order (as pulsar-client);
-        an exception it raises is logged and reading goes on."""
-        while self._consumer.is_connected():
-            try:
-                msg = self._read(_LISTENER_POLL_MS)
-            except (Timeout, AlreadyClosed):
-                continue
-            try:
-                listener(self, msg)
-            except Exception:  # noqa: BLE001 - a listener's error does not stop reading
-                log.exception("reader listener of %s raised", self._topic)
+        if self._listener is not None:
+            self._listener.stop()
 
     def __enter__(self) -> Reader:
         return self

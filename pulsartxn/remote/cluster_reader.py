@@ -5,12 +5,10 @@ again: that one starts after the last message it read."""
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
 from collections.abc import Callable, Iterator
+from functools import partial
 
-from .. import errors
+from ..messaging.listener import MessageListener
 from ..messaging.message import Message, MessageId
 from ..messaging.positions import is_everywhere
 from ..messaging.topic_name import TopicName
@@ -19,10 +17,6 @@ from .placed import Placed
 from .reader import RemoteReader
 
 __all__ = ["ClusterReader"]
-
-log = logging.getLogger(__name__)
-
-_LISTENER_POLL_MS = 100
 
 
 class _PartReader(Placed, RemoteReader):
@@ -87,14 +81,16 @@ class ClusterReader(ClusterConsumer):
         listener: Callable | None,
     ) -> None:
         self._start = start
-        self._listener = listener
         super().__init__(cluster, topic, partitions, "", dict(options))
-        self._thread = None
-        if listener is not None:
-            self._thread = threading.Thread(
-                target=self._listen, args=(listener,), name="pulsartxn-reader-listener", daemon=True
+        if listener is not None:  # the consumer's receive, from the listener's thread only
+            self._listener = MessageListener(
+                self,
+                listener,
+                partial(ClusterConsumer.receive, self),
+                self._name,
+                "reader_listener",
             )
-            self._thread.start()
+            self._listener.start()
 
     def _part_type(self, cluster, partition: str, subscription: str, options: dict):
         opts = {k: v for k, v in options.items() if k != "consumer_name"}
@@ -114,35 +110,8 @@ class ClusterReader(ClusterConsumer):
 
     def read_next(self, timeout_millis: int | None = None) -> Message:
         if self._listener is not None:
-            raise errors.InvalidConfiguration(
-                "read_next is not allowed on a reader with a listener"
-            )
+            self._listener.refuse("read_next")
         return ClusterConsumer.receive(self, timeout_millis)
-
-    def close(self) -> None:
-        super().close()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-
-    def _listen(self, listener: Callable) -> None:
-        while not self._closed:
-            try:
-                msg = ClusterConsumer.receive(self, _LISTENER_POLL_MS)
-            except errors.Timeout:
-                continue
-            except errors.AlreadyClosed:
-                return
-            except errors.PulsarTxnError:
-                if self._closed:
-                    return
-                log.exception("reader listener of %s: read failed", self._topic)
-                time.sleep(_LISTENER_POLL_MS / 1000.0)
-                continue
-            try:
-                listener(self, msg)
-            except Exception:  # noqa: BLE001 - a listener's error does not stop reading
-                log.exception("reader listener of %s raised", self._topic)
 
     def __iter__(self) -> Iterator[Message]:
         while True:

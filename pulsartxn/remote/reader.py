@@ -4,7 +4,6 @@ a listener runs on a thread of this process."""
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,16 +12,13 @@ from .. import errors
 from .._native.keywords import strict_class
 from ..messaging import positions
 from ..messaging.consumer import Isolation, check_count
+from ..messaging.listener import MessageListener
 from ..messaging.message import Message, MessageId
 from ..messaging.reader import check_reader_args
 from ..messaging.topic_name import check_keyed_name
 from ..server import protocol
 from ..server.protocol import unframe
 from .handles import Handle
-
-log = logging.getLogger(__name__)
-
-_LISTENER_POLL_MS = 100
 
 
 def reader_options(
@@ -68,14 +64,13 @@ class RemoteReader(Handle):
         # partition index -> (id, inclusive): where a re-created reader starts there.
         self._resume: dict[int, tuple[MessageId, bool]] = {}
         self._lock = threading.Lock()
-        self._listener = listener
+        self._listener = None
         self._ensure()
-        self._thread = None
         if listener is not None:
-            self._thread = threading.Thread(
-                target=self._listen, args=(listener,), name="pulsartxn-reader-listener", daemon=True
+            self._listener = MessageListener(
+                self, listener, self._read, self.reader_name(), "reader_listener"
             )
-            self._thread.start()
+            self._listener.start()
 
     def _create(self) -> int:
         with self._lock:
@@ -104,9 +99,7 @@ class RemoteReader(Handle):
     def read_next(self, timeout_millis: int | None = None) -> Message:
         """The next message; raises Timeout when none comes within timeout_millis."""
         if self._listener is not None:
-            raise errors.InvalidConfiguration(
-                "read_next is not allowed on a reader with a listener"
-            )
+            self._listener.refuse("read_next")
         return self._read(timeout_millis)
 
     def _read(self, timeout_millis: int | None) -> Message:
@@ -175,29 +168,8 @@ class RemoteReader(Handle):
         handle = self._handle
         self._closed = True
         self._close_remote("close_consumer", handle)
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-
-    def _listen(self, listener: Callable) -> None:
-        """listener(reader, message) per message, in order, on this thread."""
-        while not self._closed:
-            try:
-                msg = self._read(_LISTENER_POLL_MS)
-            except errors.Timeout:
-                continue
-            except errors.AlreadyClosed:
-                return
-            except errors.PulsarTxnError:
-                if self._closed:
-                    return
-                log.exception("reader listener of %s: read failed", self._topic)
-                time.sleep(_LISTENER_POLL_MS / 1000.0)
-                continue
-            try:
-                listener(self, msg)
-            except Exception:  # noqa: BLE001 - a listener's error does not stop reading
-                log.exception("reader listener of %s raised", self._topic)
+        if self._listener is not None:
+            self._listener.stop()
 
     def __enter__(self) -> RemoteReader:
         return self

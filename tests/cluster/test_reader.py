@@ -3,7 +3,10 @@ broker killed under an open reader, which goes on after what it read there."""
 
 from __future__ import annotations
 
+import threading
 import time
+
+import pytest
 
 import pulsartxn
 from pulsartxn import MessageId, errors
@@ -45,6 +48,23 @@ def test_readers_seeks_and_last_ids_across_brokers(local_cluster):
                 if m.partition() != mid.partition() or m.entry_id() > mid.entry_id()
             ] + [b"last"] * (last.partition() != mid.partition() or last > mid)
             assert sorted(_read_all(one, len(want))) == sorted(want)
+
+        # A listener gets every partition's messages on its own thread; read_next is refused.
+        heard: list = []
+        done = threading.Event()
+
+        def listener(r, msg) -> None:
+            heard.append(msg.data())
+            if len(heard) == 31:
+                done.set()
+
+        with client.create_reader("rt", MessageId.earliest, reader_listener=listener) as heard_by:
+            assert done.wait(20)
+            with pytest.raises(errors.InvalidConfiguration):
+                heard_by.read_next(10)
+            with pytest.raises(AttributeError):
+                heard_by.acknowledge(ids[0])  # a reader is no consumer
+        assert sorted(heard) == sorted([b"a%d" % i for i in range(30)] + [b"last"])
 
         consumer = client.subscribe("rt", "s", initial_position=pulsartxn.InitialPosition.Earliest)
         for _ in range(31):
