@@ -36,21 +36,14 @@ from ..messaging.listener import check_listener, start_listener
 from ..messaging.message import Message, MessageId
 from ..messaging.send_options import BatchingType, CompressionType, check_producer_options
 from ..messaging.topic_name import TopicName
-from .client import (
-    RemoteClient,
-    Shared,
-    _flush_handles,
-    parse_service_url,
-    producer_options,
-    subscribe_options,
-    tls_roots,
-)
+from .client import RemoteClient, Shared, _flush_handles
 from .cluster_admin import ClusterAdmin
 from .cluster_consumer import ClusterConsumer
 from .cluster_producer import ClusterProducer
 from .cluster_reader import ClusterReader
 from .cluster_routing import _BACKOFF_FIRST_S, _BACKOFF_MAX_S, CONNECTION_RETRY_S, ClusterRouting
 from .handles import RemoteTransaction, Unreachable, txn_str
+from .options import parse_service_url, producer_options, subscribe_options, tls_roots
 from .reader import reader_options
 
 __all__ = ["ClusterAdmin", "ClusterClient", "connect"]
