@@ -28,7 +28,10 @@ LAYERS = (
     ("cluster", ("pulsartxn.cluster",)),
     ("protocol", ("pulsartxn.server.protocol",)),
     ("remote", ("pulsartxn.remote",)),
-    ("api", ("pulsartxn.client", "pulsartxn.admin", "pulsartxn.broker", "pulsartxn")),
+    (
+        "api",
+        ("pulsartxn.client", "pulsartxn.scan", "pulsartxn.admin", "pulsartxn.broker", "pulsartxn"),
+    ),
     ("server", ("pulsartxn.server",)),
     (
         "tools",

@@ -15,7 +15,6 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
-from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -27,10 +26,9 @@ from ..messaging.consumer import (
     ConsumerType,
     InitialPosition,
     Isolation,
-    check_subscribe_enums,
     resolve_subscription_type,
 )
-from ..messaging.dead_letter import DeadLetterPolicy, check_policy
+from ..messaging.dead_letter import DeadLetterPolicy
 from ..messaging.listener import check_listener, start_listener
 from ..messaging.message import Message, MessageId
 from ..messaging.send_options import BatchingType, CompressionType, check_producer_options
@@ -39,6 +37,7 @@ from ..server.protocol import SessionLost, frame, unframe
 from .admin import RemoteAdmin
 from .consumer import RemoteConsumer
 from .handles import RemoteTransaction, txn_str, unreachable
+from .options import parse_service_url, producer_options, subscribe_options, tls_roots
 from .producer import RemoteProducer
 from .reader import RemoteReader, reader_options
 
@@ -55,98 +54,11 @@ class Shared:
         self.group_capabilities: dict[str, str] = {}
 
 
-def parse_service_url(service_url) -> tuple[bool, list[str]]:
-    """(TLS, ["host:port", ...]) of ``pulsartxn[+ssl]://host:port[,host:port...]``, as
-    Pulsar's multi-host service URLs; anything else is a ValueError."""
-    bad = ValueError(
-        "service_url must be pulsartxn://host:port[,host:port...] or "
-        f"pulsartxn+ssl://host:port[,...], not {errors.excerpt(service_url)}"
-    )
-    if not isinstance(service_url, str):
-        raise bad
-    scheme, sep, rest = service_url.partition("://")
-    if not sep or scheme not in ("pulsartxn", "pulsartxn+ssl"):
-        raise bad
-    netloc = rest.split("/", 1)[0]  # a path is ignored, as it always was
-    if not netloc or "@" in netloc or "?" in netloc or "#" in netloc:
-        raise bad
-    hosts = []
-    for part in netloc.split(","):
-        try:
-            url = urlparse(f"//{part}")
-            host, port = url.hostname, url.port
-        except ValueError:
-            raise bad from None
-        if not host or not port:
-            raise bad
-        hosts.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
-    if len(set(hosts)) != len(hosts):
-        raise bad
-    return scheme == "pulsartxn+ssl", hosts
-
-
-def tls_roots(tls: bool, trust_certs_file_path: str | None):
-    """None for plain gRPC; for TLS, the PEM roots to check the server against (b"": the
-    system's)."""
-    if not tls:
-        if trust_certs_file_path is not None:
-            raise ValueError("tls_trust_certs_file_path needs a pulsartxn+ssl:// service_url")
-        return None
-    if trust_certs_file_path is None:
-        return b""
-    with open(trust_certs_file_path, "rb") as f:
-        return f.read()
-
-
 def _flush_handles(txns) -> None:
     """Handles' messages still batched client-side land before a decision commits them."""
     for t in txns:
         if isinstance(t, RemoteTransaction):
             t._flush_for_commit()
-
-
-def producer_options(
-    batching_enabled,
-    batching_max_messages,
-    batching_max_allowed_size_in_bytes,
-    batching_max_publish_delay_ms,
-) -> dict:
-    """create_producer's options as they travel (the remote clients' one list)."""
-    return {
-        "batching_enabled": batching_enabled,
-        "batching_max_messages": batching_max_messages,
-        "batching_max_allowed_size_in_bytes": batching_max_allowed_size_in_bytes,
-        "batching_max_publish_delay_ms": batching_max_publish_delay_ms,
-    }
-
-
-def subscribe_options(
-    subscription_type,
-    initial_position,
-    isolation,
-    consumer_name,
-    negative_ack_redelivery_delay_ms,
-    receiver_queue_size,
-    unacked_messages_timeout_ms=None,
-    dead_letter_policy=None,
-) -> dict:
-    """subscribe's options as they travel, its enums checked first."""
-    check_subscribe_enums(
-        subscription_type=subscription_type,
-        initial_position=initial_position,
-        isolation=isolation,
-    )
-    check_policy(dead_letter_policy)
-    return {
-        "unacked_messages_timeout_ms": unacked_messages_timeout_ms,
-        "dead_letter_policy": dead_letter_policy and dead_letter_policy.to_wire(),
-        "subscription_type": subscription_type.name,
-        "initial_position": initial_position.name,
-        "isolation": isolation.name,
-        "consumer_name": consumer_name,
-        "negative_ack_redelivery_delay_ms": negative_ack_redelivery_delay_ms,
-        "receiver_queue_size": receiver_queue_size,
-    }
 
 
 @strict_class

@@ -17,7 +17,6 @@ import itertools
 import threading
 import time
 import weakref
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -37,30 +36,17 @@ from ..messaging.listener import check_listener, start_listener
 from ..messaging.message import Message, MessageId
 from ..messaging.send_options import BatchingType, CompressionType, check_producer_options
 from ..messaging.topic_name import TopicName
-from ..server.protocol import SessionLost
-from .client import (
-    RemoteClient,
-    Shared,
-    _flush_handles,
-    parse_service_url,
-    producer_options,
-    subscribe_options,
-    tls_roots,
-)
+from .client import RemoteClient, Shared, _flush_handles
 from .cluster_admin import ClusterAdmin
 from .cluster_consumer import ClusterConsumer
 from .cluster_producer import ClusterProducer
 from .cluster_reader import ClusterReader
+from .cluster_routing import _BACKOFF_FIRST_S, _BACKOFF_MAX_S, CONNECTION_RETRY_S, ClusterRouting
 from .handles import RemoteTransaction, Unreachable, txn_str
+from .options import parse_service_url, producer_options, subscribe_options, tls_roots
 from .reader import reader_options
 
 __all__ = ["ClusterAdmin", "ClusterClient", "connect"]
-
-# How long one connection retries an unreachable broker before the cluster client looks its
-# partition or coordinator up again (it may be served elsewhere by then).
-CONNECTION_RETRY_S = 1.0
-_BACKOFF_FIRST_S = 0.05
-_BACKOFF_MAX_S = 1.0
 
 
 def connect(
@@ -127,7 +113,7 @@ def connect(
 
 
 @strict_class
-class ClusterClient:
+class ClusterClient(ClusterRouting):
     """API.md's client over a cluster of brokers (see the module's docstring). Made by
     :func:`connect`, from the connection to the first broker reached."""
 
@@ -170,137 +156,6 @@ class ClusterClient:
             if addr and addr not in self._hosts:
                 self._hosts.append(addr)
         self.admin = ClusterAdmin(self)
-
-    # -- connections and owners --------------------------------------------------------------
-
-    @property
-    def _retries(self) -> int:
-        """Calls re-sent so far, over every connection (a transaction's end that was re-sent
-        may have gone through the first time)."""
-        with self._lock:
-            conns = list(self._conns.values())
-        return self._retry_count + sum(c._retries for c in conns)
-
-    def _capability_of(self, txn: str | None) -> str | None:
-        return None if txn is None else self._shared.capabilities.get(txn)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise errors.AlreadyClosed("client is closed")
-
-    def _conn(self, address: str) -> RemoteClient:
-        """The connection to the broker at `address`, opened at first use (Unreachable if it
-        cannot be reached)."""
-        self._check_open()
-        with self._lock:
-            conn = self._conns.get(address)
-        if conn is not None:
-            return conn
-        conn = RemoteClient._connection(
-            address,
-            self._roots,
-            self._token,
-            min(self._reconnect_s, CONNECTION_RETRY_S),
-            self._keepalive_s,
-            self._shared,
-        )
-        with self._lock:
-            kept = self._conns.setdefault(address, conn)
-            closed = self._closed
-        if kept is not conn or closed:
-            conn.close()  # another thread opened it first, or the client closed meanwhile
-            self._check_open()
-        return kept
-
-    def _any(self, fn):
-        """fn(connection) on any live broker (the one last reached first), for what every
-        broker answers (topics' metadata, lookups)."""
-        deadline = None
-        delay = _BACKOFF_FIRST_S
-        while True:
-            with self._lock:
-                order = [self._home] + [
-                    a for a in self._hosts + list(self._conns) if a != self._home
-                ]
-            last = None
-            for address in dict.fromkeys(order):
-                try:
-                    out = fn(self._conn(address))
-                except Unreachable as exc:
-                    last = exc
-                    continue
-                self._home = address
-                return out
-            now = time.monotonic()
-            deadline = deadline or now + self._reconnect_s
-            with self._lock:
-                self._retry_count += 1
-            if now + delay > deadline:
-                raise errors.BrokerUnavailable(
-                    f"no broker of {self.service_url} could be reached: {last}"
-                ) from None
-            time.sleep(delay)
-            delay = min(delay * 2, _BACKOFF_MAX_S)
-
-    def _owner(self, kind: str, name) -> str:
-        key = (kind, name)
-        address = self._owners.get(key)
-        if address is None:
-            out = self._any(lambda c: c._json("lookup", {"kind": kind, "name": name}))
-            address = out["address"]
-            if not address:  # a broker that is no cluster's answers for itself
-                address = self._home
-            self._owners[key] = address
-        return address
-
-    def _follow(self, kind: str, name, fn):
-        """fn(connection to the owner of partition or coordinator `name`); while the owner is
-        down, unreachable or elsewhere (NotOwner), looked up again with backoff, up to
-        reconnect_timeout_s from the first failure."""
-        deadline = None
-        delay = _BACKOFF_FIRST_S
-        while True:
-            conn = None
-            try:
-                conn = self._conn(self._owner(kind, name))
-                seen = conn._generation
-                return fn(conn)
-            except (errors.BrokerUnavailable, SessionLost) as exc:
-                if isinstance(exc, SessionLost):
-                    if conn is None:
-                        raise
-                    _reopen(conn, seen)  # the broker restarted: the session opened again
-                else:
-                    self._owners.pop((kind, name), None)
-                now = time.monotonic()
-                deadline = deadline or now + self._reconnect_s
-                with self._lock:
-                    self._retry_count += 1
-                self._check_open()
-                if self._closing or now + delay > deadline:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, _BACKOFF_MAX_S)
-
-    def _coordinator(self, coordinator_id: int) -> _CoordinatorRoute:
-        return _CoordinatorRoute(self, coordinator_id)
-
-    def _group_coordinator(self, group) -> int:
-        if not isinstance(group, str) or not group:
-            raise ValueError(f"group must be a non-empty str, not {errors.excerpt(group)}")
-        return zlib.crc32(group.encode()) % self._coordinators
-
-    def _partitions(self, topic: str, create: bool = True) -> list[str]:
-        """The partitions of `topic` (itself, if not partitioned); an unknown topic is one
-        of no partitions, made by its first producer or consumer (`create`)."""
-        if not isinstance(topic, str):
-            raise TypeError(f"topic must be a str, not {type(topic).__name__}")
-        try:
-            return self.topic_partitions(topic)
-        except errors.TopicNotFound:
-            if not create:
-                raise
-            return [TopicName.parse(topic).full]
 
     # -- API.md ----------------------------------------------------------------------------
 
@@ -567,33 +422,3 @@ def _opener(partition: str, start, end):
         return reader, next(reader, None)
 
     return open_
-
-
-class _CoordinatorRoute:
-    """Calls at the owner of one coordinator: what a RemoteTransaction's handle uses as its
-    client (its state and its end go to the coordinator, wherever it is served)."""
-
-    def __init__(self, cluster: ClusterClient, coordinator_id: int) -> None:
-        self._cluster = cluster
-        self.coordinator_id = coordinator_id
-
-    @property
-    def _retries(self) -> int:
-        return self._cluster._retries
-
-    def _capability_of(self, txn):
-        return self._cluster._capability_of(txn)
-
-    def call(self, fn):
-        self._cluster._check_open()
-        return self._cluster._follow("coordinator", self.coordinator_id, fn)
-
-    def _json(self, action: str, args: dict, payload: bytes = b"", owner=None) -> dict:
-        return self.call(lambda c: c._json(action, args, payload))
-
-
-def _reopen(conn: RemoteClient, seen: int) -> None:
-    try:
-        conn._reopen(seen)
-    except (errors.BrokerUnavailable, SessionLost):
-        pass  # retried as any call

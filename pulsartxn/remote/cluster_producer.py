@@ -20,8 +20,8 @@ import pyarrow as pa
 from .. import errors
 from .._native import TxnID
 from .._native.keywords import strict_class
+from ..messaging.batch_send import _route as route_key
 from ..messaging.message import MessageId
-from ..messaging.producer import _route as route_key
 from ..messaging.producer import check_sequence_id
 from ..messaging.send_options import check_callback
 from .handles import RemoteTransaction

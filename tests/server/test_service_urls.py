@@ -9,7 +9,7 @@ import pytest
 
 import pulsartxn
 from pulsartxn.remote import RemoteClient
-from pulsartxn.remote.client import parse_service_url
+from pulsartxn.remote.options import parse_service_url
 
 
 def _dead_address() -> str:
