@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import time
-
 import pyarrow.flight as flight
 
-from .. import errors
 from .._native import TxnID
 from .._native.keywords import strict_class
 from ..messaging.consumer import check_count
@@ -54,17 +51,7 @@ class RemoteConsumer(Handle):
         """The server waits at most its MAX_WAIT_MS a call: a longer wait asks again."""
         if self._listener is not None:
             self._listener.refuse("receive")
-        check_count("timeout_millis", timeout_millis, least=0, optional=True)
-        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
-        while True:
-            left = None if deadline is None else max(int((deadline - time.monotonic()) * 1000), 0)
-            try:
-                (body,) = self._client._call("receive", {"timeout_millis": left}, owner=self)
-            except errors.Timeout:
-                if deadline is None or time.monotonic() < deadline:
-                    continue  # the server's wait ended before ours
-                raise
-            return protocol.decode_message(body)
+        return self._wait_for_message("receive", timeout_millis)
 
     def batch_receive(
         self, max_num_messages: int = 1000, timeout_millis: int = 100

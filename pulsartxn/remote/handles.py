@@ -4,13 +4,16 @@ consumers (re-created in a new session when the old one is lost) and transaction
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import TYPE_CHECKING
 
 from .. import errors
 from .._native import TxnID
 from .._native.keywords import strict_class
+from ..messaging.consumer import check_count
 from ..messaging.message import Message, MessageId
+from ..server import protocol
 from ..server.protocol import SessionLost
 from ..txn.state import TxnState
 from ..txn.transaction import TransactionContext
@@ -74,6 +77,21 @@ class Handle:
                 self._handle = self._create()
             self._generation = generation
         return self._handle
+
+    def _wait_for_message(self, action: str, timeout_millis: int | None) -> Message:
+        """One message by `action` (receive, read_next) within timeout_millis (None: for
+        ever); the server waits at most its max wait a call, so a longer wait asks again."""
+        check_count("timeout_millis", timeout_millis, least=0, optional=True)
+        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
+        while True:
+            left = None if deadline is None else max(int((deadline - time.monotonic()) * 1000), 0)
+            try:
+                (body,) = self._client._call(action, {"timeout_millis": left}, owner=self)
+            except errors.Timeout:
+                if deadline is None or time.monotonic() < deadline:
+                    continue  # the server's wait ended before ours
+                raise
+            return protocol.decode_message(body)
 
     # Subclasses define close(), which a with-block calls on exit.
 

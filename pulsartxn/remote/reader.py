@@ -5,7 +5,6 @@ a listener runs on a thread of this process."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 from .. import errors
@@ -103,21 +102,11 @@ class RemoteReader(Handle):
         return self._read(timeout_millis)
 
     def _read(self, timeout_millis: int | None) -> Message:
-        check_count("timeout_millis", timeout_millis, least=0, optional=True)
-        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
-        while True:
-            left = None if deadline is None else max(int((deadline - time.monotonic()) * 1000), 0)
-            try:
-                (body,) = self._client._call("read_next", {"timeout_millis": left}, owner=self)
-            except errors.Timeout:
-                if deadline is None or time.monotonic() < deadline:
-                    continue  # the server's wait ended before ours
-                raise
-            msg = protocol.decode_message(body)
-            mid = msg.message_id()
-            with self._lock:
-                self._resume[mid.partition()] = (mid, False)
-            return msg
+        msg = self._wait_for_message("read_next", timeout_millis)
+        mid = msg.message_id()
+        with self._lock:
+            self._resume[mid.partition()] = (mid, False)
+        return msg
 
     def _read_many(self, n: int) -> list[Message]:
         """Up to n messages there now, in one call (a cluster reader's fetch)."""
@@ -158,9 +147,6 @@ class RemoteReader(Handle):
         """(last readable id, its publish time) of each partition, in partition order."""
         out = self._client._json("get_last_message_ids", {}, owner=self)
         return [(MessageId(*f), t) for f, t in zip(out["ids"], out["times"])]
-
-    def is_connected(self) -> bool:
-        return not self._closed
 
     def close(self) -> None:
         if self._closed:
