@@ -112,7 +112,10 @@ def _read_secret(path: str | None, what: str) -> str | None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together")
     tls = None
@@ -141,6 +144,8 @@ def _serve(args: argparse.Namespace) -> int:
         cluster=args.cluster,
         advertised_address=args.advertised_address,
         num_coordinators=args.num_coordinators,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
         **({"max_dbs": args.max_dbs} if args.max_dbs is not None else {}),
         **(
             {"min_ack_timeout_ms": args.min_ack_timeout_ms}
@@ -235,6 +240,21 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=16,
         help="transaction coordinators (a cluster's first broker sets the cluster's count)",
+    )
+    srv.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a free port; "
+        "default: none)",
+    )
+    srv.add_argument(
+        "--metrics-host", help="bind address of --metrics-port (default: --host); no auth"
+    )
+    srv.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="the least level logged to stderr (default info)",
     )
     srv.set_defaults(func=_serve)
     demo = sub.add_parser(
