@@ -204,8 +204,12 @@ def test_a_failed_journal_write_halts_the_store_with_one_error(tmp_path, caplog)
                 storage.write(lambda t: t.put(b"after", b"2", db=db))
         stats = storage.stats()
         assert stats["halted"] is True and "Bad file descriptor" in stats["error"]
+        assert stats["failed_groups"] == 2
     finally:
         storage.close()
     (rec,) = records(caplog, "pulsartxn.journal", logging.ERROR)
     assert rec.getMessage().startswith("storage halted, no more writes: the journal could not")
     assert str(tmp_path / "d") in rec.getMessage()
+    # The failed groups: the first at once, the next one (within 10 s) held back.
+    (group,) = records(caplog, "pulsartxn.storage", logging.ERROR)
+    assert "failed, its 1 writes answered with the error" in group.getMessage()

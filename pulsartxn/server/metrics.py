@@ -160,6 +160,11 @@ class BrokerCollector(Collector):
             "A group commit's time, its sync included (the journal's, or LMDB's without one)",
             stats["commit_seconds"],
         )
+        failed = CounterMetricFamily(
+            "pulsartxn_group_commit_failures", "Group commits that failed (nothing of them written)"
+        )
+        failed.add_metric([], stats["failed_groups"])
+        yield failed
         yield _gauge(
             "pulsartxn_journal_enabled",
             "1 when the journal makes groups durable",

@@ -247,6 +247,7 @@ class Storage:
             "journal": journal is not None,
             "groups": commits.groups,
             "records": commits.records,
+            "failed_groups": commits.failures.failures,
             "group_records": commits.group_records.snapshot(),
             "commit_seconds": commits.commit_seconds.snapshot(),
             "halted": False,

@@ -18,7 +18,7 @@ import lmdb
 from ..errors import AlreadyClosed
 from .figures import GROUP_RECORDS, LATENCY_S, Buckets
 from .op_queue import OpQueue
-from .ops import OpFuture, WriteOp, storage_error
+from .ops import FailureLog, OpFuture, WriteOp, storage_error
 from .recording import Recorder, RecordingTxn
 
 _STOP = object()
@@ -59,6 +59,7 @@ class GroupCommit:
         self.records = 0
         self.group_records = Buckets(GROUP_RECORDS)  # records per group
         self.commit_seconds = Buckets(LATENCY_S)  # a group's commit, its sync included
+        self.failures = FailureLog(self._path)  # failed group commits, logged
         self._commit_lock = threading.Lock()
         self._linger_sync = bool(sync)
         self._last_group = 0
@@ -391,6 +392,7 @@ class GroupCommit:
             return
         except BaseException as exc:  # the commit itself failed: nothing of the group was written
             error = storage_error(exc, self._path)
+            self.failures.failed(error, len(group))
             for op in group:
                 self._fail(op, error)
             return

@@ -144,6 +144,7 @@ def test_counts_follow_what_the_clients_did(served):
         assert total(after, f"{name}_bucket", le="+Inf") == total(after, f"{name}_count")
     assert total(after, "pulsartxn_journal_enabled") == 1
     assert total(after, "pulsartxn_storage_halted") == 0
+    assert total(after, "pulsartxn_group_commit_failures_total") == 0
     assert total(after, "pulsartxn_checkpoint_lag_bytes") >= 0
     assert total(after, "pulsartxn_journal_region_bytes") > 0
     assert total(after, "process_resident_memory_bytes") > 0
