@@ -104,16 +104,21 @@ def test_recovery_is_summarized(tmp_path, caplog):
     with pulsartxn.Broker(tmp_path / "live", sync=True, num_coordinators=2) as broker:
         client = broker.client()
         producer = client.create_producer("t")
+        consumer = client.subscribe("t", "sub", initial_position=pulsartxn.InitialPosition.Earliest)
         producer.send(b"plain")
         done = client.new_transaction()
         producer.send(b"committed", txn=done)
         done.commit()
         left = client.new_transaction()  # an in-process client's: orphaned by the crash
         broker.txn.add_partitions(left.id, ["persistent://public/default/t"])  # logged
+        consumer.acknowledge(consumer.receive(timeout_millis=5000), txn=left)
+        broker.topics.partition("persistent://public/default/t").subscriptions[
+            "sub"
+        ].pending_ack.flush()
         shutil.copytree(tmp_path / "live", tmp_path / "crashed")  # as a kill leaves it
     caplog.set_level(logging.INFO, logger="pulsartxn")
     with pulsartxn.Broker(tmp_path / "crashed", sync=True, num_coordinators=2) as broker:
-        broker.client().create_producer("t")  # loads the partition: its replay
+        broker.client().subscribe("t", "sub")  # loads the partition and the subscription
     (txn,) = records(caplog, "pulsartxn.txn", logging.INFO, "coordinators recovered")
     msg = txn.getMessage()
     assert msg.startswith("2 transaction coordinators recovered in ")
@@ -124,6 +129,9 @@ def test_recovery_is_summarized(tmp_path, caplog):
     msg = part.getMessage()
     assert "entries 0..2, 2 transactional ones replayed from the start" in msg  # data, marker
     assert "0 transactions ongoing, 0 aborted" in msg
+    (acks,) = records(caplog, "pulsartxn.pendingack", logging.INFO)
+    assert acks.getMessage().startswith("pending acks of sub on persistent://public/default/t")
+    assert "1 records, 1 acks of 1 transactions" in acks.getMessage()
 
 
 def test_a_journal_replay_after_a_crash_counts_its_records(tmp_path, caplog):

@@ -54,7 +54,7 @@ class BrokerCollector(Collector):
         yield from self._storage()
         if self._sessions is not None:
             live = GaugeMetricFamily("pulsartxn_sessions", "Client sessions connected")
-            live.add_metric([], len(self._sessions.live()))
+            live.add_metric([], self._sessions.count())
             yield live
             most = GaugeMetricFamily("pulsartxn_sessions_max", "The most sessions at once")
             most.add_metric([], self._sessions.max_sessions)

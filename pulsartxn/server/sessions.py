@@ -178,6 +178,10 @@ class Sessions:
         s.last_seen = time.monotonic()
         return s
 
+    def count(self) -> int:
+        """Sessions open now (a dict's length, read without the lock: for metrics)."""
+        return len(self._sessions)
+
     def live(self) -> list[Session]:
         with self._lock:
             return list(self._sessions.values())
