@@ -68,6 +68,7 @@ def _cluster(args: argparse.Namespace) -> int:
         base_port=args.base_port,
         num_coordinators=args.num_coordinators,
         sync=not args.no_sync,
+        metrics_base_port=args.metrics_base_port,
     )
     try:
         cluster.start()
@@ -79,6 +80,9 @@ def _cluster(args: argparse.Namespace) -> int:
         f"logs in {cluster.data_dir})",
         flush=True,
     )
+    if args.metrics_base_port is not None:
+        urls = ", ".join(cluster.metrics_url(i) for i in range(len(cluster)))
+        print(f"pulsartxn cluster metrics on {urls}", flush=True)
     died = []
     try:
         while not stop.wait(0.5):
@@ -306,6 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="transaction coordinators (set by the cluster's first start, for good)",
     )
     clu.add_argument("--no-sync", action="store_true", help="brokers do not fsync commits")
+    clu.add_argument(
+        "--metrics-base-port",
+        type=int,
+        help="broker i serves Prometheus metrics on 127.0.0.1:PORT+i (default: none)",
+    )
     clu.set_defaults(func=_cluster)
     return parser
 
