@@ -465,7 +465,7 @@ class BrokerServer(Streams, ReaderActions, flight.FlightServerBase):
         call_args = args.get("args", [])
         if not isinstance(call_args, list):
             raise TypeError(f"admin args must be a list, not {errors.excerpt(call_args)}")
-        if self.cluster is not None and method in protocol.CLUSTER_ADMIN_METHODS:
+        if self.cluster is not None and method in (*protocol.CLUSTER_ADMIN_METHODS, "list_topics"):
             return {"result": jsonable(getattr(self.cluster, method)(*call_args))}
         if method in _ABOUT_A_TOPIC and call_args and isinstance(call_args[0], str):
             self._serve_topic(call_args[0], create=False)  # its owner's figures, no other
@@ -474,7 +474,7 @@ class BrokerServer(Streams, ReaderActions, flight.FlightServerBase):
         return {"result": jsonable(getattr(self.broker.admin, method)(*call_args))}
 
 
-_ABOUT_A_TOPIC = ("topic_stats", "transaction_buffer_stats", "pending_ack_stats")
+_ABOUT_A_TOPIC = protocol.ADMIN_TOPIC_METHODS
 
 
 def _keywords(method, *positional: str) -> frozenset:
