@@ -68,10 +68,10 @@ class ClusterAdmin(AdminCalls):
         parts = self._client._partitions(args[0], create=False)
         rest = args[1:]
         if name == "partitioned_stats":
-            answers = {p: self._at(p, "topic_stats", []) for p in parts}
             full = TopicName.parse(args[0]).full
-            if len(parts) == 1 and parts[0] == full:
+            if (len(parts) == 1 and parts[0] == full) or (rest and not _is_flag(rest[0])):
                 return self._at(parts[0], name, rest)  # the broker says why it is refused
+            answers = {p: self._at(p, "topic_stats", []) for p in parts}
             out = _sum_stats(full, answers)
             if len(rest) > 0 and rest[0] is True:
                 out["per_partition"] = answers
@@ -81,10 +81,11 @@ class ClusterAdmin(AdminCalls):
             position = rest[1]
             if isinstance(position, str) or not _is_int(position):
                 position = admin_ops.parse_id(position)
-        if position is not None and not _is_int(position) and position.partition() >= 0:
+        if position is None or _is_int(position) or position.partition() < 0:
+            position = None  # every partition alike: the same argument to each
+        elif name == "reset_cursor":
             named = [p for p in parts if TopicName.parse(p).partition_index == position.partition()]
-            if name == "reset_cursor":
-                parts = named or parts[:1]  # the broker refuses a foreign id
+            parts = named or parts[:1]  # the broker refuses a foreign id
         if name == "list_subscriptions":
             return sorted({s for p in parts for s in self._at(p, name, rest)})
         if name in ("skip", "peek"):
@@ -165,6 +166,10 @@ def _sum_stats(full: str, answers: dict) -> dict:
             else:
                 out.setdefault(key, value)
     return out
+
+
+def _is_flag(value) -> bool:
+    return isinstance(value, bool)
 
 
 def _is_int(value) -> bool:

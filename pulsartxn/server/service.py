@@ -467,6 +467,8 @@ class BrokerServer(Streams, ReaderActions, flight.FlightServerBase):
             raise TypeError(f"admin args must be a list, not {errors.excerpt(call_args)}")
         if self.cluster is not None and method in (*protocol.CLUSTER_ADMIN_METHODS, "list_topics"):
             return {"result": jsonable(getattr(self.cluster, method)(*call_args))}
+        if self.cluster is not None and method == "delete_topic":
+            raise errors.InvalidConfiguration("delete_topic is not offered on a cluster")
         if method in _ABOUT_A_TOPIC and call_args and isinstance(call_args[0], str):
             self._serve_topic(call_args[0], create=False)  # its owner's figures, no other
         if method not in self._ADMIN:
