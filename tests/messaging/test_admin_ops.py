@@ -4,6 +4,7 @@ embedded and the remote client: what pulsar-admin's topics group does, with its 
 from __future__ import annotations
 
 import base64
+import threading
 import time
 
 import pytest
@@ -262,3 +263,24 @@ def test_mutations_are_durable(tmp_path):
         assert FULL + "gone" not in [r["topic"] for r in broker.admin.list_topics()]
     finally:
         broker.close()
+
+
+def test_concurrent_skips_and_foreign_ids(client):
+    admin = client.admin
+    _send(client, "conc", *[b"%d" % i for i in range(10)])
+    foreign = _send(client, "conc-other", b"x")[0]
+    admin.create_subscription("conc", "s", "earliest")
+    counts: list[int] = []
+    threads = [
+        threading.Thread(target=lambda: counts.append(admin.skip("conc", "s", 3))) for _ in range(5)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(counts) == [0, 1, 3, 3, 3]
+    with pytest.raises(pulsartxn.InvalidMessageId):
+        admin.reset_cursor("conc", "s", foreign)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'm'"):
+        admin.peek("conc", "s", m=1)
+    assert admin.peek("conc", "s") == []
