@@ -207,12 +207,26 @@ def test_refused_options(tmp_path, capsys, argv, message):
         (["produce", "--partitions", "-1"], "--partitions must not be negative"),
         (["consume", "--abort-ratio", "0.5"], "--abort-ratio applies to the txn mode only"),
         (["consume", "--threads", "2", "-st", "Exclusive"], "Exclusive takes one consumer"),
+        (["txn", "-st", "Failover"], "--subscription-type applies to the consume and"),
     ],
 )
 def test_bad_values(tmp_path, capsys, argv, message):
     assert main(["perf", *argv, "--data-dir", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
+    assert not (tmp_path / "d").exists()
+
+
+def test_plot_without_matplotlib_is_one_line(tmp_path):
+    # matplotlib made unimportable in a fresh interpreter, as where the extra is not installed
+    code = (
+        "import sys; sys.modules['matplotlib'] = None; from pulsartxn.cli import main; "
+        f"sys.exit(main(['perf', 'produce', '--data-dir', {str(tmp_path / 'd')!r}, "
+        "'--plot', 'x.png']))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr == "pulsartxn perf: --plot needs matplotlib: pip install 'pulsartxn[bench]'\n"
     assert not (tmp_path / "d").exists()
 
 

@@ -182,7 +182,6 @@ def add_parser(sub) -> None:
         "--subscription-type",
         "-st",
         choices=sorted(SUBSCRIPTION_TYPES),
-        default="Shared",
         help="consume, pipeline: the subscription's type (default Shared: threads share it)",
     )
     p.add_argument("--size", "-s", type=int, default=100, help="message size in bytes")
@@ -242,6 +241,10 @@ def _check(args) -> None:
         raise ValueError("--sync and --batch are two produce modes: give one")
     if args.abort_ratio and args.mode != "txn":
         raise ValueError("--abort-ratio applies to the txn mode only")
+    if args.subscription_type and args.mode not in DRAINS:
+        raise ValueError("--subscription-type applies to the consume and pipeline modes only")
+    if args.mode in DRAINS and not args.subscription_type:
+        args.subscription_type = "Shared"
     if args.subscription_type == "Exclusive" and args.threads > 1:
         raise ValueError("--subscription-type Exclusive takes one consumer: use --threads 1")
     if args.plot:
@@ -251,7 +254,11 @@ def _check(args) -> None:
 
 
 def _main(args) -> int:
-    _check(args)
+    try:
+        _check(args)
+    except ImportError as exc:  # --plot without matplotlib: one line, before the run
+        print(f"pulsartxn perf: {exc}", file=sys.stderr)
+        return 2
     if not args.count and not args.duration and args.mode not in DRAINS:
         args.duration = 10.0
     summary, rec = run(args)

@@ -129,8 +129,10 @@ def produce(client, args, rec, pacer, index):
         try:
             txns.end()
             producer.flush()
+            deadline = time.monotonic() + 30.0
             for _ in range(args.max_outstanding):  # every outstanding send has completed
-                permits.acquire(timeout=30)
+                if not permits.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+                    break
         finally:
             producer.close()
 
