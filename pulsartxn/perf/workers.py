@@ -76,7 +76,8 @@ class _Txns:
         self.txn, self.n = None, 0
 
 
-def produce(client, args, rec, pacer, index):
+def produce(client, args, rec, pacer, index: int) -> None:
+    """send_async with at most --max-outstanding awaiting completion, --sync or --batch."""
     producer = client.create_producer(
         args.topic,
         max_pending_messages=max(args.max_outstanding, 1000),
@@ -146,7 +147,8 @@ def _subscribe(client, args, topic):
     )
 
 
-def consume(client, args, rec, pacer, index):
+def consume(client, args, rec, pacer, index: int) -> None:
+    """batch_receive and acknowledge, in transactions of --txn-size acks if given."""
     consumer = _subscribe(client, args, args.topic)
     txns = _Txns(client, args, rec)
     try:
@@ -174,7 +176,8 @@ def consume(client, args, rec, pacer, index):
             consumer.close()
 
 
-def txn(client, args, rec, pacer, index):
+def txn(client, args, rec, pacer, index: int) -> None:
+    """begin, send_batch --messages-per-txn, commit (or abort: --abort-ratio of them)."""
     producer = client.create_producer(args.topic) if args.messages_per_txn else None
     value = os.urandom(args.size)
     seed = None if args.random_seed is None else args.random_seed + index
@@ -206,7 +209,8 @@ def txn(client, args, rec, pacer, index):
             producer.close()
 
 
-def pipeline(client, args, rec, pacer, index):
+def pipeline(client, args, rec, pacer, index: int) -> None:
+    """consume-process-produce: each batch received, reversed, sent and acked in one txn."""
     consumer = _subscribe(client, args, args.topic)
     producer = client.create_producer(args.output)
     size = max(args.txn_size, 1)
