@@ -209,10 +209,12 @@ class BrokerServer(Streams, ReaderActions, flight.FlightServerBase):
         s = self.sessions.get(args)
         room(len(s.producers), self.sessions.limits.producers, "producers")
         self._serve_topic(args["topic"])
-        p = s.client.create_producer(args["topic"], **_options(args, _PRODUCER_OPTIONS))
         handle = next(self._handles)
-        with s.lock:
-            s.producers[handle] = p
+        p = s.keep(
+            s.producers,
+            handle,
+            lambda: s.client.create_producer(args["topic"], **_options(args, _PRODUCER_OPTIONS)),
+        )
         return {"handle": handle, "name": p.producer_name(), "last_sequence": p.last_sequence_id()}
 
     def _producer(self, s: Session, args):
@@ -294,10 +296,12 @@ class BrokerServer(Streams, ReaderActions, flight.FlightServerBase):
         if opts.get("dead_letter_policy") is not None:
             opts["dead_letter_policy"] = DeadLetterPolicy.from_wire(opts["dead_letter_policy"])
             self._serve_dead_letter(args["topic"], args["subscription"], opts)
-        c = s.client.subscribe(args["topic"], args["subscription"], **opts)
         handle = next(self._handles)
-        with s.lock:
-            s.consumers[handle] = c
+        c = s.keep(
+            s.consumers,
+            handle,
+            lambda: s.client.subscribe(args["topic"], args["subscription"], **opts),
+        )
         return {"handle": handle, "name": c.consumer_name()}
 
     def _serve_dead_letter(self, topic, subscription, opts) -> None:
