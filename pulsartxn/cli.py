@@ -12,6 +12,7 @@ import sys
 import threading
 
 from pulsartxn import perf
+from pulsartxn.admin_cli import add_parser as add_admin_parser
 from pulsartxn.demo import run_demo
 from pulsartxn.errors import InvalidConfiguration, PulsarTxnError
 from pulsartxn.server.serve import serve
@@ -171,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pulsartxn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     perf.add_parser(sub)
+    add_admin_parser(sub)
     srv = sub.add_parser("serve", help="serve a broker over Arrow Flight (pulsartxn://)")
     srv.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     srv.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
