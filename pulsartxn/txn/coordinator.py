@@ -279,9 +279,9 @@ class Coordinator(TransactionEnd):
                 self._order.append(seq)
                 self._next_live = seq + 1
                 heapq.heappush(self._deadlines, (meta.deadline, seq))
-                self.log_appends += 1
                 if staged:
                     self.created += 1
+                    self.log_appends += 1  # rides with the transaction's first write
         if staged:
             return meta
         try:
@@ -293,6 +293,7 @@ class Coordinator(TransactionEnd):
         with self.lock:
             meta.durable = True
             self.created += 1
+            self.log_appends += 1
         return meta
 
     def _check_room(self) -> None:
