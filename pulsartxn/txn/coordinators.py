@@ -106,6 +106,7 @@ class Coordinators:
             raw = lmdb_txn.get(BOOT_KEY, db=self.storage.meta)
             last_boot = bytes(raw) if raw is not None else None
         self.clean_start = closed or (boot is not None and last_boot == boot)
+        self._first_start = not closed and last_boot is None  # (or a host without boot ids)
 
         def opened(t) -> None:
             t.delete(CLEAN_KEY, db=self.storage.meta)
@@ -144,7 +145,7 @@ class Coordinators:
             "replayed, %d open, %d to finalize, %d timed out while down, %d orphaned%s",
             len(self.coordinators),
             took_s * 1000.0,
-            "clean" if self.clean_start else "unclean",
+            "clean" if self.clean_start else "first" if self._first_start else "unclean",
             totals.get("recovered_txns", 0),
             totals.get("recovered_open", 0),
             totals.get("recovered_finalizing", 0),
