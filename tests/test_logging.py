@@ -16,6 +16,7 @@ import pulsartxn
 from pulsartxn.errors import StorageError
 from pulsartxn.storage import Storage
 from pulsartxn.txn.snapshot import DB as SNAPSHOT_DB
+from tests.helpers import small_tmpfs
 
 
 def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
@@ -190,6 +191,22 @@ def test_a_journal_without_room_is_a_warning(tmp_path, caplog):
     (rec,) = records(caplog, "pulsartxn.journal", logging.WARNING, "no journal in")
     assert "under the least journal" in rec.getMessage()
     assert "LMDB syncs every commit itself" in rec.getMessage()
+
+
+def test_a_disk_without_room_for_a_journal_is_a_warning(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="pulsartxn")
+    with small_tmpfs(tmp_path / "mnt", "16m") as mnt:
+        with open(mnt / "filler", "wb") as f:  # leave under 8 MiB free: no 1 MiB journal
+            f.write(bytes(os.statvfs(mnt).f_bavail * 4096 - (6 << 20)))
+        storage = Storage(str(mnt / "d"), sync=True, map_size=64 << 20)
+        try:
+            assert storage.journal is None
+            db = storage.open_db(b"a")
+            storage.write(lambda t: t.put(b"k", b"v", db=db))  # LMDB syncs it itself
+        finally:
+            storage.close()
+    (rec,) = records(caplog, "pulsartxn.journal", logging.WARNING, "no journal in")
+    assert "no room for one (" in rec.getMessage() and "bytes free" in rec.getMessage()
 
 
 def test_a_failed_journal_write_halts_the_store_with_one_error(tmp_path, caplog):
