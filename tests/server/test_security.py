@@ -110,7 +110,7 @@ def test_the_log_never_shows_a_session_id(server):
     time.sleep(2.0)
     b.close()
     s.stop()
-    log = s.proc.stderr.read()
+    log = s.log()
     assert "a session expired" in log
     assert not [sid for sid in sids if sid in log]
 
