@@ -1,6 +1,7 @@
 """The broker's transaction coordinators: ``num_coordinators`` :class:`Coordinator` objects
-(ids 0..n-1), routing to them, the timer that drives their deadlines and finalize retries, and
-their growth; decisions over many transactions are in :mod:`pulsartxn.txn.groups`."""
+(ids 0..n-1), routing to them, the timer that drives their deadlines and finalize retries; their
+growth is in :mod:`pulsartxn.txn.scaling`, decisions over many transactions in
+:mod:`pulsartxn.txn.groups`."""
 
 from __future__ import annotations
 
@@ -11,34 +12,24 @@ import threading
 import time
 from typing import Protocol
 
-from .._native import MAX_SEQUENCE, TxnID
-from ..config import SHARED_DBS
+from .._native import TxnID
 from ..errors import (
     CoordinatorNotFound,
     CoordinatorUnavailable,
-    InvalidConfiguration,
     PulsarTxnError,
-    QuotaExceeded,
-    StorageError,
     Timeout,
     excerpt,
 )
 from . import log
+from .clean_close import BOOT_KEY, CLEAN_KEY, CleanClose, _boot_id
 from .coordinator import ABORTED, COMMITTED, OPEN, Coordinator, TxnMeta
 from .groups import GroupDecisions
-from .meta import COORDINATOR_BYTES
 from .participant import Participants
+from .scaling import CoordinatorScaling
 from .state import CoordinatorStatus, EndReason, TxnState
 from .timer import TxnTimer
 
 MAX_TIMEOUT_MS = 1 << 40  # beyond this a timeout is a mistake, not a wish (~35 years)
-# meta keys: one written as the last thing a broker's close does, deleted at open; and the
-# machine's boot id at the last open. Without the first, what the broker answered survived
-# its stop only if the machine did not restart since (stored writes are on the device or in
-# its page cache): otherwise its open transactions are unverified.
-CLEAN_KEY = b"txn/closed-cleanly"
-BOOT_KEY = b"txn/boot-id"
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
 LWM_PUSH_S = 0.1  # how often the timer tells participants a coordinator's low watermark
 _LOG = logging.getLogger("pulsartxn.txn")
 
@@ -72,7 +63,7 @@ def _landed(ok: bool) -> None:
     pass
 
 
-class Coordinators:
+class Coordinators(CoordinatorScaling, CleanClose):
     def __init__(self, broker, participants: Participants, placement: Placement | None = None):
         cfg = broker.config
         self.broker = broker
@@ -187,95 +178,6 @@ class Coordinators:
         if self.of(txn_id).status is CoordinatorStatus.ELSEWHERE:
             return self.placement.foreign
         return None
-
-    def _open_count(self, stored: int) -> int:
-        """The saved count of coordinators, grown to the configured one. A data directory never
-        shrinks its coordinators (their logs would be orphaned), but a count that an older
-        broker saved before its coordinators opened, and that max_dbs cannot hold, drops those
-        that never handed out an id: none has a sequence reserved, so nothing names them."""
-        cfg = self.broker.config
-        n = max(stored, cfg.num_coordinators)
-        in_use = SHARED_DBS + self.broker.topics.ledgers_in_use()
-        if in_use + n <= cfg.max_dbs:
-            return n
-        used = self._reserved_ids()
-        n = max(cfg.num_coordinators, max(used, default=-1) + 1)
-        if in_use + n > cfg.max_dbs:
-            need = in_use + n + cfg.max_partitions
-            raise InvalidConfiguration(
-                f"this store's {n} transaction coordinators and {in_use - SHARED_DBS} "
-                f"partitions do not fit in max_dbs={cfg.max_dbs} named databases: open it with "
-                f"`pulsartxn serve --max-dbs {need}` (Broker(max_dbs={need}))"
-            )
-        _LOG.warning(
-            "the store's saved count of %d transaction coordinators never opened (they do not "
-            "fit in max_dbs=%d); opening the %d that may have handed out transaction ids",
-            stored,
-            cfg.max_dbs,
-            n,
-        )
-        return n
-
-    def _reserved_ids(self) -> set[int]:
-        """Coordinators that had sequences reserved: only those ever handed out an id."""
-        prefix = log.hwm_key(0)[:-1]
-        ids = set()
-        with self.storage.read() as lmdb_txn:
-            cursor = lmdb_txn.cursor(db=self.storage.meta)
-            if cursor.set_range(prefix):
-                for key, _ in cursor:
-                    key = bytes(key)
-                    if not key.startswith(prefix):
-                        break
-                    if key[len(prefix) :].isdigit():
-                        ids.add(int(key[len(prefix) :]))
-        return ids
-
-    def _check_room(self, n: int) -> None:
-        """QuotaExceeded unless `n` coordinators fit: a named database each beside the
-        broker's own and max_partitions (or the partitions there are), and the memory budget."""
-        cfg = self.broker.config
-        partitions = max(self.broker.topics.partition_count, cfg.max_partitions)
-        room = cfg.max_dbs - SHARED_DBS - partitions
-        if n > room:
-            raise QuotaExceeded(
-                f"{n} transaction coordinators do not fit: each takes one of the store's "
-                f"max_dbs={cfg.max_dbs} named databases, of which {SHARED_DBS} are the broker's "
-                f"own and {partitions} are kept for partitions (max_partitions="
-                f"{cfg.max_partitions}); at most {max(room, 0)}"
-            )
-        budget = cfg.max_coordinators_memory_bytes
-        if n * COORDINATOR_BYTES > budget:
-            raise QuotaExceeded(
-                f"{n} transaction coordinators may hold {n * COORDINATOR_BYTES >> 20} MiB "
-                f"({COORDINATOR_BYTES >> 10} KiB each), over max_coordinators_memory_bytes="
-                f"{budget}; at most {budget // COORDINATOR_BYTES}"
-            )
-
-    def _reserve_ahead(self, coordinators: list[Coordinator]) -> None:
-        """Reserve every ready coordinator's first block of sequences in one write: each would
-        otherwise make the first new_transaction() it serves wait for a synced write of its
-        own (16 of them after each start, by default)."""
-        # The mark the allocator would ask for at its first next(): a block past the next
-        # sequence, never past the end of the sequence space.
-        marks = [
-            (c, min(c.allocator.next_sequence + c.allocator.block_size, MAX_SEQUENCE + 1))
-            for c in coordinators
-            if c.status is CoordinatorStatus.READY and c.allocator is not None
-        ]
-        if not marks:
-            return
-
-        def apply(lmdb_txn) -> None:
-            for c, mark in marks:
-                lmdb_txn.put(log.hwm_key(c.id), mark.to_bytes(16, "big"), db=self.storage.meta)
-
-        try:
-            self.storage.write(apply)
-        except StorageError:
-            return  # a full disk, say: each reserves its own block when it first needs it
-        for c, mark in marks:
-            c.reserved_ahead = mark
 
     def start(self) -> None:
         """Finalize what recovery found mid-end (called once the broker is fully open)."""
@@ -459,7 +361,7 @@ class Coordinators:
     def group_members(self, group: str) -> set:
         return self.groups.members(group)
 
-    # -- deadlines, scaling, lifecycle -----------------------------------------------------
+    # -- deadlines, lifecycle --------------------------------------------------------------
 
     def _expire_all(self, now: float) -> None:
         for c in self.coordinators:
@@ -512,75 +414,6 @@ class Coordinators:
             n += 1
         return n
 
-    def scale(self, n: int) -> None:
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"number of coordinators must be an int, not {excerpt(n)}")
-        # Not under self._lock while writing: the group commit's callbacks take that lock.
-        with self._scale_lock:
-            current = len(self.coordinators)
-            if n < current:
-                raise ValueError(
-                    f"cannot shrink coordinators from {current} to {n}: logs would be orphaned"
-                )
-            if self.placement is not None:
-                raise InvalidConfiguration("a cluster's coordinators are set when it is made")
-            if n > 65536:
-                raise ValueError(f"at most 65536 coordinators, not {n}")
-            if n == current:
-                return
-            with self.broker.topics.lock:  # create_topic counts the claimed databases under it
-                self._check_room(n)
-                self.claimed = n
-            try:
-                added = [Coordinator(self, i) for i in range(current, n)]
-                for c in added:
-                    c.recover({})
-                self._store_count(n)  # once they opened: a count that cannot open is not saved
-            except BaseException:
-                self.claimed = current
-                raise
-            self._reserve_ahead(added)
-            with self._lock:
-                self.coordinators = self.coordinators + added
-
-    def _log_begun(self) -> None:
-        """On a clean close, open transactions that have not written yet are logged, so they
-        are still open (with their deadlines) after the restart."""
-        puts = []
-        for c in self.coordinators:
-            with c.lock:
-                for meta in c.txns.values():
-                    if meta.new_record is not None and meta.state is OPEN:
-                        puts.append((c.db, meta, meta.new_record))
-        if not puts or self.storage.closed:
-            return
-
-        def apply(lmdb_txn) -> None:
-            for db, _, (key, value) in puts:
-                lmdb_txn.put(key, value, db=db)
-
-        try:
-            self.storage.write(apply, nbytes=64 * len(puts))
-        except Exception:  # noqa: BLE001 - they wrote nothing: losing them loses nothing
-            return
-        for c in self.coordinators:
-            with c.lock:
-                for _, meta, record in puts:
-                    if meta.new_record is record:
-                        meta.new_record = None
-
-    def mark_clean(self) -> None:
-        """The last write of a clean close: the next open trusts what it finds."""
-        try:
-            self.storage.write(lambda t: t.put(CLEAN_KEY, b"1", db=self.storage.meta))
-        except PulsarTxnError:
-            pass  # the next open takes it for a stop without close: safe, only stricter
-
-    def _store_count(self, n: int) -> None:
-        value = struct.pack("<I", n)
-        meta = self.storage.meta
-        self.storage.write(lambda lmdb_txn: lmdb_txn.put(log.COORDINATORS_KEY, value, db=meta))
-
     def close(self) -> None:
         """Abort the open in-process transactions (nobody can end them after this), log the
         begun ones of network sessions (they live on), stop the timer."""
@@ -602,15 +435,6 @@ class Coordinators:
                 out.extend(c.metadata(m) for m in metas)
         out.sort(key=lambda d: -d["open_ms"])
         return out
-
-
-def _boot_id() -> bytes | None:
-    """This boot of the machine (Linux), or None where it cannot be told."""
-    try:
-        with open(BOOT_ID, "rb") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
 
 
 __all__ = ["Coordinators", "COMMITTED", "ABORTED", "TxnID"]

@@ -828,7 +828,7 @@ def _reboot(data) -> None:
     """What the broker finds after the machine restarted: another boot id than at its last
     open (the writes it stored but had not flushed may be gone)."""
     from pulsartxn.storage import Storage
-    from pulsartxn.txn.coordinators import BOOT_KEY
+    from pulsartxn.txn.clean_close import BOOT_KEY
 
     storage = Storage(str(data))  # replays the journal the crash left
     storage.write(lambda t: t.put(BOOT_KEY, b"another-boot", db=storage.meta))
