@@ -21,20 +21,19 @@ from ..client import Client
 from ..messaging.consumer import SUBSCRIBE_ENUMS
 from ..messaging.dead_letter import DeadLetterPolicy, dead_letter_topic
 from ..messaging.message import MessageId
-from ..txn.state import FINAL
-from ..txn.transaction import as_txn_id
 from . import protocol
 from .protocol import SessionLost, frame, jsonable, unframe
 from .readers import ReaderActions, id_fields
 from .sessions import ADMIN, MAX_SESSIONS, AuthFactory, Session, SessionLimits, Sessions, room
 from .streams import Streams, capped_wait
+from .txn_actions import TxnActions
 
 # The longest a call waits on the server by default (a receive for ever would hold a server
 # thread for ever): a client that waits longer asks again.
 MAX_WAIT_MS = 10_000
 
 
-class BrokerServer(Streams, ReaderActions, flight.FlightServerBase):
+class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
     def __init__(
         self,
         broker,
@@ -379,84 +378,6 @@ class BrokerServer(Streams, ReaderActions, flight.FlightServerBase):
         with s.lock:
             s.consumers.pop(args.get("handle"), None)
         return {}
-
-    # -- transactions ----------------------------------------------------------------------
-
-    def _on_new_transaction(self, args, payload):
-        s = self.sessions.get(args)
-        label = args.get("group")
-        if len(s.txns) >= self.sessions.limits.transactions:
-            s.prune()  # those that ended through other handles or timed out go first
-            room(len(s.txns), self.sessions.limits.transactions, "open transactions")
-        group_capability = None
-        if label is not None:
-            group_capability = self.sessions.group(
-                s, label, args.get("group_capability"), claim=True
-            )
-        coordinator_id = args.get("coordinator_id")
-        if coordinator_id is None and self.cluster is not None:
-            coordinator_id = self.cluster.local_coordinator()
-        txn = s.client.new_transaction(args.get("timeout_ms"), coordinator_id, label)
-        s.remember(str(txn.id), txn)
-        return {
-            "txn": str(txn.id),
-            "capability": self.sessions.capability(b"txn:" + str(txn.id).encode()),
-            "group_capability": group_capability,
-        }
-
-    def _on_group_capability(self, args, payload):
-        s = self.sessions.get(args)
-        label = args["group"]
-        if not isinstance(label, str) or not label:
-            raise ValueError(f"group must be a non-empty str, not {errors.excerpt(label)}")
-        return {"capability": self.sessions.group(s, label, args.get("capability"), claim=True)}
-
-    def _on_txn_state(self, args, payload):
-        s = self.sessions.get(args)
-        value, capability = args["txn"], args.get("capability")
-        if value in s.txns or self.sessions.admin() or capability is not None:
-            # A handle on it: the session holds it from now on (it outlives its opener's).
-            return {"state": self.sessions.txn(s, value, True, capability).state.value}
-        # Reading a state needs no capability (using or ending it does).
-        return {"state": self.broker.txn.state_of(as_txn_id(value)).value}
-
-    def _on_end(self, args, payload):
-        s = self.sessions.get(args)
-        txn = self.sessions.txn(s, args["txn"], required=True, capability=args.get("capability"))
-        if args.get("commit"):
-            counts = None
-            if args.get("counted"):  # the client's handle opened it: its counts are whole
-                acks = {tuple(k): n for k, n in args.get("expected_acks") or []}
-                sends = {str(k): n for k, n in args.get("expected_sends") or []}
-                counts = (acks, sends)
-            txn.commit(args.get("timeout_ms"), counts=counts)
-        else:
-            txn.abort(args.get("timeout_ms"))
-        state = txn.state
-        if state in FINAL:
-            s.forget(args["txn"])
-        return {"state": state.value}
-
-    def _on_commit_all(self, args, payload):
-        s = self.sessions.get(args)
-        caps = args.get("capabilities") or [None] * len(args["txns"])
-        handles = [self.sessions.txn(s, t, True, c) for t, c in zip(args["txns"], caps)]
-        s.client.commit_all(handles)
-        return {}
-
-    def _on_commit_group(self, args, payload):
-        s = self.sessions.get(args)
-        self.sessions.group(s, args["group"], args.get("group_capability"), claim=False)
-        key = args.get("idempotency_key")
-        out = s.client.commit_group(
-            args["group"], args["winners"], tuple(key) if key is not None else None
-        )
-        return jsonable(out)
-
-    def _on_abort_group(self, args, payload):
-        s = self.sessions.get(args)
-        self.sessions.group(s, args["group"], args.get("group_capability"), claim=False)
-        return jsonable(s.client.abort_group(args["group"]))
 
     # -- admin and scans -------------------------------------------------------------------
 
