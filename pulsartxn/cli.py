@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 
-from pulsartxn import perf
+from pulsartxn import client_cli, perf
 from pulsartxn.demo import run_demo
 from pulsartxn.errors import InvalidConfiguration, PulsarTxnError
 from pulsartxn.server.serve import serve
@@ -151,6 +151,19 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def version() -> str:
+    """This package's version: its installed distribution's, else ``pulsartxn.__version__``."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("pulsartxn")
+    except PackageNotFoundError:
+        import pulsartxn
+
+        return pulsartxn.__version__
+
+
 class _Parser(argparse.ArgumentParser):
     """A bad option is one line (and exit 2), not the usage text."""
 
@@ -160,8 +173,10 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pulsartxn", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"pulsartxn {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     perf.add_parser(sub)
+    client_cli.add_parser(sub)
     srv = sub.add_parser("serve", help="serve a broker over Arrow Flight (pulsartxn://)")
     srv.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     srv.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
