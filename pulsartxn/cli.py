@@ -26,8 +26,8 @@ def _demo(args: argparse.Namespace) -> int:
             import pyspark  # noqa: F401 - the optional extra: is it installed?
         except ImportError:
             print(
-                "pyspark is not installed (pip install -e '.[spark]'): running the pipeline "
-                "on the broker alone",
+                "pyspark is not installed (pip install 'pulsartxn[spark]'; in a clone, pip "
+                "install -e '.[spark]'): running the pipeline on the broker alone",
                 file=sys.stderr,
             )
         else:
