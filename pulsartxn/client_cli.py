@@ -174,7 +174,7 @@ def _produce(args) -> int:
 def _send_all(args) -> int:
     if args.num_produce < 1:
         raise ValueError(f"-n/--num-produce must be at least 1, not {args.num_produce}")
-    if args.rate < 0:
+    if not args.rate >= 0:  # NaN too
         raise ValueError(f"-r/--rate must not be negative, not {args.rate}")
     payloads = _payloads(args)
     properties = _properties(args.properties)

@@ -140,6 +140,8 @@ def test_txn_produce_is_all_or_nothing(tmp_path, capsys):
         (["produce", "t", "-m", "x", "-p", "novalue"], "takes KEY=VALUE, not 'novalue'"),
         (["produce", "t", "-m", "x", "-p", "=v"], "takes KEY=VALUE, not '=v'"),
         (["produce", "t", "-m", "x", "-r", "-1"], "-r/--rate must not be negative"),
+        (["produce", "t", "-m", "x", "-r", "nan"], "-r/--rate must not be negative"),
+        (["consume", "t", "-s", "s", "--timeout", "nan"], "--timeout must be a positive"),
         (["produce", "t", "-f", "/nonexistent/file"], "No such file or directory"),
         (["produce", "t", "-m", "x", "--token-file", "tf"], "go with --url"),
         (["produce", "t", "-m", "x", "--url", "pulsartxn://h:1", "--data-dir", "d"], "not with"),
