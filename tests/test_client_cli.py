@@ -189,9 +189,10 @@ def test_against_a_served_broker_with_a_token(server, capsys):
     assert consume_all(capsys, "rt", "-s", "s", *remote) == []
 
 
-def test_processes_consume_until_ctrl_c(server):
+def test_processes_consume_until_ctrl_c(server, capsys):
     """`python -m pulsartxn consume -n 0` prints what `python -m pulsartxn produce` sends,
-    then ends with exit 0 on SIGINT (Ctrl-C)."""
+    holds its Exclusive subscription against another consume, and ends with exit 0 on SIGINT
+    (Ctrl-C)."""
     url, tmp = server
     remote = ["--url", url, "--token-file", str(tmp / "token")]
     cmd = [sys.executable, "-m", "pulsartxn"]
@@ -212,6 +213,9 @@ def test_processes_consume_until_ctrl_c(server):
         lines = [consumer.stdout.readline().rstrip("\n") for _ in range(2)]
         assert [x.split("content:")[1] for x in lines] == ["one", "two"]
         assert all("properties:[k=v]" in x for x in lines)
+        # The subscription is Exclusive and held: a second consumer is refused, in one line.
+        code, out, err = run(capsys, "consume", "pt", "-s", "s", "--timeout", "0.2", *remote)
+        assert code == 2 and out == [] and len(err) == 1 and "already has a consumer" in err[0], err
     finally:
         consumer.send_signal(signal.SIGINT)
         _, err = consumer.communicate(timeout=30)
