@@ -5,6 +5,8 @@ The public surface is docs/API.md's; everything below is importable from here.
 
 from __future__ import annotations
 
+import logging as _logging
+
 from . import errors as _errors
 from ._native import IMPLEMENTATION, TxnID
 from .broker import Broker
@@ -16,6 +18,9 @@ from .messaging.message import Message, MessageId
 from .messaging.send_options import BatchingType, CompressionType, Result
 from .txn.state import TxnState
 from .txn.transaction import Transaction
+
+# Library etiquette: records go where the application's logging config sends them, if any.
+_logging.getLogger("pulsartxn").addHandler(_logging.NullHandler())
 
 __version__ = "0.1.0"
 

@@ -12,6 +12,7 @@ import sys
 import threading
 
 from pulsartxn import client_cli, perf
+from pulsartxn.admin_cli import add_parser as add_admin_parser
 from pulsartxn.demo import run_demo
 from pulsartxn.errors import InvalidConfiguration, PulsarTxnError
 from pulsartxn.server.serve import serve
@@ -68,6 +69,7 @@ def _cluster(args: argparse.Namespace) -> int:
         base_port=args.base_port,
         num_coordinators=args.num_coordinators,
         sync=not args.no_sync,
+        metrics_base_port=args.metrics_base_port,
     )
     try:
         cluster.start()
@@ -79,6 +81,9 @@ def _cluster(args: argparse.Namespace) -> int:
         f"logs in {cluster.data_dir})",
         flush=True,
     )
+    if args.metrics_base_port is not None:
+        urls = ", ".join(cluster.metrics_url(i) for i in range(len(cluster)))
+        print(f"pulsartxn cluster metrics on {urls}", flush=True)
     died = []
     try:
         while not stop.wait(0.5):
@@ -112,7 +117,10 @@ def _read_secret(path: str | None, what: str) -> str | None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together")
     tls = None
@@ -141,6 +149,8 @@ def _serve(args: argparse.Namespace) -> int:
         cluster=args.cluster,
         advertised_address=args.advertised_address,
         num_coordinators=args.num_coordinators,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
         **({"max_dbs": args.max_dbs} if args.max_dbs is not None else {}),
         **(
             {"min_ack_timeout_ms": args.min_ack_timeout_ms}
@@ -177,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     perf.add_parser(sub)
     client_cli.add_parser(sub)
+    add_admin_parser(sub)
     srv = sub.add_parser("serve", help="serve a broker over Arrow Flight (pulsartxn://)")
     srv.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     srv.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
@@ -251,6 +262,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=16,
         help="transaction coordinators (a cluster's first broker sets the cluster's count)",
     )
+    srv.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a free port; "
+        "default: none)",
+    )
+    srv.add_argument(
+        "--metrics-host", help="bind address of --metrics-port (default: --host); no auth"
+    )
+    srv.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="the least level logged to stderr (default info)",
+    )
     srv.set_defaults(func=_serve)
     demo = sub.add_parser(
         "demo",
@@ -301,6 +327,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="transaction coordinators (set by the cluster's first start, for good)",
     )
     clu.add_argument("--no-sync", action="store_true", help="brokers do not fsync commits")
+    clu.add_argument(
+        "--metrics-base-port",
+        type=int,
+        help="broker i serves Prometheus metrics on 127.0.0.1:PORT+i (default: none)",
+    )
     clu.set_defaults(func=_cluster)
     return parser
 

@@ -33,6 +33,8 @@ __all__ = [
     "QuotaExceeded",
     "BrokerUnavailable",
     "NotOwner",
+    "SubscriptionNotFound",
+    "SubscriptionAlreadyExists",
 ]
 
 
@@ -66,6 +68,14 @@ class TopicNotFound(PulsarTxnError):
 
 class InvalidTopicName(PulsarTxnError):
     pass
+
+
+class SubscriptionNotFound(PulsarTxnError):
+    """An admin call names a subscription the topic does not have."""
+
+
+class SubscriptionAlreadyExists(PulsarTxnError):
+    """admin.create_subscription of a name the topic has already."""
 
 
 class ProducerBusy(PulsarTxnError):

@@ -23,6 +23,7 @@ the pulsartxn/peer ratios, all from the same run. Not part of the tests.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import socket
@@ -250,6 +251,7 @@ def main(argv=None) -> int:
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--batch", type=int, default=100, help="messages per transaction")
     parser.add_argument("--only", nargs="*", default=["redis", "postgres"])
+    parser.add_argument("--json", metavar="FILE", help="write the table as JSON to FILE too")
     args = parser.parse_args(argv)
     tmp = tempfile.mkdtemp(prefix="pulsartxn-peers-")
     try:
@@ -294,7 +296,33 @@ def main(argv=None) -> int:
     print(
         "pulsartxn / system: the better of the first two pulsartxn rows over that system, same run."
     )
+    if args.json:
+        _write_json(args, results, ours, targets)
     return 0
+
+
+def _write_json(args, results, ours, targets) -> None:
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    doc = {
+        "workload": {"messages": args.messages, "size": args.size, "batch": args.batch},
+        "commit": commit,
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "systems": [
+            {
+                "system": name,
+                "msgs_per_s": rate,
+                "commit_p50_ms": _pct(lat, 0.5),
+                "commit_p99_ms": _pct(lat, 0.99),
+                "ratio": None if name.startswith("pulsartxn") else ours / rate,
+                "target": targets.get(name),
+            }
+            for name, (rate, lat) in results.items()
+        ],
+    }
+    with open(args.json, "w") as f:
+        json.dump(doc, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -2,16 +2,19 @@
 
 python -m bench.ratios            # full counts
 python -m bench.ratios --quick    # smaller twin workloads, scaled
+python -m bench.ratios --json F   # the rows as JSON too (what python -m bench.plot draws)
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import platform
 import subprocess
 import sys
+import time
 
 SUITES = (
     "txnid",
@@ -40,8 +43,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rows-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--json", metavar="FILE", help="write the rows as JSON to FILE too")
     parser.add_argument("suites", nargs="*", default=list(SUITES))
     args = parser.parse_args()
+    if args.json and not args.rows_only:
+        open(args.json, "w").close()  # each suite's process appends its rows, one per line
+    try:
+        _run(args)
+    finally:
+        if args.json and not args.rows_only:
+            _write_json(args)
+
+
+def _write_json(args) -> None:
+    with open(args.json) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    doc = {
+        "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}",
+        "commit": commit,
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "quick": args.quick,
+        "suites": args.suites,
+        "rows": rows,
+    }
+    with open(args.json, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+def _run(args) -> None:
     if not args.rows_only:
         cpu = platform.processor() or platform.machine()
         print(
@@ -58,7 +91,8 @@ def main() -> None:
         for name in args.suites:
             subprocess.run(
                 [sys.executable, "-m", "bench.ratios", "--rows-only", name]
-                + (["--quick"] if args.quick else []),
+                + (["--quick"] if args.quick else [])
+                + (["--json", args.json] if args.json else []),
                 check=True,
             )
         return
@@ -72,6 +106,21 @@ def main() -> None:
                 f"{row.ratio:.2f}x{mark} | {target} |",
                 flush=True,
             )
+            if args.json:
+                with open(args.json, "a") as f:
+                    f.write(json.dumps(_row_json(name, row)) + "\n")
+
+
+def _row_json(suite: str, row) -> dict:
+    return {
+        "suite": suite,
+        "figure": row.figure,
+        "rate": row.rate,
+        "unit": row.unit,
+        "baseline": row.baseline,
+        "ratio": row.ratio,
+        "target": row.target,
+    }
 
 
 if __name__ == "__main__":

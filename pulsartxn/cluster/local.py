@@ -85,7 +85,8 @@ class LocalCluster:
     """A ZooKeeper (its own, in `data_dir`/zookeeper, unless `zookeeper` names a running one
     as HOST:PORT) and `brokers` broker processes, broker i serving `data_dir`/broker-i on
     127.0.0.1 and logging to `data_dir`/broker-i.log. Ports: `base_port` + i (0: free ones,
-    those of the directory's previous run when still free); ZooKeeper's: `zk_port`."""
+    those of the directory's previous run when still free); ZooKeeper's: `zk_port`; broker
+    i's Prometheus metrics: `metrics_base_port` + i (None: none)."""
 
     def __init__(
         self,
@@ -102,9 +103,16 @@ class LocalCluster:
         stop_timeout_s: float = 30.0,
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        metrics_base_port: int | None = None,
     ) -> None:
         if brokers < 1:
             raise InvalidConfiguration(f"a cluster needs at least one broker, not {brokers}")
+        if metrics_base_port is not None and not 0 < metrics_base_port <= 65536 - brokers:
+            raise ValueError(
+                f"metrics_base_port must leave room for {brokers} ports in 1..65535, "
+                f"not {metrics_base_port}"
+            )
+        self.metrics_base_port = metrics_base_port
         self.data_dir = os.path.abspath(str(data_dir))
         os.makedirs(self.data_dir, exist_ok=True)
         self.root = root.strip("/")
@@ -184,6 +192,12 @@ class LocalCluster:
         """pulsartxn://h1:p1,h2:p2,... of every broker, running or not."""
         return "pulsartxn://" + ",".join(self.addresses)
 
+    def metrics_url(self, i: int) -> str | None:
+        """Broker i's Prometheus endpoint (None without `metrics_base_port`)."""
+        if self.metrics_base_port is None:
+            return None
+        return f"http://{HOST}:{self.metrics_base_port + i}/metrics"
+
     def __len__(self) -> int:
         return len(self._brokers)
 
@@ -252,6 +266,11 @@ class LocalCluster:
             "--num-coordinators",
             str(self.num_coordinators),
             *(() if self.sync else ("--no-sync",)),
+            *(
+                ()
+                if self.metrics_base_port is None
+                else ("--metrics-port", str(self.metrics_base_port + b.index))
+            ),
             *self.extra_args,
         ]
         with open(b.log_path, "ab") as log:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import itertools
 import threading
@@ -342,18 +341,7 @@ class Consumer:
         else:
             part = positions.partition_of(position, [s.partition for s in self._subs], self._topic)
             subs = [self._by_partition[part.index]]
-        starts = [positions.start_of(s.partition, position, inclusive) for s in subs]
-        # Every partition's check before any reset: a refused seek changes nothing.
-        with contextlib.ExitStack() as locks:
-            for sub in subs:
-                locks.enter_context(sub.lock)
-            for sub in subs:
-                sub.check_seek()
-            for sub, (mark, partial) in zip(subs, starts):
-                sub.reset(mark, partial)
-        for sub in subs:
-            sub.wait_persisted()  # durable when answered: a restart finds the reset cursor
-            sub.notify()
+        positions.reset(subs, [positions.start_of(s.partition, position, inclusive) for s in subs])
         self._wake()
 
     # -- acknowledging ---------------------------------------------------------------------

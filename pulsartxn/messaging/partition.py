@@ -8,8 +8,10 @@ be lost.
 from __future__ import annotations
 
 import bisect
+import logging
 import struct
 import threading
+import time
 from array import array
 from typing import TYPE_CHECKING
 
@@ -22,6 +24,8 @@ from ..txn.buffer import TransactionBuffer
 from ..txn.snapshot import BufferSnapshots
 from .message import MessageId
 from .topic_name import TopicName
+
+_LOG = logging.getLogger("pulsartxn.buffer")
 
 if TYPE_CHECKING:
     from .subscription import Subscription
@@ -52,13 +56,26 @@ class Partition:
         self._cumulative = array("q", [0])  # cumulative[i] = messages in entries < first + i
         self.buffer = TransactionBuffer(self)
         snapshots = self.buffer.snapshot = BufferSnapshots(self, **(snapshot_options or {}))
+        began = time.monotonic()
         replay_from = snapshots.load()
         with storage.read() as lmdb_txn:
             first = self.log.first_entry_id(lmdb_txn)
             last = self.log.last_entry_id(lmdb_txn)
             if last >= 0:
                 self.first_entry_id = first
-                self._recover_counts(first, last, replay_from)
+                replayed = self._recover_counts(first, last, replay_from)
+                _LOG.info(
+                    "%s recovered in %.1f ms: entries %d..%d, %d transactional ones replayed "
+                    "from %s; %d transactions ongoing, %d aborted",
+                    self.topic,
+                    (time.monotonic() - began) * 1000.0,
+                    first,
+                    last,
+                    replayed,
+                    f"entry {replay_from} (snapshot)" if replay_from else "the start",
+                    len(self.buffer.ongoing),
+                    len(self.buffer.aborts),
+                )
         self.next_entry_id = last + 1 if last >= 0 else 0
         snapshots.recovered(replay_from > 0)
         self.subscriptions: dict[str, Subscription] = {}
@@ -69,10 +86,11 @@ class Partition:
         self.msg_out = 0
         self.bytes_out = 0
 
-    def _recover_counts(self, first: int, last: int, replay_from: int = 0) -> None:
+    def _recover_counts(self, first: int, last: int, replay_from: int = 0) -> int:
         """Message counts of every entry and the transaction buffer's state, from the entry
         headers alone: one pass over the ledger in chunks, headers parsed in bulk natively.
-        (Values are copied out as bytes: a memoryview per value costs several times more.)"""
+        (Values are copied out as bytes: a memoryview per value costs several times more.)
+        Returns how many transactional entries were replayed."""
         dense = np.zeros(last - first + 1, np.int64)
         chunk = 65536
         replay: list = []  # (ids, markers, msb, lsb) of the transactional entries, per chunk
@@ -102,6 +120,7 @@ class Partition:
         cumulative = np.zeros(len(dense) + 1, np.int64)
         np.cumsum(dense, out=cumulative[1:])
         self._cumulative = array("q", cumulative.tobytes())
+        return sum(len(c[0]) for c in replay)
 
     # -- counts ----------------------------------------------------------------------------
 

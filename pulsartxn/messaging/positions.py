@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from .._native import decode_header
 from ..errors import InvalidMessageId, excerpt
 from .message import MessageId
@@ -79,6 +81,21 @@ def start_of(part: Partition, position, inclusive: bool = True) -> Start:
             return entry_id, None
         return entry_id - 1, (entry_id, upto, n)
     return (entry_id - 1 if inclusive else entry_id), None
+
+
+def reset(subs: list, starts: list[Start]) -> None:
+    """Seek each subscription of `subs` to its start, durably (a restart finds the reset
+    cursors); every one's check comes before any reset: a refused seek changes nothing."""
+    with contextlib.ExitStack() as locks:
+        for sub in subs:
+            locks.enter_context(sub.lock)
+        for sub in subs:
+            sub.check_seek()
+        for sub, (mark, partial) in zip(subs, starts):
+            sub.reset(mark, partial)
+    for sub in subs:
+        sub.wait_persisted()
+        sub.notify()
 
 
 def _publish_time(part: Partition, entry_id: int) -> int:

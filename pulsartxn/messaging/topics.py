@@ -11,6 +11,7 @@ from collections.abc import Callable
 from ..config import SHARED_DBS, BrokerConfig
 from ..errors import InvalidTopicName, QuotaExceeded, TopicAlreadyExists, TopicNotFound
 from ..storage import Storage
+from ..txn.snapshot import DB as SNAPSHOT_DB
 from .cursor import Cursor
 from .partition import Partition
 from .subscription import Subscription
@@ -175,13 +176,18 @@ class Topics:
                     )
         return part
 
-    def subscription(self, part: Partition, name: str, earliest: bool) -> Subscription:
-        """The subscription `name` on `part`, created (its cursor written) if new."""
+    def subscription(
+        self, part: Partition, name: str, earliest: bool, at: int | None = None
+    ) -> Subscription:
+        """The subscription `name` on `part`, created (its cursor written) if new; `at`: the
+        new cursor's mark-delete position instead of the earliest's or the latest's."""
         with self.lock:
             sub = part.subscriptions.get(name)
             if sub is not None:
                 return sub
             start = part.first_entry_id - 1 if earliest else part.last_entry_id
+            if at is not None:
+                start = at
             cursor = Cursor(start)
             key = part.topic.encode() + b"\0" + name.encode()
             data = cursor.serialize()
@@ -207,6 +213,43 @@ class Topics:
             with part.lock:
                 part.subscriptions.pop(sub.name, None)
 
+    def remove(self, full: str, partitions: list[Partition]) -> None:
+        """Delete a topic in one write: its metadata, and each partition's entries, ledger,
+        de-duplication rows, buffer snapshots, cursors and pending-ack logs (lock held, the
+        caller checked that nothing uses them)."""
+        for part in partitions:
+            for sub in list(part.subscriptions.values()):
+                sub.unsubscribed = True  # a cursor write still queued writes nothing
+                sub.wait_persisted()
+        snapshots = self.storage.open_db(SNAPSHOT_DB)
+
+        def apply(lmdb_txn):
+            lmdb_txn.delete(full.encode(), db=self._topics_db)
+            for part in partitions:
+                key = part.topic.encode()
+                lmdb_txn.delete(key, db=self._ledgers_db)
+                entries = lmdb_txn.cursor(db=self.storage.open_db(b"ledger/" + key))
+                while entries.first():
+                    entries.delete()
+                for db in (part._dedup_db, part._dedup_index_db, snapshots, self._cursors_db):
+                    _delete_prefix(lmdb_txn, db, key + b"\0")
+                for sub in part.subscriptions.values():
+                    sub.pending_ack.delete_log(lmdb_txn)
+
+        self.storage.write(apply)
+        for part in partitions:
+            self._partitions.pop(part.topic, None)
+        self.topic_count -= 1
+        self.partition_count -= max(len(partitions), 1)
+
+    def listing(self) -> list[tuple[str, int]]:
+        """(full name, partitions) of every topic, by name; 0 partitions: non-partitioned."""
+        with self.storage.read() as lmdb_txn:
+            return [
+                (bytes(k).decode(), json.loads(bytes(v))["partitions"])
+                for k, v in lmdb_txn.cursor(db=self._topics_db)
+            ]
+
     def _count(self) -> tuple[int, int]:
         """(topics, partitions) the store holds; a non-partitioned topic counts one."""
         topics = partitions = 0
@@ -225,3 +268,9 @@ class Topics:
         """Every topic's full name."""
         with self.storage.read() as lmdb_txn:
             return [bytes(k).decode() for k, _ in lmdb_txn.cursor(db=self._topics_db)]
+
+
+def _delete_prefix(lmdb_txn, db, prefix: bytes) -> None:
+    cursor = lmdb_txn.cursor(db=db)
+    while cursor.set_range(prefix) and bytes(cursor.key()).startswith(prefix):
+        cursor.delete()

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._native import TxnID
+from .._native import MessageId, TxnID
 from .._native.keywords import strict_class
+from ..messaging.admin_ops import format_id
 
 if TYPE_CHECKING:
     from .client import RemoteClient
@@ -23,6 +24,48 @@ class AdminCalls:
     def topic_stats(self, topic: str) -> dict:
         """Messages and bytes in and out, storage size, and backlog per subscription."""
         return self._call("topic_stats", topic)
+
+    def partitioned_stats(self, topic: str, per_partition: bool = False) -> dict:
+        """topic_stats of a partitioned topic, with each partition's when asked."""
+        return self._call("partitioned_stats", topic, per_partition)
+
+    def list_topics(self) -> list[dict]:
+        """Every topic by name with its partition count (0: non-partitioned)."""
+        return self._call("list_topics")
+
+    def delete_topic(self, topic: str, force: bool = False) -> None:
+        """Delete a topic (refused while transactions use it, or connected unless force)."""
+        return self._call("delete_topic", topic, force)
+
+    def list_subscriptions(self, topic: str) -> list[str]:
+        """The names of a topic's durable subscriptions, sorted."""
+        return self._call("list_subscriptions", topic)
+
+    def create_subscription(
+        self, topic: str, subscription: str, position: MessageId | str = "latest"
+    ) -> None:
+        """Create a durable subscription at "latest", "earliest" or a message id."""
+        return self._call("create_subscription", topic, subscription, position)
+
+    def delete_subscription(self, topic: str, subscription: str, force: bool = False) -> None:
+        """Delete a subscription (refused while transactions hold acks, or connected)."""
+        return self._call("delete_subscription", topic, subscription, force)
+
+    def reset_cursor(self, topic: str, subscription: str, position: MessageId | str | int) -> None:
+        """Move a subscription to a message id or a publish time in ms, as consumer.seek."""
+        return self._call("reset_cursor", topic, subscription, position)
+
+    def skip(self, topic: str, subscription: str, n: int) -> int:
+        """Acknowledge the next n messages; how many were skipped."""
+        return self._call("skip", topic, subscription, n)
+
+    def clear_backlog(self, topic: str, subscription: str) -> None:
+        """Acknowledge every message readable now."""
+        return self._call("clear_backlog", topic, subscription)
+
+    def peek(self, topic: str, subscription: str, n: int = 1) -> list[dict]:
+        """The next n committed messages of a subscription, which does not move."""
+        return self._call("peek", topic, subscription, n)
 
     def coordinators(self) -> list[dict]:
         """One line per coordinator: id, state, active transactions, low watermark."""
@@ -52,6 +95,16 @@ class AdminCalls:
         """Transactions holding acks, held entries, acks, log records and writes."""
         return self._call("pending_ack_stats", topic, subscription)
 
+    def transaction_in_buffer_stats(self, topic: str, txn_id: TxnID | str | int) -> dict:
+        """One transaction's state in a topic's transaction buffer."""
+        return self._call("transaction_in_buffer_stats", topic, txn_id)
+
+    def transaction_in_pending_ack_stats(
+        self, topic: str, subscription: str, txn_id: TxnID | str | int
+    ) -> dict:
+        """One transaction's acks held on a subscription."""
+        return self._call("transaction_in_pending_ack_stats", topic, subscription, txn_id)
+
     def cluster(self) -> dict:
         """Live brokers and the owners of bundles and coordinators (a cluster's only)."""
         return self._call("cluster")
@@ -72,5 +125,12 @@ class RemoteAdmin(AdminCalls):
         self._client = client
 
     def _call(self, name: str, *args: Any) -> Any:
-        wire = [str(a) if isinstance(a, TxnID) else a for a in args]
-        return self._client._json("admin", {"method": name, "args": wire})["result"]
+        return self._client._json("admin", {"method": name, "args": wire_args(args)})["result"]
+
+
+def wire_args(args) -> list:
+    """Admin arguments as JSON: TxnIDs and MessageIds as their text."""
+    return [
+        str(a) if isinstance(a, TxnID) else format_id(a) if isinstance(a, MessageId) else a
+        for a in args
+    ]

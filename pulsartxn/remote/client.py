@@ -9,6 +9,7 @@ producer name and sequence id).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -122,6 +123,10 @@ class RemoteClient:
         self._reconnect_s = reconnect_timeout_s
         self._closed = False
         self._lock = threading.Lock()
+        # Handles being made, each in the session of the generation it read: a reopen waits
+        # for them, so no handle lands in a session newer than the generation it records.
+        self._gate = threading.Condition(self._lock)
+        self._makes = 0
         self._objects: weakref.WeakSet = weakref.WeakSet()
         self._capabilities = shared.capabilities  # TxnID string -> its capability
         self._group_capabilities = shared.group_capabilities  # group label -> its capability
@@ -201,8 +206,24 @@ class RemoteClient:
         with self._lock:
             if seen is not None and seen != self._generation:
                 return  # another thread opened it again since
+            while self._makes:
+                self._gate.wait()
             if self._hello():
                 self._generation += 1
+
+    @contextlib.contextmanager
+    def _making(self) -> Iterator[int]:
+        """Make a handle in this session: yields the generation it will belong to."""
+        with self._lock:
+            self._makes += 1
+            generation = self._generation
+        try:
+            yield generation
+        finally:
+            with self._lock:
+                self._makes -= 1
+                if not self._makes:
+                    self._gate.notify_all()
 
     def _keep_alive(self, every: float) -> None:
         while not self._stop.wait(every):

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .. import errors
 from .._native import TxnID
+from ..messaging import admin_ops
 from ..messaging.topic_name import TopicName
-from .admin import AdminCalls
+from ..server.protocol import ADMIN_TOPIC_METHODS
+from .admin import AdminCalls, wire_args
 from .handles import txn_str
 
 if TYPE_CHECKING:
@@ -24,7 +27,7 @@ class ClusterAdmin(AdminCalls):
 
     def _call(self, name: str, *args: Any) -> Any:
         client = self._client
-        wire = [str(a) if isinstance(a, TxnID) else a for a in args]
+        wire = wire_args(args)
 
         def run(conn):
             return conn._json("admin", {"method": name, "args": wire})["result"]
@@ -40,9 +43,76 @@ class ClusterAdmin(AdminCalls):
         client._check_open()
         if coordinator is not None and 0 <= coordinator < client._coordinators:
             return client._follow("coordinator", coordinator, run)
+        if name == "delete_topic":
+            raise errors.InvalidConfiguration(
+                "admin.delete_topic() is not offered on a cluster: its metadata is shared"
+            )
+        if name in _GATHERED and args and isinstance(args[0], str):
+            return self._gathered(name, list(args))
         if name in _PER_PARTITION and args and isinstance(args[0], str):
             return self._per_partition(name, args)
         return client._any(run)
+
+    def _at(self, part: str, name: str, args) -> Any:
+        """One admin call about partition `part`, at its owner."""
+        wire = wire_args([part, *args])
+
+        def run(conn):
+            return conn._json("admin", {"method": name, "args": wire})["result"]
+
+        return self._client._follow("partition", part, run)
+
+    def _gathered(self, name: str, args: list) -> Any:
+        """A call about a subscription of a topic, made partition by partition at each owner
+        and put together as one broker with all of them would answer."""
+        parts = self._client._partitions(args[0], create=False)
+        rest = args[1:]
+        if name == "partitioned_stats":
+            full = TopicName.parse(args[0]).full
+            if (len(parts) == 1 and parts[0] == full) or (rest and not _is_flag(rest[0])):
+                return self._at(parts[0], name, rest)  # the broker says why it is refused
+            answers = {p: self._at(p, "topic_stats", []) for p in parts}
+            out = _sum_stats(full, answers)
+            if len(rest) > 0 and rest[0] is True:
+                out["per_partition"] = answers
+            return out
+        position = None
+        if name in ("create_subscription", "reset_cursor") and len(rest) > 1:
+            position = rest[1]
+            if isinstance(position, str) or not _is_int(position):
+                position = admin_ops.parse_id(position)
+        if position is None or _is_int(position) or position.partition() < 0:
+            position = None  # every partition alike: the same argument to each
+        elif name == "reset_cursor":
+            named = [p for p in parts if TopicName.parse(p).partition_index == position.partition()]
+            parts = named or parts[:1]  # the broker refuses a foreign id
+        if name == "list_subscriptions":
+            return sorted({s for p in parts for s in self._at(p, name, rest)})
+        if name in ("skip", "peek"):
+            n = rest[1] if len(rest) > 1 else 1
+            out: Any = 0 if name == "skip" else []
+            for p in parts:
+                got = self._at(p, name, [rest[0], n - (out if name == "skip" else len(out))])
+                out += got
+                if (out if name == "skip" else len(out)) >= n:
+                    break
+            return out
+        answers = {}
+        for p in parts:
+            here = rest
+            if name == "create_subscription" and position is not None and len(parts) > 1:
+                mine = TopicName.parse(p).partition_index == position.partition()
+                here = [rest[0], rest[1] if mine else "latest"]
+            answers[p] = self._at(p, name, here)
+        if len(parts) == 1 or name not in _IN_STATS:
+            return answers[parts[0]]
+        out = {k: v for k, v in answers[parts[0]].items() if k in ("subscription", "txn_id")}
+        out["topic"] = TopicName.parse(args[0]).full
+        out["partitions"] = {
+            p: {k: v for k, v in a.items() if k not in ("topic", "subscription", "txn_id")}
+            for p, a in answers.items()
+        }
+        return out
 
     def _per_partition(self, name: str, args) -> dict:
         """A partition's figures from its owner; a partitioned topic's, from each partition's
@@ -74,6 +144,8 @@ class ClusterAdmin(AdminCalls):
 
 # Admin calls about one topic: answered by its partitions' owners.
 _PER_PARTITION = ("topic_stats", "transaction_buffer_stats", "pending_ack_stats")
+_GATHERED = tuple(m for m in ADMIN_TOPIC_METHODS if m not in _PER_PARTITION)
+_IN_STATS = ("transaction_in_buffer_stats", "transaction_in_pending_ack_stats")
 
 
 def _sum_stats(full: str, answers: dict) -> dict:
@@ -94,6 +166,10 @@ def _sum_stats(full: str, answers: dict) -> dict:
             else:
                 out.setdefault(key, value)
     return out
+
+
+def _is_flag(value) -> bool:
+    return isinstance(value, bool)
 
 
 def _is_int(value) -> bool:

@@ -68,13 +68,13 @@ class Handle:
         if self._closed:
             raise errors.AlreadyClosed(f"{type(self).__name__} is closed")
         if self._generation != self._client._generation or self._handle is None:
-            generation = self._client._generation
             try:
-                self._handle = self._create()
+                with self._client._making() as generation:
+                    self._handle = self._create()
             except SessionLost:  # the server restarted before the client noticed
                 self._client._reopen(generation)
-                generation = self._client._generation
-                self._handle = self._create()
+                with self._client._making() as generation:
+                    self._handle = self._create()
             self._generation = generation
         return self._handle
 

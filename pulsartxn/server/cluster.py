@@ -352,6 +352,15 @@ class ClusterNode:
         rows.sort(key=lambda r: -r.get("open_ms", 0))
         return rows
 
+    def list_topics(self) -> list[dict]:
+        """Every live broker's topics, each once by name (admin.list_topics on a cluster)."""
+        found: dict[str, int] = {}
+        for answer in self._each_broker("list_topics").values():
+            if isinstance(answer, list):
+                for row in answer:
+                    found[row["topic"]] = max(found.get(row["topic"], 0), row["partitions"])
+        return [{"topic": t, "partitions": n} for t, n in sorted(found.items())]
+
     def cluster_coordinators(self) -> list[dict]:
         """The coordinators each broker serves (ELSEWHERE ones left out)."""
         rows = []
@@ -400,7 +409,7 @@ class ClusterNode:
             "peer_admin": self._on_admin,
         }
 
-    _READ_ONLY = ("slow_transactions", "coordinators")
+    _READ_ONLY = ("slow_transactions", "coordinators", "list_topics")
 
     def _on_admin(self, args, payload) -> dict:
         method = args.get("method")

@@ -32,6 +32,25 @@ ADMIN_METHODS = (
     "transaction_buffer_stats",
     "pending_ack_stats",
     "scale_coordinators",
+    "list_topics",
+    "delete_topic",
+    "list_subscriptions",
+    "create_subscription",
+    "delete_subscription",
+    "reset_cursor",
+    "skip",
+    "clear_backlog",
+    "peek",
+    "partitioned_stats",
+    "transaction_in_buffer_stats",
+    "transaction_in_pending_ack_stats",
+)
+# Admin calls about one topic (its first argument): its partitions' owners answer them.
+ADMIN_TOPIC_METHODS = (
+    "topic_stats",
+    "transaction_buffer_stats",
+    "pending_ack_stats",
+    *ADMIN_METHODS[ADMIN_METHODS.index("delete_topic") :],
 )
 # Admin calls of a cluster (docs/cluster.md): who owns what, and every broker's transactions.
 CLUSTER_ADMIN_METHODS = ("cluster", "cluster_transactions", "cluster_coordinators")

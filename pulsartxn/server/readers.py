@@ -70,20 +70,22 @@ class ReaderActions:
         for key in ("reader_name", "subscription_role_prefix"):
             if opts.get(key) is not None:
                 check_keyed_name(key, opts[key])
-        r = s.client._reader(
-            args["topic"],
-            start,
-            None,  # a remote reader's listener runs in the client
-            queue,
-            opts.get("reader_name"),
-            opts.get("subscription_role_prefix"),
-            bool(opts.get("start_message_id_inclusive", False)),
-            Isolation[isolation],
-            resume,
-        )
         handle = next(self._handles)
-        with s.lock:
-            s.consumers[handle] = r
+        r = s.keep(
+            s.consumers,
+            handle,
+            lambda: s.client._reader(
+                args["topic"],
+                start,
+                None,  # a remote reader's listener runs in the client
+                queue,
+                opts.get("reader_name"),
+                opts.get("subscription_role_prefix"),
+                bool(opts.get("start_message_id_inclusive", False)),
+                Isolation[isolation],
+                resume,
+            ),
+        )
         return {"handle": handle, "name": r.reader_name(), "topic": r.topic()}
 
     def _on_read_many(self, args, payload):

@@ -33,6 +33,8 @@ def serve(
     max_sessions: int = MAX_SESSIONS,
     cluster: str | None = None,
     advertised_address: str | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str | None = None,
     **broker_options,
 ) -> None:
     """Run a broker and serve it until SIGINT/SIGTERM; then close it cleanly (in-flight
@@ -40,7 +42,10 @@ def serve(
     is refused unless `insecure` (anyone who reaches the port could do anything).
 
     `cluster`: zk://HOST:PORT[,...]/ROOT, a broker of that cluster, registered as live at
-    `advertised_address` (default: host:port) once it serves."""
+    `advertised_address` (default: host:port) once it serves.
+
+    `metrics_port`: serve Prometheus metrics at http://`metrics_host`:port/metrics (host
+    default: `host`; 0 picks a free port; None: no metrics)."""
     loopback = host == "localhost"
     try:
         loopback = loopback or ipaddress.ip_address(host).is_loopback
@@ -55,6 +60,15 @@ def serve(
         raise errors.InvalidConfiguration("--advertised-address is for a broker of a --cluster")
     if port:
         _check_free(host, port)  # one clear line, not gRPC's log and a traceback
+    if metrics_host is None:
+        metrics_host = host
+    if metrics_port is not None:
+        if isinstance(metrics_port, bool) or not isinstance(metrics_port, int):
+            raise TypeError(f"metrics_port must be an int, not {type(metrics_port).__name__}")
+        if not 0 <= metrics_port <= 65535:
+            raise ValueError(f"--metrics-port must be 0..65535, not {metrics_port}")
+        if metrics_port:
+            _check_free(metrics_host, metrics_port)
     node = None
     if cluster is not None:
         from .cluster import ClusterNode  # kazoo: only a cluster's broker needs it
@@ -73,6 +87,7 @@ def serve(
         raise
     if node is not None:
         node.bind(broker)
+    metrics = None
     try:
         server = BrokerServer(
             broker,
@@ -88,9 +103,27 @@ def serve(
             max_sessions=max_sessions,
             cluster=node,
         )
+        if metrics_port is not None:
+            from .metrics import MetricsServer  # prometheus_client: only metrics need it
+
+            try:
+                metrics = MetricsServer(
+                    broker,
+                    metrics_host,
+                    metrics_port,
+                    sessions=server.sessions,
+                    cluster=_cluster_name(cluster),
+                )
+            except OSError as exc:
+                server.shutdown()
+                raise OSError(
+                    f"cannot serve metrics on {metrics_host}:{metrics_port}: {exc.strerror}"
+                ) from None
         if node is not None:
             node.register(advertised_address or f"{host}:{server.port}")
     except BaseException:
+        if metrics is not None:
+            metrics.close()
         broker.close()
         if node is not None:
             node.close()
@@ -106,11 +139,18 @@ def serve(
     if node is not None:
         print(f"pulsartxn broker {broker.broker_id} of cluster {cluster}", flush=True)
     print(f"pulsartxn serving {broker.data_dir} on {scheme}://{host}:{server.port}", flush=True)
+    if metrics is not None:
+        print(
+            f"pulsartxn metrics on http://{_url_host(metrics_host)}:{metrics.port}/metrics",
+            flush=True,
+        )
     if token is None and admin_token is None:
         log.warning("no token: every call is allowed to anyone who reaches %s:%s", host, port)
     try:
         stop.wait()
     finally:
+        if metrics is not None:
+            metrics.close()
         server.shutdown_sessions()
         server.shutdown()
         if node is not None:
@@ -129,3 +169,15 @@ def _check_free(host: str, port: int) -> None:
             probe.bind((host, port))
         except OSError as exc:
             raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def _cluster_name(cluster: str | None) -> str:
+    """The metrics' cluster label: the metadata root's name, or "standalone"."""
+    if cluster is None:
+        return "standalone"
+    root = cluster.split("://", 1)[-1].partition("/")[2].strip("/")
+    return root.rsplit("/", 1)[-1] or "pulsartxn"
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

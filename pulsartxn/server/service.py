@@ -209,10 +209,12 @@ class BrokerServer(Streams, ReaderActions, flight.FlightServerBase):
         s = self.sessions.get(args)
         room(len(s.producers), self.sessions.limits.producers, "producers")
         self._serve_topic(args["topic"])
-        p = s.client.create_producer(args["topic"], **_options(args, _PRODUCER_OPTIONS))
         handle = next(self._handles)
-        with s.lock:
-            s.producers[handle] = p
+        p = s.keep(
+            s.producers,
+            handle,
+            lambda: s.client.create_producer(args["topic"], **_options(args, _PRODUCER_OPTIONS)),
+        )
         return {"handle": handle, "name": p.producer_name(), "last_sequence": p.last_sequence_id()}
 
     def _producer(self, s: Session, args):
@@ -294,10 +296,12 @@ class BrokerServer(Streams, ReaderActions, flight.FlightServerBase):
         if opts.get("dead_letter_policy") is not None:
             opts["dead_letter_policy"] = DeadLetterPolicy.from_wire(opts["dead_letter_policy"])
             self._serve_dead_letter(args["topic"], args["subscription"], opts)
-        c = s.client.subscribe(args["topic"], args["subscription"], **opts)
         handle = next(self._handles)
-        with s.lock:
-            s.consumers[handle] = c
+        c = s.keep(
+            s.consumers,
+            handle,
+            lambda: s.client.subscribe(args["topic"], args["subscription"], **opts),
+        )
         return {"handle": handle, "name": c.consumer_name()}
 
     def _serve_dead_letter(self, topic, subscription, opts) -> None:
@@ -465,8 +469,10 @@ class BrokerServer(Streams, ReaderActions, flight.FlightServerBase):
         call_args = args.get("args", [])
         if not isinstance(call_args, list):
             raise TypeError(f"admin args must be a list, not {errors.excerpt(call_args)}")
-        if self.cluster is not None and method in protocol.CLUSTER_ADMIN_METHODS:
+        if self.cluster is not None and method in (*protocol.CLUSTER_ADMIN_METHODS, "list_topics"):
             return {"result": jsonable(getattr(self.cluster, method)(*call_args))}
+        if self.cluster is not None and method == "delete_topic":
+            raise errors.InvalidConfiguration("delete_topic is not offered on a cluster")
         if method in _ABOUT_A_TOPIC and call_args and isinstance(call_args[0], str):
             self._serve_topic(call_args[0], create=False)  # its owner's figures, no other
         if method not in self._ADMIN:
@@ -474,7 +480,7 @@ class BrokerServer(Streams, ReaderActions, flight.FlightServerBase):
         return {"result": jsonable(getattr(self.broker.admin, method)(*call_args))}
 
 
-_ABOUT_A_TOPIC = ("topic_stats", "transaction_buffer_stats", "pending_ack_stats")
+_ABOUT_A_TOPIC = protocol.ADMIN_TOPIC_METHODS
 
 
 def _keywords(method, *positional: str) -> frozenset:

@@ -17,7 +17,9 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pyarrow.flight as flight
 
@@ -25,6 +27,8 @@ from .. import errors
 from ..txn.log import IN_PROCESS
 from ..txn.state import FINAL
 from .protocol import SessionLost
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,7 @@ class Session:
         self._prune_at = _PRUNE_TXNS_AT
         self.last_seen = time.monotonic()
         self.lock = threading.Lock()
+        self.closed = False  # nothing is kept once set (under the lock)
 
     def remember(self, key: str, txn) -> None:
         """Keep the handle of a transaction this session uses (its acks and pending sends are
@@ -88,7 +93,26 @@ class Session:
         with self.lock:
             self.txns.pop(key, None)
 
+    def keep(self, table: dict, handle: int, make: Callable[[], T]) -> T:
+        """Make a producer, consumer or reader of this session and keep it in `table` under
+        `handle`. One made while the session is being closed is closed again: SessionLost,
+        so its client makes it anew (else it would outlive its session, holding its place)."""
+        try:
+            made = make()
+        except errors.AlreadyClosed:
+            if self.closed:
+                raise SessionLost("the session was closed") from None
+            raise
+        with self.lock:
+            if not self.closed:
+                table[handle] = made
+                return made
+        made.close()
+        raise SessionLost("the session was closed")
+
     def close(self) -> None:
+        with self.lock:
+            self.closed = True
         for c in list(self.consumers.values()):
             try:
                 c.close()  # unacknowledged messages are redelivered to others
@@ -140,6 +164,9 @@ class Sessions:
         self.limits = limits
         self.max_sessions = max_sessions
         self._sessions: dict[str, Session] = {}
+        # Sessions being closed: a hello of the same id waits until what they held is gone
+        # (an exclusive consumer made again would find the old one still there).
+        self._closing: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         self._local = threading.local()  # the call's role
         self._key = _capability_key(broker)
@@ -157,16 +184,24 @@ class Sessions:
         it is new here (what the client had in it is gone)."""
         if not isinstance(sid, str) or not 8 <= len(sid) <= 64:
             raise ValueError("hello needs a session id of 8..64 characters")
-        with self._lock:
-            if sid not in self._sessions:
-                if len(self._sessions) >= self.max_sessions:
-                    raise errors.QuotaExceeded(
-                        f"the server holds its limit of {self.max_sessions} sessions "
-                        "(pulsartxn serve --max-sessions)"
-                    )
-                self._sessions[sid] = Session(sid, self.broker.client(session=sid))
-                return True
-            return False
+        while True:
+            with self._lock:
+                closing = self._closing.get(sid)
+                if closing is None:
+                    return self._open(sid)
+            closing.wait()
+
+    def _open(self, sid: str) -> bool:
+        """open(), the lock held and no session of that id being closed."""
+        if sid not in self._sessions:
+            if len(self._sessions) >= self.max_sessions:
+                raise errors.QuotaExceeded(
+                    f"the server holds its limit of {self.max_sessions} sessions "
+                    "(pulsartxn serve --max-sessions)"
+                )
+            self._sessions[sid] = Session(sid, self.broker.client(session=sid))
+            return True
+        return False
 
     def get(self, args: dict) -> Session:
         """The session a call names (it is alive: its last call is now)."""
@@ -178,6 +213,10 @@ class Sessions:
         s.last_seen = time.monotonic()
         return s
 
+    def count(self) -> int:
+        """Sessions open now (a dict's length, read without the lock: for metrics)."""
+        return len(self._sessions)
+
     def live(self) -> list[Session]:
         with self._lock:
             return list(self._sessions.values())
@@ -186,9 +225,19 @@ class Sessions:
         """Close session `sid` (its client said so), if it is open."""
         with self._lock:
             s = self._sessions.pop(sid, None)
+            if s is not None:
+                self._closing[sid] = threading.Event()
         if s is not None:
+            self._close(s)
+
+    def _close(self, s: Session) -> None:
+        """Close a session taken out of the live ones (and in _closing), and its orphans."""
+        try:
             s.close()
             self.abort_orphans(s)
+        finally:
+            with self._lock:
+                self._closing.pop(s.id).set()
 
     def shutdown(self) -> None:
         self._stopped.set()
@@ -205,10 +254,10 @@ class Sessions:
                 dead = [s for s in self._sessions.values() if now - s.last_seen > self.timeout_s]
                 for s in dead:
                     del self._sessions[s.id]
+                    self._closing[s.id] = threading.Event()
             for s in dead:
                 log.info("a session expired: closing its consumers and producers")
-                s.close()
-                self.abort_orphans(s)
+                self._close(s)
             if not self._swept and now - self._started > self.timeout_s:
                 self._swept = True
                 self.abort_orphans(None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+import time
 from typing import Any
 
 import lmdb
@@ -236,6 +237,38 @@ class Storage:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def stats(self) -> dict:
+        """Group commit and journal figures: counters and histograms read as they stand (no
+        lock, nothing written). A synced store without its journal syncs LMDB per commit."""
+        commits, journal = self.commits, self.journal
+        out = {
+            "sync": self.sync,
+            "journal": journal is not None,
+            "groups": commits.groups,
+            "records": commits.records,
+            "failed_groups": commits.failures.failures,
+            "group_records": commits.group_records.snapshot(),
+            "commit_seconds": commits.commit_seconds.snapshot(),
+            "halted": False,
+            "error": None,
+        }
+        if journal is not None:
+            failed = journal.failed
+            out.update(
+                journal_records=journal.records,
+                journal_flushes=journal.flushes,
+                journal_write_seconds=journal.write_seconds.snapshot(),
+                journal_fsync_seconds=journal.fsync_seconds.snapshot(),
+                journal_region_bytes=journal.region,
+                checkpoint_lag_bytes=journal.used,
+                checkpoint_age_s=round(time.monotonic() - journal.checkpointed_at, 3),
+                checkpoints=journal.checkpoints,
+                replayed_records=journal.replayed,
+                halted=failed is not None,
+                error=None if failed is None else str(failed),
+            )
+        return out
 
 
 # Files of a store; anything else (dot files and lost+found aside) in a directory without a

@@ -16,8 +16,9 @@ from typing import Any
 import lmdb
 
 from ..errors import AlreadyClosed
+from .figures import GROUP_RECORDS, LATENCY_S, Buckets
 from .op_queue import OpQueue
-from .ops import OpFuture, WriteOp, storage_error
+from .ops import FailureLog, OpFuture, WriteOp, storage_error
 from .recording import Recorder, RecordingTxn
 
 _STOP = object()
@@ -56,6 +57,9 @@ class GroupCommit:
         self._close_lock = threading.Lock()
         self.groups = 0
         self.records = 0
+        self.group_records = Buckets(GROUP_RECORDS)  # records per group
+        self.commit_seconds = Buckets(LATENCY_S)  # a group's commit, its sync included
+        self.failures = FailureLog(self._path)  # failed group commits, logged
         self._commit_lock = threading.Lock()
         self._linger_sync = bool(sync)
         self._last_group = 0
@@ -388,6 +392,7 @@ class GroupCommit:
             return
         except BaseException as exc:  # the commit itself failed: nothing of the group was written
             error = storage_error(exc, self._path)
+            self.failures.failed(error, len(group))
             for op in group:
                 self._fail(op, error)
             return
@@ -398,6 +403,7 @@ class GroupCommit:
             if op.records and not op.lazy:
                 waited += 1
         self.records += records
+        self.group_records.observe(records)
         # Callers that waited for this group: about as many will queue again (_gather).
         self._last_group = waited
         for op, result in zip(group, results):
@@ -467,6 +473,7 @@ class GroupCommit:
                 journal.carried_over()
             lmdb_txn = None
             self._last_commit_s = time.monotonic() - started
+            self.commit_seconds.observe(self._last_commit_s)
         finally:
             if lmdb_txn is not None:
                 lmdb_txn.abort()

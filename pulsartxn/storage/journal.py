@@ -10,13 +10,16 @@ did only once its record is durable. See docs/internals.md, "How a write becomes
 from __future__ import annotations
 
 import errno
+import logging
 import mmap
 import os
 import struct
 import threading
+import time
 
 from .._native import AsyncWriter
 from ..errors import StorageError, StorageFull
+from .figures import LATENCY_S, Buckets
 from .journal_format import (
     BLOCK,
     FILE,
@@ -40,6 +43,8 @@ from .journal_format import (
 )
 from .ops import free_bytes
 from .recording import apply_record
+
+_LOG = logging.getLogger("pulsartxn.journal")
 
 
 class Journal:
@@ -73,7 +78,11 @@ class Journal:
         self._carry: list[bytes] = []
         self.carried = 0
         self.checkpoints = 0
+        self.checkpointed_at = time.monotonic()
         self.replayed = 0
+        self.write_seconds = Buckets(LATENCY_S)  # a record's write, start to written
+        self.fsync_seconds = Buckets(LATENCY_S)  # the fdatasync that makes records durable
+        self._started_at = 0.0
 
     # -- open / create ----------------------------------------------------------------------
 
@@ -98,19 +107,28 @@ class Journal:
             journal._fill()
             return journal
         free = free_bytes(data_dir)
-        if free is not None and free < 8 * size:
+        short = free is not None and free < 8 * size
+        if short:
             size = min(size, (free // 8) & ~(ZERO_CHUNK - 1))
         size &= ~(BLOCK - 1)
         if size < ZERO_CHUNK:
+            _disabled(
+                data_dir,
+                f"no room for one ({free} bytes free; it takes up to an eighth, {ZERO_CHUNK} "
+                "bytes at least)"
+                if short
+                else f"journal_bytes={size} is under the least journal ({ZERO_CHUNK} bytes)",
+            )
             return None
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             write_zeros(fd, 0, HEAD + size)
             os.fsync(fd)
             fsync_dir(data_dir)
-        except OSError:
+        except OSError as exc:
             os.close(fd)
             os.unlink(path)
+            _disabled(data_dir, f"cannot create it ({exc})")
             return None
         return cls(path, fd, size, None)
 
@@ -165,7 +183,8 @@ class Journal:
             return 0
         handles: dict = {}
         count = 0
-        end = self.header["replay_lsn"]
+        start = end = self.header["replay_lsn"]
+        began = time.monotonic()
         with env.begin(write=True) as lmdb_txn:
             # The last record's end is where the next one goes.
             for end, payload in self._records(self.header["replay_lsn"]):  # noqa: B007
@@ -173,6 +192,13 @@ class Journal:
                 count += 1
         self.lsn = end
         self.replayed = count
+        _LOG.info(
+            "journal of %s replayed: %d records (%d bytes) after its checkpoint in %.1f ms",
+            os.path.dirname(self.path),
+            count,
+            end - start,
+            (time.monotonic() - began) * 1000.0,
+        )
         return count
 
     def _records(self, lsn: int):
@@ -245,6 +271,7 @@ class Journal:
         pad = left if left < need else 0
         if lsn + pad + need - self._durable_lsn > self.region:
             return False
+        self._started_at = time.monotonic()
         try:
             if pad:
                 self._write(RECORD.pack(PAD_MAGIC, 0, lsn, txnid, record_crc(lsn, txnid, b"")), lsn)
@@ -273,14 +300,17 @@ class Journal:
             self._written()
         except OSError as exc:
             raise self._write_error(exc) from exc
+        written = time.monotonic()
+        self.write_seconds.observe(written - self._started_at)
         try:
             os.fdatasync(self._fd)
             self.flushes += 1
         except OSError as exc:
             # After a failed fdatasync the kernel may have dropped the pages it could not
             # write: nothing since the last good one can be trusted until a reopen recovers.
-            self.failed = exc
+            self._halt(exc, "the journal could not sync")
             raise StorageError(f"the journal could not sync: {exc}") from exc
+        self.fsync_seconds.observe(time.monotonic() - written)
         self.lsn = lsn + need
         self.records += 1
 
@@ -292,7 +322,7 @@ class Journal:
         try:
             self._written()
         except OSError as exc:
-            self.failed = exc
+            self._halt(exc, "the journal could not write an earlier record")
             raise StorageError(f"the journal could not write an earlier record: {exc}") from exc
 
     def abandon(self) -> None:
@@ -302,7 +332,7 @@ class Journal:
             try:
                 self._written()
             except OSError as exc:
-                self.failed = exc
+                self._halt(exc, "the journal could not write a record it takes back")
                 return
         self.retract()
 
@@ -311,7 +341,7 @@ class Journal:
             # Growing a journal that a full disk kept short: nothing was made durable, and
             # the next record is written at the same place.
             return StorageFull(f"disk is full: the journal cannot grow ({exc})")
-        self.failed = exc
+        self._halt(exc, "the journal could not write")
         return StorageError(f"the journal could not write: {exc}")
 
     def retract(self) -> None:
@@ -324,7 +354,7 @@ class Journal:
             self._write(bytes(RECORD.size), lsn)
             os.fdatasync(self._fd)
         except OSError as exc:
-            self.failed = exc
+            self._halt(exc, "the journal could not take back a record")
             return
         self.lsn = lsn
         self._last = None
@@ -379,6 +409,18 @@ class Journal:
             self._direct = None
         self._stage = None
 
+    def _halt(self, exc: BaseException, what: str) -> None:
+        """The journal takes no more records until a reopen recovers: said once, an ERROR."""
+        if self.failed is None:
+            _LOG.error(
+                "storage halted, no more writes: %s in %s (%s); reopen the broker to recover "
+                "what was acknowledged",
+                what,
+                os.path.dirname(self.path),
+                exc,
+            )
+        self.failed = exc
+
     @property
     def used(self) -> int:
         """Bytes of records since the last checkpoint."""
@@ -429,9 +471,10 @@ class Journal:
                 self._durable_lsn = lsn
                 old, self._pin = self._pin, pin
                 self.checkpoints += 1
+                self.checkpointed_at = time.monotonic()
         except OSError as exc:
             pin.abort()
-            self.failed = exc
+            self._halt(exc, "a checkpoint failed")
             raise StorageError(f"checkpoint failed: {exc}") from exc
         if old is not None:
             old.abort()
@@ -462,3 +505,7 @@ class Journal:
             pass  # the records before it are what a reopen replays
         self._close_direct()
         os.close(self._fd)
+
+
+def _disabled(data_dir: str, why: str) -> None:
+    _LOG.warning("no journal in %s: %s; LMDB syncs every commit itself (slower)", data_dir, why)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import InvalidStateError
 from dataclasses import dataclass, field
@@ -218,3 +219,35 @@ def free_bytes(path: str | None) -> int | None:
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
+
+
+class FailureLog:
+    """Failed group commits on the ``pulsartxn.storage`` logger: the first at once, then one
+    line per `every_s` at most with how many failed meanwhile (a full disk fails every group).
+    A full store is a WARNING (freeing room resumes writes); any other failure an ERROR."""
+
+    def __init__(self, path: str, every_s: float = 10.0) -> None:
+        self._path = path
+        self._every = every_s
+        self._next = 0.0
+        self._unshown = 0
+        self.failures = 0
+
+    def failed(self, error: BaseException, ops: int) -> None:
+        self.failures += 1
+        now = time.monotonic()
+        if now < self._next:
+            self._unshown += 1
+            return
+        level = logging.WARNING if isinstance(error, StorageFull) else logging.ERROR
+        since = f" ({self._unshown} more since the last shown)" if self._unshown else ""
+        _LOG.log(
+            level,
+            "a group commit in %s failed, its %d writes answered with the error%s: %s",
+            self._path,
+            ops,
+            since,
+            error,
+        )
+        self._next = now + self._every
+        self._unshown = 0

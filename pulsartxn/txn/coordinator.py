@@ -7,6 +7,7 @@ their records. The end itself is in :mod:`pulsartxn.txn.decision` and
 from __future__ import annotations
 
 import heapq
+import logging
 import threading
 import time
 from collections import deque
@@ -37,6 +38,8 @@ from .meta import (
 )
 from .state import CoordinatorStatus, EndReason, TxnState
 
+_LOG = logging.getLogger("pulsartxn.txn")
+
 __all__ = ["Coordinator", "TxnMeta", "status_error", "OPEN", "COMMITTED", "ABORTED"]
 
 
@@ -64,6 +67,7 @@ class Coordinator(TransactionEnd):
         self.error: str | None = None
         self.created = self.committed = self.aborted = self.timed_out = 0
         self.finalize_retries = self.append_failures = 0
+        self.log_appends = 0  # records put in its log (NEW, participants, END)
         self.histogram = [0] * (len(HISTOGRAM_MS) + 1)
         self.recovery: dict = {}
 
@@ -277,6 +281,7 @@ class Coordinator(TransactionEnd):
                 heapq.heappush(self._deadlines, (meta.deadline, seq))
                 if staged:
                     self.created += 1
+                    self.log_appends += 1  # rides with the transaction's first write
         if staged:
             return meta
         try:
@@ -288,6 +293,7 @@ class Coordinator(TransactionEnd):
         with self.lock:
             meta.durable = True
             self.created += 1
+            self.log_appends += 1
         return meta
 
     def _check_room(self) -> None:
@@ -343,6 +349,7 @@ class Coordinator(TransactionEnd):
                 raise status_error(meta.txn_id, meta.state, meta.reason, meta.timeout_ms, op)
             index = meta.records
             meta.records += 1
+            self.log_appends += 1
             (meta.partitions if kind == log.PARTITIONS else meta.subscriptions).update(names)
             if inflight:
                 meta.inflight += 1
@@ -394,10 +401,18 @@ class Coordinator(TransactionEnd):
         return due
 
     def timeout(self, seq: int) -> None:
+        meta = self.txns.get(seq)
         try:
             self.end(seq, False, EndReason.TIMEOUT)
         except (InvalidTxnStatus, TransactionNotFound, AlreadyClosed, CoordinatorUnavailable):
-            pass  # ended meanwhile, or the broker is closing
+            return  # ended meanwhile, or the broker is closing
+        if meta is not None:
+            _LOG.info(
+                "transaction %s timed out: aborted %.0f ms after it began (timeout %d ms)",
+                meta.txn_id,
+                time.time() * 1000.0 - meta.open_ms,
+                meta.timeout_ms,
+            )
 
     # -- views -----------------------------------------------------------------------------
 
@@ -436,6 +451,7 @@ class Coordinator(TransactionEnd):
                 "active": len(self.txns),
                 "append_failures": self.append_failures,
                 "finalize_retries": self.finalize_retries,
+                "log_appends": self.log_appends,
                 "finalizing": finalizing,
                 "max_active_txns": self.service.max_active,
                 "execution_latency_ms": buckets,

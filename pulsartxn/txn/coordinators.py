@@ -106,6 +106,7 @@ class Coordinators:
             raw = lmdb_txn.get(BOOT_KEY, db=self.storage.meta)
             last_boot = bytes(raw) if raw is not None else None
         self.clean_start = closed or (boot is not None and last_boot == boot)
+        self._first_start = not closed and last_boot is None  # (or a host without boot ids)
 
         def opened(t) -> None:
             t.delete(CLEAN_KEY, db=self.storage.meta)
@@ -119,6 +120,7 @@ class Coordinators:
     # -- recovery --------------------------------------------------------------------------
 
     def _recover(self) -> None:
+        began = time.monotonic()
         decided = self.groups.read()
         to_finalize: list[tuple[Coordinator, TxnMeta]] = []
         for c in self.coordinators:
@@ -128,6 +130,32 @@ class Coordinators:
         self.groups.recovered([m for c in self.coordinators for m in c.txns.values()])
         self._recovered = to_finalize
         self._reserve_ahead(self.coordinators)
+        self._log_recovery(time.monotonic() - began)
+
+    def _log_recovery(self, took_s: float) -> None:
+        """One INFO line: what the coordinators' logs held and what became of it."""
+        totals: dict[str, int] = {}
+        for c in self.coordinators:
+            for key, value in c.recovery.items():
+                if key != "recover_time_ms":
+                    totals[key] = totals.get(key, 0) + value
+        failed = [c.id for c in self.coordinators if c.status is CoordinatorStatus.ERROR]
+        _LOG.info(
+            "%d transaction coordinators recovered in %.1f ms (%s start): %d transactions "
+            "replayed, %d open, %d to finalize, %d timed out while down, %d orphaned%s",
+            len(self.coordinators),
+            took_s * 1000.0,
+            "clean" if self.clean_start else "first" if self._first_start else "unclean",
+            totals.get("recovered_txns", 0),
+            totals.get("recovered_open", 0),
+            totals.get("recovered_finalizing", 0),
+            totals.get("recovered_timed_out", 0),
+            totals.get("recovered_orphaned", 0),
+            f"; coordinators {failed} cannot read their logs" if failed else "",
+        )
+        for c in self.coordinators:
+            if c.status is CoordinatorStatus.ERROR:
+                _LOG.error("%s", c.error)
 
     def _place(self, c: Coordinator) -> None:
         """In a cluster, a coordinator another broker owns serves nothing here (before the

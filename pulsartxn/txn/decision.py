@@ -18,7 +18,7 @@ from ..errors import (
 )
 from ..storage import WriteOp, combine
 from . import log
-from .finalize import Finalize
+from .finalize import Finalize, retry_logged
 from .meta import (
     ABORTING,
     COMMITTING,
@@ -124,6 +124,7 @@ class TransactionEnd(Finalize):
             index = meta.records
             if not empty:
                 meta.records += 1
+                self.log_appends += 1
             return meta, empty, index, self._lwm(), meta.new_record
 
     def _decide(self, meta, index, lwm, first, taken, per_partition, expected_acks, done):
@@ -190,6 +191,7 @@ class TransactionEnd(Finalize):
                     meta.retries += 1
                     meta.last_error = f"{part[0]} {part[1]}: {exc!r}"
                     self.finalize_retries += 1
+                retry_logged(meta, part, exc)
 
     def _committable(self, meta: TxnMeta, expected_acks, expected_sends) -> None:
         """Raise (abort_only) unless the transaction may commit: no op of it failed, and

@@ -7,6 +7,7 @@ before that finalizes it again."""
 from __future__ import annotations
 
 import bisect
+import logging
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -17,6 +18,25 @@ from . import log
 from .meta import ABORTED, COMMITTED, HISTOGRAM_MS, MAX_BACKOFF_S, TxnMeta
 from .participant import SUBSCRIPTION
 from .state import EndReason
+
+_LOG = logging.getLogger("pulsartxn.txn")
+
+
+def retry_logged(meta: TxnMeta, part, exc: BaseException) -> None:
+    """A participant failed its part of an end, retried: a WARNING at the 1st, 2nd, 4th, 8th...
+    failure of the transaction, so a stuck participant does not flood the log."""
+    n = meta.retries
+    if n & (n - 1) == 0:
+        _LOG.warning(
+            "finalize of transaction %s (%s) failed at %s %s, attempt %d; retrying: %r",
+            meta.txn_id,
+            "commit" if meta.commit else "abort",
+            part[0],
+            part[1],
+            n,
+            exc,
+        )
+
 
 if TYPE_CHECKING:
     from ..storage import Storage
@@ -42,6 +62,7 @@ class Finalize:
     timed_out: int
     finalize_retries: int
     append_failures: int
+    log_appends: int
     histogram: list[int]
 
     def _lwm(self) -> int:
@@ -124,6 +145,7 @@ class Finalize:
                 meta.last_error = f"{part[0]} {part[1]}: {exc!r}"
                 self.finalize_retries += 1
                 self.cond.notify_all()  # a commit waiting for it returns (wait_settled)
+            retry_logged(meta, part, exc)
             delay = min(0.01 * (2**attempt), MAX_BACKOFF_S)
             service.timer.call_later(delay, self._call, meta, part, attempt + 1)
             return

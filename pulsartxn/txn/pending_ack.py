@@ -6,6 +6,7 @@ the end's own write: replay after a crash is exact."""
 
 from __future__ import annotations
 
+import logging
 import struct
 import time
 
@@ -21,6 +22,8 @@ from ..storage import WriteOp
 from .ack_conflicts import check_cumulative, check_individual, check_plain_cumulative
 from .meta import abort_only
 from .watermark import BySequence
+
+_LOG = logging.getLogger("pulsartxn.pendingack")
 
 _ACK = struct.Struct("<BqiI")  # kind (0 individual, 1 cumulative), entry, batch index, size
 _U32 = struct.Struct("<I")
@@ -458,10 +461,12 @@ class PendingAck:
         storage = self.storage
         db = storage.open_db(DB)
         ledger = self.sub.partition.ledger_id
+        began = time.monotonic()
         with storage.read() as lmdb_txn:
             cursor = lmdb_txn.cursor(db=db)
             if not cursor.set_range(self._prefix):
                 return
+            records = 0
             for key, value in cursor:
                 key = bytes(key)
                 if not key.startswith(self._prefix):
@@ -470,6 +475,7 @@ class PendingAck:
                 if len(raw) < 20 or _U32.unpack_from(raw)[0] != crc32c(raw[4:]):
                     raise CorruptEntry(f"pending-ack record {key!r} fails its checksum")
                 t = TxnID.unpack(raw[4:20])
+                records += 1
                 number = _U32.unpack_from(key, len(key) - 4)[0]
                 self.records[t] = max(self.records.get(t, 0), number + 1)
                 for off in range(20, len(raw), _ACK.size):
@@ -487,6 +493,17 @@ class PendingAck:
                             ack_set = AckSet(size)
                             ack_set.set(bi)
                         self.index.add(ledger, entry_id, t, ack_set)
+        if records:
+            _LOG.info(
+                "pending acks of %s on %s replayed in %.1f ms: %d records, %d acks of %d "
+                "transactions",
+                self.sub.name,
+                self.sub.partition.topic,
+                (time.monotonic() - began) * 1000.0,
+                records,
+                sum(self.counts.values()),
+                len(self.counts),
+            )
 
     def transactions(self) -> set:
         with self.lock:

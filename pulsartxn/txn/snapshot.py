@@ -5,12 +5,15 @@ CRC-32C; a damaged snapshot is ignored and the state rebuilt from the ledger."""
 
 from __future__ import annotations
 
+import logging
 import struct
 import time
 
 from .._native import TxnID, crc32c
 from ..errors import AlreadyClosed, CorruptEntry
 from ..storage import WriteOp
+
+_LOG = logging.getLogger("pulsartxn.buffer")
 
 DB = b"tbsnapshot"
 SEGMENT_MAX = 16384  # aborted TxnIDs per segment
@@ -94,6 +97,12 @@ class BufferSnapshots:
                         aborts.append((TxnID.unpack(tid), pos))
         except (CorruptEntry, struct.error, ValueError) as exc:
             self.load_error = str(exc)
+            _LOG.warning(
+                "transaction buffer snapshot of %s cannot be read (%s): rebuilt from the whole "
+                "ledger instead",
+                self.partition.topic,
+                exc,
+            )
             return 0  # rebuilt from the ledger; the next snapshot replaces it
         buf = self.buffer
         for t, first in ongoing:

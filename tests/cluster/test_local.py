@@ -264,3 +264,53 @@ def test_a_cluster_comes_back_on_its_data_directory_after_a_broker_was_killed(tm
         after = (cluster.service_url, cluster.zk_url, [cluster.broker_id(i) for i in (0, 1)])
         assert _live(cluster.zk_url) == dict(zip(after[2], cluster.addresses))
     assert after == before
+
+
+def test_each_broker_serves_its_own_metrics(local_cluster):
+    """metrics_base_port + i: broker i's /metrics, labelled with the cluster's root and
+    reporting only the coordinators that broker serves."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from pulsartxn.cluster.local import pick_ports
+
+    base = pick_ports(1)[0]
+    while not all(_bindable_port(base + i) for i in range(2)):
+        base = pick_ports(1)[0]
+    cluster = local_cluster(2, metrics_base_port=base, num_coordinators=4)
+    root = cluster.zk_url.rsplit("/", 1)[1]
+    client = pulsartxn.Client(cluster.service_url)
+    try:
+        for _ in range(3):
+            client.new_transaction().commit()
+    finally:
+        client.close()
+    served = []
+    for i in range(2):
+        assert cluster.metrics_url(i) == f"http://127.0.0.1:{base + i}/metrics"
+        with urllib.request.urlopen(cluster.metrics_url(i), timeout=10) as response:
+            text = response.read().decode()
+        served.append(
+            {
+                s.labels["coordinator_id"]: (s.labels["cluster"], s.value)
+                for f in text_string_to_metric_families(text)
+                for s in f.samples
+                if s.name == "pulsar_txn_committed_count"
+            }
+        )
+    assert not set(served[0]) & set(served[1])  # a coordinator is reported by its owner only
+    both = {**served[0], **served[1]}
+    assert sum(v for _, v in both.values()) == 3
+    assert {c for c, _ in both.values()} == {root}
+    with pytest.raises(ValueError, match="metrics_base_port"):
+        LocalCluster("unused", 2, metrics_base_port=65535)
+
+
+def _bindable_port(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

@@ -3,10 +3,13 @@ transactions it used stay in proportion to the open ones."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pulsartxn
+from pulsartxn import errors
 from pulsartxn.server import sessions
+from pulsartxn.server.protocol import SessionLost
 from pulsartxn.server.service import BrokerServer
 from pulsartxn.txn.state import FINAL
 from tests.helpers import scanned
@@ -52,3 +55,68 @@ def test_a_long_session_keeps_only_the_open_transactions(tmp_path, monkeypatch):
             client.close()
             server.shutdown_sessions()
             server.shutdown()
+
+
+def _server_and_client(tmp_path, **client_kw):
+    broker = pulsartxn.Broker(tmp_path / "d", sync=False)
+    server = BrokerServer(broker, "127.0.0.1", 0)
+    client = pulsartxn.Client(f"pulsartxn://127.0.0.1:{server.port}", **client_kw)
+    return broker, server, client
+
+
+def _stop(broker, server, client) -> None:
+    client.close()
+    server.shutdown_sessions()
+    server.shutdown()
+    broker.close()
+
+
+def _receive_now(consumer) -> BaseException | None:
+    try:
+        consumer.receive(timeout_millis=0)
+    except (errors.Timeout, SessionLost):
+        return None
+    except errors.ConsumerBusy as exc:
+        return exc
+    return None
+
+
+def test_a_consumer_made_while_the_session_reopens_is_made_once(tmp_path):
+    """The keepalive reopens a lost session while a consumer is being made: the consumer
+    belongs to the session it landed in, so it is not made twice there (an exclusive one
+    would find itself in the way: ConsumerBusy)."""
+    broker, server, client = _server_and_client(tmp_path, keepalive_s=0.001)
+    try:
+        busy = []
+        for i in range(300):
+            server.sessions.close(client._session)  # lost: the keepalive opens it again
+            busy.append(_receive_now(client.subscribe("t", f"s{i}")))
+        assert [e for e in busy if e is not None] == []
+    finally:
+        _stop(broker, server, client)
+
+
+def test_a_session_opened_again_while_it_is_closed_waits_for_its_consumers_to_go(tmp_path):
+    """A session ended on the server (expired, or closed) while its client goes on: the
+    client's hello of the same id waits until the old session's consumers are gone, so its
+    exclusive consumer is subscribed again, never ConsumerBusy."""
+    broker, server, client = _server_and_client(tmp_path)
+    client.create_producer("t").send_batch([b"m"] * 5000)
+    # Unacknowledged messages to hand back make the old session's close take its time.
+    consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
+    stop = threading.Event()
+
+    def close_often() -> None:
+        while not stop.is_set():
+            server.sessions.close(client._session)
+            time.sleep(0.002)
+
+    closer = threading.Thread(target=close_often)
+    closer.start()
+    try:
+        busy = [_receive_now(consumer) for _ in range(300)]
+    finally:
+        stop.set()
+        closer.join()
+        _stop(broker, server, client)
+    assert [e for e in busy if e is not None] == []

@@ -508,3 +508,22 @@ def test_slow_transactions_and_metadata(open_broker):
     assert broker.admin.transaction_metadata(old.id)["state"] == "COMMITTED"
     with pytest.raises(ValueError):
         broker.admin.slow_transactions(-1)
+
+
+def test_log_appends_count_the_records_of_each_transaction(tmp_path):
+    """coordinator_stats' log_appends (Pulsar's append_log_count): a begin, each new set of
+    participants, an end with participants; a repeated registration adds nothing."""
+    with pulsartxn.Broker(tmp_path / "d", num_coordinators=1, sync=False) as broker:
+        client = broker.client()
+        producer = client.create_producer("t")
+
+        def appends() -> int:
+            return broker.admin.coordinator_stats(0)["log_appends"]
+
+        client.new_transaction().commit()  # its begin only: an empty end writes no record
+        assert appends() == 1
+        txn = client.new_transaction()
+        producer.send(b"a", txn=txn)
+        producer.send(b"b", txn=txn)  # the same partition: no new record
+        txn.commit()
+        assert appends() == 1 + 3

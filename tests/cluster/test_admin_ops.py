@@ -1,0 +1,46 @@
+"""The admin's topic and subscription calls on a cluster: each partition's at its owner, put
+together as one broker would answer; list_topics from every live broker."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import pulsartxn
+from pulsartxn.cli import main
+
+FULL = "persistent://public/default/"
+
+
+def test_a_partitioned_topic_across_brokers(local_cluster, capsys):
+    cluster = local_cluster(2, num_coordinators=2)
+    client = pulsartxn.Client(cluster.service_url)
+    try:
+        client.create_topic("ca", partitions=4)
+        producer = client.create_producer("ca")
+        for i in range(8):
+            producer.send(b"%d" % i, partition_key=str(i))
+        admin = client.admin
+        assert {"topic": FULL + "ca", "partitions": 4} in admin.list_topics()
+        admin.create_subscription("ca", "s", "earliest")
+        assert admin.list_subscriptions("ca") == ["s"]
+        assert len(admin.peek("ca", "s", 10)) == 8
+        assert admin.skip("ca", "s", 3) == 3
+        assert len(admin.peek("ca", "s", 10)) == 5
+        stats = admin.partitioned_stats("ca", per_partition=True)
+        assert stats["messages"] == 8 and len(stats["per_partition"]) == 4
+        assert stats["subscriptions"]["s"]["backlog"] == 5
+        admin.reset_cursor("ca", "s", "earliest")
+        assert len(admin.peek("ca", "s", 10)) == 8
+        txn = client.new_transaction()
+        inbuf = admin.transaction_in_buffer_stats("ca", txn.id)
+        assert {p["state"] for p in inbuf["partitions"].values()} == {"unknown"}
+        txn.abort()
+        with pytest.raises(pulsartxn.InvalidConfiguration):
+            admin.delete_topic("ca")
+        producer.close()
+        assert main(["admin", "--url", cluster.service_url, "topics", "list"]) == 0
+        assert {"topic": FULL + "ca", "partitions": 4} in json.loads(capsys.readouterr().out)
+    finally:
+        client.close()
