@@ -340,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:
+        # Its reader went away (`| head`): quiet, as any command line tool.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (ValueError, TypeError, OSError, PulsarTxnError) as exc:
         # One line, no traceback: a busy port, a locked data directory, a bad option value.
         print(f"pulsartxn {args.command}: {' '.join(str(exc).split())}", file=sys.stderr)

@@ -31,7 +31,10 @@ class Server:
             "--no-sync",
             *self.extra,
         ]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Its log goes to a file: a pipe nobody reads would block the server once full.
+        log = open(self.data_dir + ".log", "a")  # noqa: SIM115 - the process holds it
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+        log.close()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
@@ -40,8 +43,13 @@ class Server:
                 self.port = int(found.group(1))
                 return self.url
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.proc.stderr.read()}")
+                raise RuntimeError(f"server exited: {self.log()[-4000:]}")
         raise RuntimeError("server did not start")
+
+    def log(self) -> str:
+        """What the server has logged (stderr), over all its starts."""
+        with open(self.data_dir + ".log") as f:
+            return f.read()
 
     @property
     def url(self) -> str:

@@ -35,7 +35,10 @@ def _serve(data_dir, *extra) -> subprocess.Popen:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """(service URL, metrics URL) of one server for the module."""
-    proc = _serve(tmp_path_factory.mktemp("metrics") / "data", "--metrics-port", "0")
+    # warning: its stderr, a pipe, is read only if it fails to start
+    proc = _serve(
+        tmp_path_factory.mktemp("metrics") / "data", "--metrics-port", "0", "--log-level", "warning"
+    )
     urls: dict = {}
     deadline = time.monotonic() + 30
     while len(urls) < 2 and time.monotonic() < deadline:
