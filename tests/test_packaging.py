@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import email.parser
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -14,6 +15,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# What a working tree holds that is not the package's source.
+_NOT_SOURCES = (
+    ".git",
+    ".venv",
+    ".asv",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    "*.so",
+    ".pytest_cache",
+    ".benchmarks",
+    "pulsartxn-data",
+    "pulsartxn-cluster",
+)
 
 
 def run(cmd: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
@@ -25,8 +41,12 @@ def run(cmd: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_wheel_installs_and_imports_without_cython(tmp_path):
     wheels = tmp_path / "wheels"
+    # From a copy of the sources: a working tree's build/ (what earlier builds left, .c and
+    # .pyx included) would be packed as it is.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*_NOT_SOURCES))
     run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)],
         tmp_path,
     )
     (wheel,) = wheels.glob("pulsartxn-*.whl")
@@ -76,6 +96,9 @@ def check_contents(wheel: Path) -> None:
         # Stubs for type checkers and declarations for cimport stay (pyproject.toml).
         assert "pulsartxn/_native/txnid.pyi" in names and "pulsartxn/_native/txnid.pxd" in names
         assert "pulsartxn/py.typed" in names
+        # The licence's text travels with the code (Apache-2.0 asks for it).
+        (licence,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+        assert b"Apache License" in zf.read(licence)
 
 
 def check_metadata(wheel: Path) -> None:
