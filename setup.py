@@ -1,19 +1,23 @@
 """Build the Cython extensions of pulsartxn._native.
 
 Release builds are optimised (-O3, NDEBUG, no Cython bounds checks where the code turns them
-off). ``PULSARTXN_DEBUG=1`` at build time turns on line tracing, C asserts and
-AddressSanitizer/UBSan so that a crash in the native layer can be chased without editing code.
+off) and their extensions stripped of symbol tables. ``PULSARTXN_DEBUG=1`` at build time
+turns on line tracing, C asserts and AddressSanitizer/UBSan (and keeps the symbols) so that a
+crash in the native layer can be chased without editing code.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import shutil
+import subprocess
 import sys
 
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 DEBUG = os.environ.get("PULSARTXN_DEBUG") == "1"
 
@@ -34,7 +38,7 @@ elif DEBUG:
     link_args = ["-fsanitize=address,undefined"]
 else:
     compile_args = ["-O3", "-DNDEBUG", "-fno-strict-aliasing"]
-    link_args = []
+    link_args = ["-s"] if sys.platform.startswith("linux") else []
 
 macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
 if DEBUG:
@@ -54,6 +58,20 @@ for pyx in sorted(glob.glob("pulsartxn/_native/*.pyx")):
         )
     )
 
+
+class StrippedBuildExt(build_ext):
+    """Release builds ship stripped extensions, even when an up-to-date one (linked before
+    `-s`, or by another toolchain) is reused rather than linked again."""
+
+    def build_extension(self, ext: Extension) -> None:
+        super().build_extension(ext)
+        strip = shutil.which("strip")
+        if DEBUG or strip is None or sys.platform == "win32":
+            return
+        flag = "-x" if sys.platform == "darwin" else "--strip-unneeded"
+        subprocess.run([strip, flag, self.get_ext_fullpath(ext.name)], check=True)
+
+
 directives = {
     "language_level": "3",
     "embedsignature": True,
@@ -64,6 +82,7 @@ if DEBUG:
     directives.update({"linetrace": True, "boundscheck": True, "wraparound": True})
 
 setup(
+    cmdclass={"build_ext": StrippedBuildExt},
     ext_modules=cythonize(
         extensions,
         compiler_directives=directives,

@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 
-from pulsartxn import perf
+from pulsartxn import client_cli, perf
 from pulsartxn.admin_cli import add_parser as add_admin_parser
 from pulsartxn.demo import run_demo
 from pulsartxn.errors import InvalidConfiguration, PulsarTxnError
@@ -27,8 +27,8 @@ def _demo(args: argparse.Namespace) -> int:
             import pyspark  # noqa: F401 - the optional extra: is it installed?
         except ImportError:
             print(
-                "pyspark is not installed (pip install -e '.[spark]'): running the pipeline "
-                "on the broker alone",
+                "pyspark is not installed (pip install 'pulsartxn[spark]'; in a clone, pip "
+                "install -e '.[spark]'): running the pipeline on the broker alone",
                 file=sys.stderr,
             )
         else:
@@ -161,6 +161,19 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def version() -> str:
+    """This package's version: its installed distribution's, else ``pulsartxn.__version__``."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("pulsartxn")
+    except PackageNotFoundError:
+        import pulsartxn
+
+        return pulsartxn.__version__
+
+
 class _Parser(argparse.ArgumentParser):
     """A bad option is one line (and exit 2), not the usage text."""
 
@@ -170,8 +183,10 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pulsartxn", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"pulsartxn {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     perf.add_parser(sub)
+    client_cli.add_parser(sub)
     add_admin_parser(sub)
     srv = sub.add_parser("serve", help="serve a broker over Arrow Flight (pulsartxn://)")
     srv.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
@@ -325,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:
+        # Its reader went away (`| head`): quiet, as any command line tool.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (ValueError, TypeError, OSError, PulsarTxnError) as exc:
         # One line, no traceback: a busy port, a locked data directory, a bad option value.
         print(f"pulsartxn {args.command}: {' '.join(str(exc).split())}", file=sys.stderr)

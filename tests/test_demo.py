@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from pulsartxn.cli import main
 from pulsartxn.demo import run_demo
 
 
@@ -37,3 +38,15 @@ def test_demo_command_without_spark(tmp_path):
     )
     assert run.returncode == 0, run.stderr
     assert "check: ok, each of the 2000 orders" in run.stdout
+
+
+def test_demo_without_pyspark_says_how_to_get_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyspark", None)  # `import pyspark` raises ImportError
+    argv = ["demo", "--data-dir", str(tmp_path / "d"), "--orders", "200", "--window", "50"]
+    assert main([*argv, "--no-sync"]) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [
+        "pyspark is not installed (pip install 'pulsartxn[spark]'; in a clone, pip install -e "
+        "'.[spark]'): running the pipeline on the broker alone"
+    ]
+    assert "check: ok, each of the 200 orders" in out

@@ -39,6 +39,7 @@ LAYERS = (
             "pulsartxn.spark",
             "pulsartxn.cli",
             "pulsartxn.admin_cli",
+            "pulsartxn.client_cli",
             "pulsartxn.__main__",
             "pulsartxn.demo",
             "pulsartxn.perf",

@@ -1,16 +1,35 @@
-"""The wheel builds from the source tree and works where Cython is not installed."""
+"""The wheel builds from the source tree and works where Cython is not installed; it holds
+compiled, stripped extensions and no sources, and its metadata says what it is."""
 
 from __future__ import annotations
 
+import email.parser
 import os
+import shutil
+import struct
 import subprocess
 import sys
-import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# What a working tree holds that is not the package's source.
+_NOT_SOURCES = (
+    ".git",
+    ".venv",
+    ".asv",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    "*.so",
+    ".pytest_cache",
+    ".benchmarks",
+    "pulsartxn-data",
+    "pulsartxn-cluster",
+)
 
 
 def run(cmd: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
@@ -22,33 +41,81 @@ def run(cmd: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_wheel_installs_and_imports_without_cython(tmp_path):
     wheels = tmp_path / "wheels"
+    # From a copy of the sources: a working tree's build/ (what earlier builds left, .c and
+    # .pyx included) would be packed as it is.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*_NOT_SOURCES))
     run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)],
         tmp_path,
     )
     (wheel,) = wheels.glob("pulsartxn-*.whl")
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", str(venv)], tmp_path)
     python = venv / "bin" / "python"
-    run([str(python), "-m", "pip", "install", "-q", str(wheel)], tmp_path)
-    smoke = textwrap.dedent(
-        """
-        import importlib.util, numpy as np
-        assert importlib.util.find_spec("Cython") is None, "Cython must not be installed here"
-        import pulsartxn
-        from pulsartxn import _native
-        assert pulsartxn.IMPLEMENTATION == "native", pulsartxn.IMPLEMENTATION
-        t = pulsartxn.TxnID(65535, 2**112 - 1)
-        assert pulsartxn.TxnID.unpack(t.pack()) == t
-        s = _native.AbortSet([t])
-        assert s.contains_many(np.array([t.most_sig_bits], dtype=np.uint64),
-                               np.array([t.least_sig_bits], dtype=np.uint64)).tolist() == [True]
-        assert _native.AckSet(64, full=True).is_full()
-        entry = _native.encode_entry([b"a", b"bc"])
-        assert _native.decode_entries([0], [entry]).num_messages == 2
-        print("ok", pulsartxn.__file__)
-        """
-    )
+    # Without PYTHONPATH: a source tree on it (its .egg-info) would pass for the installed wheel.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PULSARTXN_IMPL")}
-    proc = run([str(python), "-c", smoke], tmp_path, env=env)
+    run([str(python), "-m", "pip", "install", "-q", str(wheel)], tmp_path, env=env)
+    no_cython = "import importlib.util as u; assert u.find_spec('Cython') is None, 'Cython here'"
+    run([str(python), "-c", no_cython], tmp_path, env=env)
+    proc = run([str(python), str(ROOT / "tests" / "wheel_smoke.py")], tmp_path, env=env)
     assert proc.stdout.startswith("ok ") and str(venv) in proc.stdout
+    proc = run([str(venv / "bin" / "pulsartxn"), "--version"], tmp_path, env=env)
+    assert proc.stdout == f"pulsartxn {_declared('version')}\n"
+    check_contents(wheel)
+    check_metadata(wheel)
+
+
+def _declared(field: str) -> str:
+    text = (ROOT / "pyproject.toml").read_text()
+    return text.split(f"\n{field} = ", 1)[1].split("\n", 1)[0].strip('"')
+
+
+def elf_sections(data: bytes) -> set[str]:
+    """The section names of a 64-bit little-endian ELF file (a Linux x86_64/aarch64 .so)."""
+    assert data[:6] == b"\x7fELF\x02\x01", "not a 64-bit little-endian ELF file"
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names_at = headers[shstrndx][4]  # sh_offset of the section-name string table
+    return {
+        data[names_at + name : data.index(b"\0", names_at + name)].decode() for name, *_ in headers
+    }
+
+
+def check_contents(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        assert not [n for n in names if n.endswith((".c", ".pyx"))], names
+        pyx = sorted(p.stem for p in (ROOT / "pulsartxn" / "_native").glob("*.pyx"))
+        so = sorted(n for n in names if n.endswith(".so"))
+        assert [n.split("/")[-1].split(".")[0] for n in so] == pyx, so
+        for name in so:
+            sections = elf_sections(zf.read(name))
+            assert ".dynsym" in sections and ".symtab" not in sections, (name, sections)
+        # Stubs for type checkers and declarations for cimport stay (pyproject.toml).
+        assert "pulsartxn/_native/txnid.pyi" in names and "pulsartxn/_native/txnid.pxd" in names
+        assert "pulsartxn/py.typed" in names
+        # The licence's text travels with the code (Apache-2.0 asks for it).
+        (licence,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+        assert b"Apache License" in zf.read(licence)
+
+
+def check_metadata(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        (meta,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = email.parser.Parser().parsestr(zf.read(meta).decode())
+    assert metadata["Version"] == _declared("version")
+    assert metadata["License-Expression"] == "Apache-2.0"
+    assert metadata["Requires-Python"] == ">=3.10"
+    classifiers = metadata.get_all("Classifier")
+    for expected in (
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: Cython",
+        "Topic :: System :: Distributed Computing",
+        *(f"Programming Language :: Python :: 3.{minor}" for minor in range(10, 14)),
+    ):
+        assert expected in classifiers, expected
+    assert any(c.startswith("Development Status :: ") for c in classifiers), classifiers
+    for url in metadata.get_all("Project-URL") or []:  # label, address
+        assert url.split(", ", 1)[1].startswith("https://"), url

@@ -19,6 +19,7 @@ from ..messaging import positions
 from ..messaging.consumer import check_count
 from ..messaging.listener import MessageListener
 from ..messaging.message import Message, MessageId
+from ..messaging.topic_name import TopicName
 from .consumer import RemoteConsumer
 from .handles import RemoteTransaction
 from .placed import Placed, quietly
@@ -133,7 +134,8 @@ class ClusterConsumer:
                 ).start()
 
     def topic(self) -> str:
-        return self._topic
+        """The topic's full name (persistent://tenant/namespace/name), as the broker's."""
+        return TopicName.parse(self._topic).full
 
     def consumer_name(self) -> str:
         return self._name

@@ -24,6 +24,7 @@ from ..messaging.batch_send import _route as route_key
 from ..messaging.message import MessageId
 from ..messaging.producer import check_sequence_id
 from ..messaging.send_options import check_callback
+from ..messaging.topic_name import TopicName
 from .handles import RemoteTransaction
 from .placed import Placed, quietly
 from .producer import RemoteProducer
@@ -119,7 +120,8 @@ class ClusterProducer:
         self._closed = False
 
     def topic(self) -> str:
-        return self._topic
+        """The topic's full name (persistent://tenant/namespace/name), as the broker's."""
+        return TopicName.parse(self._topic).full
 
     def producer_name(self) -> str:
         return self.name

@@ -10,6 +10,7 @@ from ..messaging.consumer import check_count
 from ..messaging.listener import MessageListener
 from ..messaging.message import Message, MessageId
 from ..messaging.positions import check_position
+from ..messaging.topic_name import TopicName
 from ..server import protocol
 from ..server.protocol import SessionLost, frame, unframe
 from .handles import Handle, RemoteTransaction, mid_hex, txn_str, unreachable
@@ -39,7 +40,8 @@ class RemoteConsumer(Handle):
         return info["handle"]
 
     def topic(self) -> str:
-        return self._topic
+        """The topic's full name (persistent://tenant/namespace/name), as the broker's."""
+        return TopicName.parse(self._topic).full
 
     def consumer_name(self) -> str:
         return self._options["consumer_name"]

@@ -21,6 +21,7 @@ from ..messaging.message import MessageId
 from ..messaging.metadata import message_metadata
 from ..messaging.producer import check_sequence_id
 from ..messaging.send_options import check_callback, with_callback
+from ..messaging.topic_name import TopicName
 from ..server import protocol
 from ..server.protocol import frame, unframe
 from .handles import Handle, RemoteTransaction, txn_str, unreachable
@@ -145,7 +146,8 @@ class RemoteProducer(Handle):
         return info["handle"]
 
     def topic(self) -> str:
-        return self._topic
+        """The topic's full name (persistent://tenant/namespace/name), as the broker's."""
+        return TopicName.parse(self._topic).full
 
     def producer_name(self) -> str:
         return self.name

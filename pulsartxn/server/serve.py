@@ -145,7 +145,9 @@ def serve(
             flush=True,
         )
     if token is None and admin_token is None:
-        log.warning("no token: every call is allowed to anyone who reaches %s:%s", host, port)
+        log.warning(
+            "no token: every call is allowed to anyone who reaches %s:%s", host, server.port
+        )
     try:
         stop.wait()
     finally:

@@ -83,6 +83,20 @@ def test_auto_creation_on_first_use(broker, client):
         client.create_producer("p-partition-5")
 
 
+def test_producers_consumers_and_readers_name_their_topic_in_full(broker, client):
+    """topic() is the full name whatever the caller wrote, as pulsar-client's (the remote
+    client gave back what it was given)."""
+    broker.create_topic("named-pt", partitions=2)
+    for short in ("named-t", "named-pt", "public/default/named-t"):
+        full = TopicName.parse(short).full
+        with client.create_producer(short) as p:
+            assert p.topic() == full
+        with client.subscribe(short, "s") as c:
+            assert c.topic() == full
+        with client.create_reader(short, pulsartxn.MessageId.earliest) as r:
+            assert r.topic() == full
+
+
 def test_second_broker_on_same_directory_fails_fast(tmp_path, broker):
     with pytest.raises(pulsartxn.DataDirectoryLocked):
         pulsartxn.Broker(broker.data_dir)

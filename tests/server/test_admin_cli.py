@@ -212,3 +212,23 @@ def test_the_command_itself(srv):
         timeout=60,
     )
     assert ok.returncode == 0 and isinstance(json.loads(ok.stdout), list)
+
+
+def test_a_reader_that_goes_away_ends_it_quietly(srv, client):
+    """`pulsartxn admin ... | head`: the rest of the output has nowhere to go; the command
+    stops without a word on stderr (it said "[Errno 32] Broken pipe")."""
+    client.create_producer("cli-pipe").send_batch([b"x" * 200] * 600)  # ~170 KB of JSON
+    client.admin.create_subscription("cli-pipe", "pipe-sub", "earliest")
+    cmd = [sys.executable, "-m", "pulsartxn", "admin", "--url", srv.url]
+    cmd += ["--token-file", str(srv.tmp / "admin.token"), "subscriptions", "peek", "cli-pipe"]
+    proc = subprocess.Popen(
+        [*cmd, "-s", "pipe-sub", "-n", "600"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.read(10)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(60) == 1
+    assert err == ""

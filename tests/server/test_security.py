@@ -112,6 +112,8 @@ def test_the_log_never_shows_a_session_id(server):
     s.stop()
     log = s.log()
     assert "a session expired" in log
+    # The open door is named by the port it is really on (it said :0 for --port 0).
+    assert f"reaches 127.0.0.1:{s.port}\n" in log
     assert not [sid for sid in sids if sid in log]
 
 

@@ -1,0 +1,294 @@
+"""``pulsartxn produce`` and ``pulsartxn consume``: one-shot commands in the manner of
+pulsar-client's CLI, against the embedded default (a data directory) or a running service
+(``--url``). docs/operations.md, "pulsartxn produce and consume"."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import pulsartxn
+
+# pulsar-client's spellings of the subscription types and positions.
+SUBSCRIPTION_TYPES = {
+    "Exclusive": pulsartxn.ConsumerType.Exclusive,
+    "Shared": pulsartxn.ConsumerType.Shared,
+    "Failover": pulsartxn.ConsumerType.Failover,
+    "Key_Shared": pulsartxn.ConsumerType.KeyShared,
+}
+POSITIONS = {
+    "Earliest": pulsartxn.InitialPosition.Earliest,
+    "Latest": pulsartxn.InitialPosition.Latest,
+}
+# What a one-line print escapes: control characters, the backslash, and bytes that are not
+# UTF-8 (decoded as surrogates U+DC80..U+DCFF), so that a printed line maps back to its bytes.
+_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(32), 127)}
+_ESCAPES |= {0xDC00 + b: f"\\x{b:02x}" for b in range(128, 256)}
+_ESCAPES |= {10: "\\n", 13: "\\r", 9: "\\t", 92: "\\\\"}
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--url",
+        help="pulsartxn://host:port (or a cluster's h1:p1,h2:p2,...) of a running service; "
+        "default: the embedded broker on --data-dir",
+    )
+    p.add_argument("--token-file", help="file holding the bearer token the service needs")
+    p.add_argument(
+        "--tls-trust-certs-file-path", help="PEM certificates to trust (pulsartxn+ssl://)"
+    )
+    p.add_argument(
+        "--data-dir",
+        help="the embedded broker's LMDB data directory, without --url (default: "
+        "pulsartxn-data; env PULSARTXN_DATA_DIR)",
+    )
+
+
+def add_parser(sub) -> None:
+    """Register ``produce`` and ``consume`` on the ``pulsartxn`` command's subparsers."""
+    prod = sub.add_parser("produce", help="send messages to a topic (as pulsar-client produce)")
+    prod.add_argument("topic")
+    prod.add_argument(
+        "-m",
+        "--messages",
+        action="append",
+        default=[],
+        help="messages to send, split on --separator; repeatable",
+    )
+    prod.add_argument(
+        "-f", "--files", action="append", default=[], help="a file whose bytes are one message"
+    )
+    prod.add_argument(
+        "-n", "--num-produce", type=int, default=1, help="times to send the messages (default 1)"
+    )
+    prod.add_argument(
+        "-r", "--rate", type=float, default=0.0, help="messages/s (default 0: as fast as it goes)"
+    )
+    prod.add_argument(
+        "-s", "--separator", default=",", help="splits -m (default ','; '' does not split)"
+    )
+    prod.add_argument("-k", "--key", help="the messages' key (partition key)")
+    prod.add_argument(
+        "-p",
+        "--properties",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a property of every message; repeatable",
+    )
+    prod.add_argument(
+        "--txn",
+        action="store_true",
+        help="send all in one transaction: all are visible, or (on an error) none",
+    )
+    _common(prod)
+    prod.set_defaults(func=_produce)
+
+    cons = sub.add_parser(
+        "consume", help="receive messages from a topic (as pulsar-client consume)"
+    )
+    cons.add_argument("topic")
+    cons.add_argument("-s", "--subscription-name", required=True)
+    cons.add_argument(
+        "-t", "--subscription-type", choices=list(SUBSCRIPTION_TYPES), default="Exclusive"
+    )
+    cons.add_argument(
+        "-p",
+        "--subscription-position",
+        choices=list(POSITIONS),
+        default="Latest",
+        help="where a new subscription starts (default Latest)",
+    )
+    cons.add_argument(
+        "-n",
+        "--num-messages",
+        type=int,
+        default=1,
+        help="messages to receive (default 1; 0: until Ctrl-C)",
+    )
+    cons.add_argument(
+        "--timeout",
+        type=float,
+        help="seconds to wait for the next message before ending (default: wait on)",
+    )
+    cons.add_argument("--hex", action="store_true", help="print payloads as hex")
+    _common(cons)
+    cons.set_defaults(func=_consume)
+
+
+def _connect(args) -> tuple[pulsartxn.Client, object]:
+    """(client, what to close): the service at --url, else an embedded broker."""
+    if args.url is None:
+        if args.token_file is not None or args.tls_trust_certs_file_path is not None:
+            raise ValueError("--token-file and --tls-trust-certs-file-path go with --url")
+        data_dir = args.data_dir or os.environ.get("PULSARTXN_DATA_DIR", "pulsartxn-data")
+        broker = pulsartxn.Broker(data_dir)
+        return broker.client(), broker
+    if args.data_dir is not None:
+        raise ValueError("--data-dir is for the embedded broker: not with --url")
+    token = None
+    if args.token_file is not None:
+        with open(args.token_file) as f:
+            token = f.read().strip()
+        if not token:
+            raise ValueError(f"token file {args.token_file} is empty")
+    client = pulsartxn.Client(
+        args.url, token=token, tls_trust_certs_file_path=args.tls_trust_certs_file_path
+    )
+    return client, client
+
+
+def _properties(pairs: list[str]) -> dict[str, str] | None:
+    out = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise ValueError(f"-p/--properties takes KEY=VALUE, not {pair!r}")
+        out[key] = value
+    return out or None
+
+
+def _payloads(args) -> list[bytes]:
+    out = []
+    for text in args.messages:
+        parts = text.split(args.separator) if args.separator else [text]
+        out.extend(part.encode() for part in parts)
+    for path in args.files:
+        with open(path, "rb") as f:
+            out.append(f.read())
+    if not out:
+        raise ValueError("give the messages to send: -m/--messages or -f/--files")
+    return out
+
+
+def _produce(args) -> int:
+    try:
+        return _send_all(args)
+    except KeyboardInterrupt:
+        print("pulsartxn produce: interrupted", file=sys.stderr)
+        return 130
+
+
+def _send_all(args) -> int:
+    if args.num_produce < 1:
+        raise ValueError(f"-n/--num-produce must be at least 1, not {args.num_produce}")
+    if not args.rate >= 0:  # NaN too
+        raise ValueError(f"-r/--rate must not be negative, not {args.rate}")
+    payloads = _payloads(args)
+    properties = _properties(args.properties)
+    client, closer = _connect(args)
+    try:
+        producer = client.create_producer(args.topic)
+        txn = client.new_transaction() if args.txn else None
+        interval = 1.0 / args.rate if args.rate else 0.0
+        start = time.monotonic()
+        sent = 0
+        try:
+            futures = []
+            for _ in range(args.num_produce):
+                for payload in payloads:
+                    if interval:
+                        time.sleep(max(0.0, start + sent * interval - time.monotonic()))
+                    futures.append(
+                        producer.send_async(
+                            payload, None, properties, partition_key=args.key, txn=txn
+                        )
+                    )
+                    sent += 1
+            if txn is not None:
+                txn.commit()
+            else:
+                producer.flush()
+            for fut in futures:
+                fut.result()
+        except (ValueError, TypeError, OSError, pulsartxn.PulsarTxnError) as exc:
+            if txn is None:
+                raise
+            _abort(txn)
+            error = " ".join(str(exc).split())
+            print(
+                f"pulsartxn produce: {error} (transaction {txn.id} aborted: nothing produced)",
+                file=sys.stderr,
+            )
+            return 2
+        except BaseException:
+            if txn is not None:
+                _abort(txn)
+            raise
+        producer.close()
+    finally:
+        closer.close()
+    where = f" in transaction {txn.id}" if txn is not None else ""
+    print(f"{sent} messages produced to {args.topic}{where}", flush=True)
+    return 0
+
+
+def _abort(txn) -> None:
+    try:
+        if txn.state is pulsartxn.TxnState.OPEN:
+            txn.abort()
+    except pulsartxn.PulsarTxnError:
+        pass  # the send's error is the one to report; an unended transaction times out
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "surrogateescape").translate(_ESCAPES)
+
+
+def format_message(msg: pulsartxn.Message, hex_payload: bool = False) -> str:
+    """One line for `msg`: its id, key, properties and payload (text, or hex)."""
+    key = msg.partition_key()
+    props = ", ".join(
+        f"{_text(k.encode())}={_text(v.encode())}" for k, v in msg.properties().items()
+    )
+    content = msg.data().hex() if hex_payload else _text(msg.data())
+    key_text = "null" if key is None else _text(key.encode())
+    return f"id:{msg.message_id()} key:[{key_text}] properties:[{props}] content:{content}"
+
+
+def _consume(args) -> int:
+    if args.num_messages < 0:
+        raise ValueError(f"-n/--num-messages must not be negative, not {args.num_messages}")
+    if args.timeout is not None and not args.timeout > 0:
+        raise ValueError(f"--timeout must be a positive number of seconds, not {args.timeout}")
+    client, closer = _connect(args)
+    received = 0
+    try:
+        consumer = client.subscribe(
+            args.topic,
+            args.subscription_name,
+            subscription_type=SUBSCRIPTION_TYPES[args.subscription_type],
+            initial_position=POSITIONS[args.subscription_position],
+        )
+        # Waits are sliced so that Ctrl-C is seen within a second on every client.
+        slice_ms = 1000
+        idle_since = time.monotonic()
+        while args.num_messages == 0 or received < args.num_messages:
+            wait_ms = slice_ms
+            if args.timeout is not None:
+                left = idle_since + args.timeout - time.monotonic()
+                if left <= 0:
+                    print(
+                        f"pulsartxn consume: {received} messages; none more within "
+                        f"{args.timeout:g} s",
+                        file=sys.stderr,
+                    )
+                    break
+                wait_ms = max(1, min(slice_ms, int(left * 1000)))
+            try:
+                msg = consumer.receive(timeout_millis=wait_ms)
+            except pulsartxn.Timeout:
+                continue
+            print(format_message(msg, args.hex), flush=True)
+            consumer.acknowledge(msg)
+            received += 1
+            idle_since = time.monotonic()
+        consumer.close()
+    except KeyboardInterrupt:
+        print(f"pulsartxn consume: interrupted after {received} messages", file=sys.stderr)
+        return 0 if args.num_messages == 0 else 130
+    finally:
+        closer.close()
+    return 0
