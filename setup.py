@@ -63,6 +63,10 @@ class StrippedBuildExt(build_ext):
     """Release builds ship stripped extensions, even when an up-to-date one (linked before
     `-s`, or by another toolchain) is reused rather than linked again."""
 
+    def initialize_options(self) -> None:
+        super().initialize_options()
+        self.parallel = os.cpu_count() or 1  # the extensions compile side by side
+
     def build_extension(self, ext: Extension) -> None:
         super().build_extension(ext)
         strip = shutil.which("strip")
