@@ -916,6 +916,10 @@ def test_a_one_write_end_deletes_a_registration_the_flusher_logged(env):
     consumer.acknowledge(m, txn=txn)
     pending = broker.topics.partition(broker.topic_partitions("in")[0]).subscriptions["s"]
     pending.pending_ack.flush()  # as the flusher does after its delay: rows + registration
+    # The flusher may have taken them first, its write still on the way: wait for it.
+    deadline = time.monotonic() + 10
+    while _logged(broker, txn.id) == [] and time.monotonic() < deadline:
+        time.sleep(0.005)
     assert _logged(broker, txn.id) != []
     client.create_producer("out").send_async(b"y", txn=txn)  # rides in the end
     txn.commit()
