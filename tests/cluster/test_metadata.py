@@ -65,7 +65,8 @@ def test_a_killed_broker_leaves_within_its_session_timeout(url):
     )
     try:
         assert proc.stdout.readline().strip() == "up"
-        with ClusterMetadata(url) as watcher:
+        # A short session: a registration waits out 3 of them for a killed holder's node.
+        with ClusterMetadata(url, session_timeout_s=1.0) as watcher:
             _until(lambda: "b2" in watcher.live_brokers(), 5, "b2 live")
             # A second live process cannot take the same broker id.
             with pytest.raises(InvalidConfiguration, match="already registered"):
@@ -167,7 +168,8 @@ def test_a_broker_whose_session_expired_registers_again(url):
     )
     try:
         assert proc.stdout.readline().strip() == "up"
-        with ClusterMetadata(url) as watcher:
+        # A short session: a registration waits out 3 of them for a killed holder's node.
+        with ClusterMetadata(url, session_timeout_s=1.0) as watcher:
             _, before = watcher._zk.get(f"{watcher.root}/brokers/b3")
             proc.send_signal(signal.SIGSTOP)
             _until(lambda: "b3" not in watcher.live_brokers(), 10, "the paused broker expired")
