@@ -63,7 +63,7 @@ class Server:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                return self.proc.wait(30)
+                return self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 return self.proc.wait()
