@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -32,13 +33,19 @@ def _pyplot():
     return plt
 
 
+def _wrap(text: str, width: int) -> str:
+    return "\n".join(textwrap.wrap(text, width)) or text
+
+
 def plot_ratios(doc: dict, path: str) -> None:
     """Ratio of each figure of a `bench.ratios --json` run, with its target."""
     plt = _pyplot()
     rows = doc["rows"]
     if not rows:
         raise ValueError("the ratios JSON holds no rows")
-    fig, ax = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.6))
+    labels = [_wrap(f"{r['figure']} (vs {r['baseline']})", 70) for r in rows]
+    lines = sum(label.count("\n") + 1 for label in labels)
+    fig, ax = plt.subplots(figsize=(14, 0.3 * lines + 0.2 * len(rows) + 1.8))
     try:
         y = list(range(len(rows)))[::-1]
         colors = [
@@ -54,14 +61,18 @@ def plot_ratios(doc: dict, path: str) -> None:
             if r["target"]:
                 ax.plot([r["target"]] * 2, [yi - 0.4, yi + 0.4], color="black", linewidth=2)
         ax.axvline(1.0, color="gray", linewidth=0.8)
-        ax.set_yticks(y, [f"{r['figure']} (vs {r['baseline']})" for r in rows], fontsize=8)
+        ax.set_yticks(y, labels, fontsize=8)
+        ax.set_ylim(-0.7, len(rows) - 0.3)
         ax.set_xscale("log")
         ax.set_xlim(right=max(max(r["ratio"], r["target"] or 0) for r in rows) * 2.0)
         ax.set_xlabel("native rate / baseline rate (log scale); black tick: target")
         quick = ", --quick" if doc.get("quick") else ""
         ax.set_title(
-            f"bench.ratios {' '.join(doc.get('suites', []))}{quick}: commit "
-            f"{doc.get('commit', '?')}, {doc.get('when', '?')}",
+            _wrap(
+                f"bench.ratios {' '.join(doc.get('suites', []))}{quick}: commit "
+                f"{doc.get('commit', '?')}, {doc.get('when', '?')}",
+                110,
+            ),
             fontsize=10,
         )
         fig.tight_layout()
