@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from pulsartxn import Client
+from pulsartxn.client_cli import read_secret
 
 DEFAULT_URL = "pulsartxn://127.0.0.1:6650"
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhdwy]?)$")
@@ -108,15 +109,9 @@ _GROUPS = {"topics": _topics, "subscriptions": _subscriptions, "transactions": _
 
 
 def _run(args: argparse.Namespace) -> int:
-    token = None
-    if args.token_file is not None:
-        with open(args.token_file) as f:
-            token = f.read().strip()
-        if not token:
-            raise ValueError(f"token file {args.token_file} is empty")
     client = Client(
         args.url,
-        token=token,
+        token=read_secret(args.token_file, "token file"),
         reconnect_timeout_s=args.timeout,
         tls_trust_certs_file_path=args.tls_trust_certs_file,
     )

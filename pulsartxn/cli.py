@@ -106,16 +106,6 @@ def _cluster(args: argparse.Namespace) -> int:
     return 1 if died or bad else 0
 
 
-def _read_secret(path: str | None, what: str) -> str | None:
-    if path is None:
-        return None
-    with open(path) as f:
-        value = f.read().strip()
-    if not value:
-        raise ValueError(f"{what} {path} is empty")
-    return value
-
-
 def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
@@ -131,10 +121,10 @@ def _serve(args: argparse.Namespace) -> int:
         args.data_dir,
         args.host,
         args.port,
-        _read_secret(args.token_file, "token file"),
+        client_cli.read_secret(args.token_file, "token file"),
         max_request_bytes=args.max_request_bytes,
         session_timeout_s=args.session_timeout_s,
-        admin_token=_read_secret(args.admin_token_file, "admin token file"),
+        admin_token=client_cli.read_secret(args.admin_token_file, "admin token file"),
         tls=tls,
         insecure=args.insecure,
         max_wait_ms=args.max_wait_ms,

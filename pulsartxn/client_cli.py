@@ -29,6 +29,18 @@ _ESCAPES |= {0xDC00 + b: f"\\x{b:02x}" for b in range(128, 256)}
 _ESCAPES |= {10: "\\n", 13: "\\r", 9: "\\t", 92: "\\\\"}
 
 
+def read_secret(path: str | None, what: str) -> str | None:
+    """The token a --token-file (`what`) holds, stripped; None without one. Every command
+    reads its token files here."""
+    if path is None:
+        return None
+    with open(path) as f:
+        value = f.read().strip()
+    if not value:
+        raise ValueError(f"{what} {path} is empty")
+    return value
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url",
@@ -128,14 +140,10 @@ def _connect(args) -> tuple[pulsartxn.Client, object]:
         return broker.client(), broker
     if args.data_dir is not None:
         raise ValueError("--data-dir is for the embedded broker: not with --url")
-    token = None
-    if args.token_file is not None:
-        with open(args.token_file) as f:
-            token = f.read().strip()
-        if not token:
-            raise ValueError(f"token file {args.token_file} is empty")
     client = pulsartxn.Client(
-        args.url, token=token, tls_trust_certs_file_path=args.tls_trust_certs_file_path
+        args.url,
+        token=read_secret(args.token_file, "token file"),
+        tls_trust_certs_file_path=args.tls_trust_certs_file_path,
     )
     return client, client
 
