@@ -74,14 +74,17 @@ class Served:
         return getattr(self._broker, name)
 
 
-def drain(consumer, timeout_ms: int = 200) -> list:
-    """Every message `consumer` receives until none comes for `timeout_ms` (in order)."""
+def drain(consumer, timeout_ms: int = 200, acknowledge: bool = False) -> list:
+    """Every message `consumer` receives until none comes for `timeout_ms` (in order); with
+    `acknowledge`, each acknowledged as it comes (so none is redelivered meanwhile)."""
     out = []
     while True:
         try:
             out.append(consumer.receive(timeout_ms))
         except Timeout:
             return out
+        if acknowledge:
+            consumer.acknowledge(out[-1])
 
 
 def scanned(client, topic: str, *, sort: bool = False) -> list[bytes]:

@@ -34,18 +34,6 @@ def subscribe(client, name="s", timeout_ms=TIMEOUT_MS, **kwargs):
     )
 
 
-def drain_acking(consumer, timeout_ms: int = 200) -> list:
-    """drain(), acknowledging each message as it comes: what is drained does not time out
-    again meanwhile (on a slow machine a drain outlasts the timeout, and never ended)."""
-    out = []
-    while True:
-        try:
-            out.append(consumer.receive(timeout_ms))
-        except pulsartxn.Timeout:
-            return out
-        consumer.acknowledge(out[-1])
-
-
 def test_an_unacknowledged_message_comes_back_after_the_timeout(client):
     client.create_producer("t").send(b"x")
     c = subscribe(client)
@@ -71,7 +59,8 @@ def test_acknowledged_messages_stay_acknowledged(client):
     for m in msgs[::2]:
         c.acknowledge(m)
     time.sleep(TIMEOUT_MS / 1000 * 1.5)
-    again = drain_acking(c, 200)
+    # Acknowledged as drained: a drain slower than the timeout would see them again.
+    again = drain(c, 200, acknowledge=True)
     assert sorted(m.data() for m in again) == sorted(m.data() for m in msgs[1::2])
     assert {m.redelivery_count() for m in again} == {1}
 
@@ -141,7 +130,7 @@ def test_key_shared_timeout_returns_to_the_keys_consumer(client):
                 pass
     assert first[a] and first[b] and not first[a] & first[b]
     time.sleep(TIMEOUT_MS / 1000 * 1.5)
-    again_a, again_b = drain_acking(a), drain_acking(b)
+    again_a, again_b = drain(a, acknowledge=True), drain(b, acknowledge=True)
     assert {m.data() for m in again_a} == first[a]
     assert {m.data() for m in again_b} == first[b]
 
