@@ -99,6 +99,17 @@ def unframe(body, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> tuple[dict, mem
     return args, view[4 + n :]
 
 
+def options(args: dict, known: frozenset) -> dict:
+    """A request's options: a dict of known names only (an unknown one is an error)."""
+    opts = args.get("options") or {}
+    if not isinstance(opts, dict):
+        raise TypeError(f"options must be a map, not {errors.excerpt(opts)}")
+    for key in opts:
+        if key not in known:
+            raise TypeError(f"unknown option {errors.excerpt(key)}")
+    return dict(opts)
+
+
 def to_flight_error(exc: BaseException) -> flight.FlightServerError:
     name = type(exc).__name__
     if name not in _ERRORS:

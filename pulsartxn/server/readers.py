@@ -21,17 +21,6 @@ def id_fields(mid: MessageId) -> list[int]:
     return [mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_index(), mid.batch_size()]
 
 
-def _reader_options(args) -> dict:
-    """create_reader's options, known names only (an unknown one is an error)."""
-    opts = args.get("options") or {}
-    if not isinstance(opts, dict):
-        raise TypeError(f"options must be a map, not {errors.excerpt(opts)}")
-    for key in opts:
-        if key not in READER_OPTIONS:
-            raise TypeError(f"unknown option {errors.excerpt(key)}")
-    return dict(opts)
-
-
 class ReaderActions:
     """Flight actions of readers and seeks (``BrokerServer`` defines the helpers they call)."""
 
@@ -51,7 +40,7 @@ class ReaderActions:
 
     def _on_create_reader(self, args, payload):
         s = self.sessions.get(args)
-        opts = _reader_options(args)
+        opts = protocol.options(args, READER_OPTIONS)
         isolation = opts.get("isolation", "READ_COMMITTED")
         if not isinstance(isolation, str) or isolation not in Isolation.__members__:
             raise ValueError(f"isolation must name an Isolation, not {errors.excerpt(isolation)}")

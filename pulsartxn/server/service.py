@@ -208,12 +208,9 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
         s = self.sessions.get(args)
         room(len(s.producers), self.sessions.limits.producers, "producers")
         self._serve_topic(args["topic"])
+        opts = protocol.options(args, _PRODUCER_OPTIONS)
         handle = next(self._handles)
-        p = s.keep(
-            s.producers,
-            handle,
-            lambda: s.client.create_producer(args["topic"], **_options(args, _PRODUCER_OPTIONS)),
-        )
+        p = s.keep(s.producers, handle, lambda: s.client.create_producer(args["topic"], **opts))
         return {"handle": handle, "name": p.producer_name(), "last_sequence": p.last_sequence_id()}
 
     def _producer(self, s: Session, args):
@@ -281,7 +278,7 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
 
     def _on_subscribe(self, args, payload):
         s = self.sessions.get(args)
-        opts = _options(args, _CONSUMER_OPTIONS)
+        opts = protocol.options(args, _CONSUMER_OPTIONS)
         for key, enum in SUBSCRIBE_ENUMS:
             if key in opts:
                 name = opts[key]
@@ -415,14 +412,3 @@ _PRODUCER_OPTIONS = _keywords(Client.create_producer, "topic")
 _CONSUMER_OPTIONS = _keywords(
     Client.subscribe, "topic", "subscription_name", "consumer_type", "message_listener"
 )
-
-
-def _options(args, known: frozenset) -> dict:
-    """A request's options: a dict of known names only (an unknown one is an error)."""
-    opts = args.get("options") or {}
-    if not isinstance(opts, dict):
-        raise TypeError(f"options must be a map, not {errors.excerpt(opts)}")
-    for key in opts:
-        if key not in known:
-            raise TypeError(f"unknown option {errors.excerpt(key)}")
-    return dict(opts)
