@@ -394,8 +394,7 @@ def _check_no_txns(what: str, parts: list, subs: list = ()) -> None:
         with part.lock:
             held.update(part.buffer.ongoing, part.buffer.inflight)
     for sub in subs:
-        held |= sub.pending_ack.transactions()
-        held.update(t for t in list(sub.committing) if not isinstance(t, tuple))
+        held |= sub.ack_holders()
     if held:
         named = ", ".join(str(t) for t in sorted(held)[:5])
         raise TransactionConflict(

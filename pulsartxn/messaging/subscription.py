@@ -398,11 +398,15 @@ class Subscription(CursorWrites, Redelivery):
         if released:
             self.notify(released if self.type in MULTI else None)
 
+    def ack_holders(self) -> set:
+        """The open transactions holding acknowledgements here: pending, or being committed."""
+        # (A dead letter move's token is no transaction: the move is one write, not held.)
+        committing = {t for t in list(self.committing) if not isinstance(t, tuple)}
+        return self.pending_ack.transactions() | committing
+
     def check_seek(self) -> None:
         """Refuse a seek while transactions hold acknowledgements here (lock held)."""
-        # (A dead letter move's token is no transaction: the move is one write, not held.)
-        txns = {t for t in self.committing if not isinstance(t, tuple)}
-        holders = sorted(self.pending_ack.transactions() | txns)
+        holders = sorted(self.ack_holders())
         if holders:
             named = ", ".join(str(t) for t in holders[:5])
             raise TransactionConflict(
