@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from .._native import PartitionProducer, value_sizes
 from .._native.types import MAX_SEQUENCE_ID, sequences_used_up
-from ..errors import MessageTooBig
+from ..errors import MessageTooBig, excerpt
 
 
 def _route(key: str | bytes, n: int) -> int:
@@ -24,13 +24,21 @@ class BatchSends:
     """The write path of Producer.send_batch and of messages with metadata (a mixin of
     Producer; it uses the producer's partition producers, batching limits and client)."""
 
-    def _submit_batch(self, values, keys, txn, quiet: bool, ride: bool = False):
+    def _submit_batch(
+        self, values, keys, txn, quiet: bool, ride: bool = False, first_sequence=None
+    ):
         """send_batch without the wait: (count, futures of its writes, the Transaction,
         messages per partition). Quiet writes are committed by whoever waits for them; the
         server's streamed send_batch submits them for the writer thread and waits at the end
-        of the stream. `ride`: a transaction's writes wait for its commit to take them."""
+        of the stream. `ride`: a transaction's writes wait for its commit to take them.
+        `first_sequence`: the messages' sequence ids are first_sequence onwards (a remote
+        producer's, reserved there), else they follow each partition's last."""
         self._check_open()
         n, sizes = _sizes(values)
+        if first_sequence is not None and (
+            type(first_sequence) is not int or not 0 <= first_sequence <= MAX_SEQUENCE_ID - n
+        ):
+            raise ValueError(f"first sequence id out of range: {excerpt(first_sequence)}")
         if keys is not None and len(keys) != n:
             raise ValueError(f"keys has {len(keys)} items for {n} values")
         if n and sizes.max() > self.max_message_size:
@@ -81,13 +89,16 @@ class BatchSends:
                 raise sequences_used_up(self.name, self._parts[i].partition.topic)
         per_partition = {self._parts[i].partition.topic: len(rows) for i, rows in plan.items()}
         futures = []
+        seq = {} if first_sequence is None else {"sequence_id": first_sequence}
         try:
             for i, rows in plan.items():
                 futures.append(
                     self._send_rows(
-                        self._parts[i], values, key_list, rows, n, sizes, txn, quiet, ride
+                        self._parts[i], values, key_list, rows, n, sizes, txn, quiet, ride, **seq
                     )
                 )
+                if seq:  # each partition's rows take the next ids of the range
+                    seq["sequence_id"] += len(rows)
         except BaseException:
             self._wait_batches(futures, txn)  # a write's error first, as it is the cause
             raise

@@ -148,7 +148,7 @@ class RemoteTransaction(TransactionContext):
 
     def _flush_for_commit(self) -> None:
         for producer in list(self._producers):
-            producer.flush()  # everything sent in the transaction lands before its end
+            producer._answered()  # everything sent in the transaction lands before its end
 
     def _end(self, commit: bool, timeout_ms) -> None:
         if commit:

@@ -17,6 +17,7 @@ import pyarrow.flight as flight
 from .. import errors
 from .._native import TxnID
 from .._native.keywords import strict_class
+from .._native.types import MAX_SEQUENCE_ID, sequences_used_up
 from ..messaging.message import MessageId
 from ..messaging.metadata import message_metadata
 from ..messaging.producer import check_sequence_id
@@ -27,6 +28,11 @@ from ..server.protocol import frame, unframe
 from .handles import Handle, RemoteTransaction, txn_str, unreachable
 
 SEND_BATCH_BYTES = 8 << 20  # a send_batch goes out in record batches of about this many bytes
+
+
+def first_sequence(seq: int) -> pa.Buffer:
+    """A send_batch batch's app metadata: the sequence id of its first message."""
+    return pa.py_buffer(json.dumps({"first_sequence": seq}).encode())
 
 
 class BatchStream:
@@ -66,7 +72,9 @@ class BatchStream:
                 )
             elif batch.schema != self._schema:
                 raise ValueError(f"batch schema {batch.schema} differs from the stream's")
-            self._writer.write_batch(batch)
+            self._writer.write_with_metadata(
+                batch, first_sequence(self._producer._reserve(batch.num_rows))
+            )
         except flight.FlightUnavailableError as exc:
             raise unreachable(self._producer._client, exc) from None
         except flight.FlightError as exc:
@@ -157,6 +165,16 @@ class RemoteProducer(Handle):
         with self._seq_lock:
             return self._last_sequence
 
+    def _reserve(self, n: int) -> int:
+        """The first of `n` sequence ids taken for a send_batch: every message a producer
+        sends has an id of its own, or the broker takes a later one for a duplicate."""
+        with self._seq_lock:
+            first = self._last_sequence + 1
+            if first + n - 1 > MAX_SEQUENCE_ID:
+                raise sequences_used_up(self.name, self._topic)
+            self._last_sequence += n
+            return first
+
     def _next_seq(self, sequence_id):
         check_sequence_id(sequence_id)  # a refused id must not move the ids assigned after it
         with self._seq_lock:
@@ -216,7 +234,7 @@ class RemoteProducer(Handle):
         meta = message_metadata(
             ordering_key, event_timestamp, deliver_after_ms, deliver_at, deliver_after
         )
-        self.flush()
+        self._answered()
         seq = self._next_seq(sequence_id)
         handle = txn if isinstance(txn, RemoteTransaction) else None
         (result,) = self._send_many(
@@ -330,7 +348,7 @@ class RemoteProducer(Handle):
         keys: Sequence[str | bytes | None] | pa.Array | None = None,
         txn: RemoteTransaction | TxnID | None = None,
     ) -> int:
-        self.flush()
+        self._answered()
         if isinstance(values, (pa.Array, pa.ChunkedArray)):
             value_col = values
         else:
@@ -358,8 +376,10 @@ class RemoteProducer(Handle):
             writer, reader = self._client._flight.do_put(
                 flight.FlightDescriptor.for_command(command), table.schema, self._client._options
             )
+            first = self._reserve(table.num_rows)
             for batch in protocol.table_batches(table, SEND_BATCH_BYTES):
-                writer.write_batch(batch)
+                writer.write_with_metadata(batch, first_sequence(first))
+                first += batch.num_rows
             writer.done_writing()
             meta = reader.read()
             writer.close()
@@ -377,10 +397,18 @@ class RemoteProducer(Handle):
         """Many ``send_batch`` calls on one DoPut stream: each batch goes out as it is written
         and the server stores each as one ``send_batch``, in order, while the caller prepares
         the next; ``close()`` waits until the last one is durable and returns the count."""
-        self.flush()
+        self._answered()
         return BatchStream(self, txn)
 
     def flush(self) -> None:
+        self._answered()
+        if self._handle is not None and not self._closed:
+            self._client._call("flush", {}, owner=self)
+
+    def _answered(self) -> None:
+        """Send what is queued and wait until every call is answered: then all of it is
+        durable or failed (the broker answers a send_many once its messages are durable, so
+        nothing of this producer waits there, and a send after this lands after them)."""
         with self._cond:
             self._flushing += 1
             self._cond.notify_all()
@@ -389,8 +417,6 @@ class RemoteProducer(Handle):
                     self._cond.wait(0.5)
             finally:
                 self._flushing -= 1
-        if self._handle is not None and not self._closed:
-            self._client._call("flush", {}, owner=self)
 
     def close(self) -> None:
         if self._closed:

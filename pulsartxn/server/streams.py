@@ -48,7 +48,9 @@ class Streams:
                     if "value" not in batch.schema.names:
                         raise ValueError("send_batch batches need a 'value' column")
                     keys = batch.column("key") if "key" in batch.schema.names else None
-                    n, futures, t, parts = p._submit_batch(batch.column("value"), keys, txn, False)
+                    n, futures, t, parts = p._submit_batch(
+                        batch.column("value"), keys, txn, False, first_sequence=_first(chunk)
+                    )
                     total += n
                     for topic, k in parts.items():
                         stored[topic] = stored.get(topic, 0) + k
@@ -97,6 +99,20 @@ class Streams:
             raise
         except Exception as exc:  # noqa: BLE001
             raise protocol.to_flight_error(exc) from None
+
+
+def _first(chunk):
+    """The sequence id a remote producer reserved for a streamed batch's first message (its
+    app metadata), or None: the broker assigns them."""
+    meta = chunk.app_metadata
+    if meta is None or not meta.size:
+        return None
+    if meta.size > 64:
+        raise ValueError("a send_batch batch's metadata is too long")
+    try:
+        return json.loads(meta.to_pybytes())["first_sequence"]
+    except (ValueError, TypeError, KeyError):
+        raise ValueError("malformed send_batch batch metadata") from None
 
 
 def capped_wait(timeout_millis, cap: int):

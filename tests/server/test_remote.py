@@ -243,3 +243,76 @@ def test_batch_stream_sends_many_batches_in_one_transaction(server):
         with producer.batch_stream(done) as stream:
             stream.write(pa.array([b"late"], pa.binary()))
     client.close()
+
+
+def test_sends_of_every_kind_land_in_the_order_they_were_made(server):
+    """send_async batches, a sync send, a send_batch and a batch stream from one producer,
+    in and out of a transaction: each lands after everything sent before it (a sync send
+    waits for the queued async ones to be answered first, each answered once durable)."""
+    s = server()
+    client = pulsartxn.Client(s.url)
+    producer = client.create_producer("ordered", batching_max_publish_delay_ms=200)
+    expected = []
+    for round_ in range(2):
+        txn = client.new_transaction() if round_ else None
+        tag = b"t" if txn else b"p"
+        futures = [producer.send_async(tag + b"a%d" % i, txn=txn) for i in range(5)]
+        producer.send(tag + b"sync", txn=txn)
+        assert all(f.done() for f in futures)  # answered before the sync send went out
+        producer.send_batch([tag + b"b0", tag + b"b1"], txn=txn)
+        futures = [producer.send_async(tag + b"c%d" % i, txn=txn) for i in range(3)]
+        with producer.batch_stream(txn) as stream:
+            stream.write(pa.array([tag + b"s0"], pa.binary()))
+        assert all(f.done() for f in futures)
+        if txn is not None:
+            producer.send_async(tag + b"last", txn=txn)
+            txn.commit()  # the queued send lands before the end
+        expected += [tag + b"a%d" % i for i in range(5)] + [tag + b"sync", tag + b"b0"]
+        expected += [tag + b"b1"] + [tag + b"c%d" % i for i in range(3)] + [tag + b"s0"]
+        expected += [tag + b"last"] if txn else []
+    reader = client.create_reader("ordered", pulsartxn.MessageId.earliest)
+    got = []
+    while reader.has_message_available():
+        got.append(reader.read_next(2000).data())
+    assert got == expected, repr(got)
+
+
+def test_concurrent_batches_and_sends_each_keep_a_sequence_id_of_their_own(server):
+    """A partitioned topic: send_batch calls and batch streams between sends and from
+    another thread at once: every message is stored once (a batch's messages take ids the
+    producer reserved, so none of them passes for a later send's duplicate)."""
+    import threading
+
+    s = server()
+    client = pulsartxn.Client(s.url)
+    client.create_topic("mixed", 3)
+    producer = client.create_producer("mixed", batching_max_publish_delay_ms=5)
+    sent = []
+
+    def bulk(tag):
+        for i in range(6):
+            values = [b"%s%d-%d" % (tag, i, j) for j in range(250)]
+            if i % 2:
+                producer.send_batch(values)
+            else:
+                with producer.batch_stream() as stream:
+                    stream.write(pa.array(values[:100], pa.binary()))
+                    stream.write(pa.array(values[100:], pa.binary()))
+            sent.extend(values)
+
+    for i in range(30):  # in one thread, in turn
+        producer.send(b"s%d" % i) if i % 10 == 0 else producer.send_async(b"s%d" % i)
+        sent.append(b"s%d" % i)
+    bulk(b"a")
+    for i in range(30, 60):
+        producer.send_async(b"s%d" % i)
+        sent.append(b"s%d" % i)
+    thread = threading.Thread(target=bulk, args=(b"b",))
+    thread.start()
+    for i in range(60, 400):  # and at once
+        producer.send(b"s%d" % i) if i % 50 == 0 else producer.send_async(b"s%d" % i)
+        sent.append(b"s%d" % i)
+    thread.join()
+    producer.flush()
+    got = [v for b in client.scan("mixed") for v in b.column("value").to_pylist()]
+    assert len(got) == len(sent) and sorted(got) == sorted(sent)
