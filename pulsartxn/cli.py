@@ -15,7 +15,7 @@ from pulsartxn import client_cli, perf
 from pulsartxn.admin_cli import add_parser as add_admin_parser
 from pulsartxn.demo import run_demo
 from pulsartxn.errors import InvalidConfiguration, PulsarTxnError
-from pulsartxn.server.serve import serve
+from pulsartxn.server.serve import STOP_DUMP_S, serve
 from pulsartxn.server.sessions import SessionLimits
 
 DEFAULT_DATA_DIR = os.environ.get("PULSARTXN_DATA_DIR", "pulsartxn-data")
@@ -141,6 +141,7 @@ def _serve(args: argparse.Namespace) -> int:
         num_coordinators=args.num_coordinators,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        stop_dump_s=args.stop_dump_s,
         **({"max_dbs": args.max_dbs} if args.max_dbs is not None else {}),
         **(
             {"min_ack_timeout_ms": args.min_ack_timeout_ms}
@@ -260,6 +261,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.add_argument(
         "--metrics-host", help="bind address of --metrics-port (default: --host); no auth"
+    )
+    srv.add_argument(
+        "--stop-dump-s",
+        type=float,
+        default=STOP_DUMP_S,
+        help="a stop (SIGTERM, SIGINT) still under way after this many seconds writes every "
+        f"thread's stack to stderr (default {STOP_DUMP_S:g}; 0: never)",
     )
     srv.add_argument(
         "--log-level",

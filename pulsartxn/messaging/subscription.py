@@ -166,12 +166,12 @@ class Subscription(CursorWrites, Redelivery):
 
     def check_unsubscribe(self, consumer) -> None:
         """Refuse to unsubscribe `consumer` while others are attached or open transactions
-        hold acks here (lock held)."""
+        hold acks here, pending or being committed (``ack_holders``; lock held)."""
         if any(c is not consumer for c in self.consumers):
             raise ConsumerBusy(
                 f"subscription {self.name} on {self.partition.topic} has other consumers"
             )
-        holders = sorted(self.pending_ack.transactions())
+        holders = sorted(self.ack_holders())
         if holders:
             named = ", ".join(str(t) for t in holders[:5])
             more = f" and {len(holders) - 5} more" if len(holders) > 5 else ""

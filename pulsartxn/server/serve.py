@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import ipaddress
 import logging
+import math
 import signal
 import socket
+import sys
 import threading
 
 from .. import errors
@@ -15,6 +19,8 @@ from .service import MAX_WAIT_MS, BrokerServer
 from .sessions import MAX_SESSIONS, SessionLimits
 
 log = logging.getLogger(__name__)
+
+STOP_DUMP_S = 10.0  # a stop taking longer dumps every thread's stack (--stop-dump-s)
 
 
 def serve(
@@ -35,6 +41,7 @@ def serve(
     advertised_address: str | None = None,
     metrics_port: int | None = None,
     metrics_host: str | None = None,
+    stop_dump_s: float = STOP_DUMP_S,
     **broker_options,
 ) -> None:
     """Run a broker and serve it until SIGINT/SIGTERM; then close it cleanly (in-flight
@@ -45,7 +52,10 @@ def serve(
     `advertised_address` (default: host:port) once it serves.
 
     `metrics_port`: serve Prometheus metrics at http://`metrics_host`:port/metrics (host
-    default: `host`; 0 picks a free port; None: no metrics)."""
+    default: `host`; 0 picks a free port; None: no metrics).
+
+    `stop_dump_s`: a stop still under way after this many seconds writes every thread's
+    stack to stderr, with a log line saying so (0: never)."""
     loopback = host == "localhost"
     try:
         loopback = loopback or ipaddress.ip_address(host).is_loopback
@@ -56,6 +66,10 @@ def serve(
             f"serving on {host} without a token lets anyone who reaches it do anything: "
             "give --token-file (and --admin-token-file), or --insecure"
         )
+    if isinstance(stop_dump_s, bool) or not isinstance(stop_dump_s, (int, float)):
+        raise TypeError(f"stop_dump_s must be a number, not {type(stop_dump_s).__name__}")
+    if not (math.isfinite(stop_dump_s) and stop_dump_s >= 0):
+        raise ValueError(f"--stop-dump-s must be a number of seconds >= 0, not {stop_dump_s}")
     if advertised_address is not None and cluster is None:
         raise errors.InvalidConfiguration("--advertised-address is for a broker of a --cluster")
     if port:
@@ -151,16 +165,45 @@ def serve(
     try:
         stop.wait()
     finally:
-        if metrics is not None:
-            metrics.close()
-        server.shutdown_sessions()
-        server.shutdown()
-        if node is not None:
-            node.stop()
-        broker.close()
-        if node is not None:
-            node.close()
+        with stacks_dumped_after(stop_dump_s, "stopping"):
+            if metrics is not None:
+                metrics.close()
+            server.shutdown_sessions()
+            server.shutdown()  # waits for the calls under way (an open DoPut stream too)
+            if node is not None:
+                node.stop()
+            broker.close()
+            if node is not None:
+                node.close()
         print("pulsartxn server stopped", flush=True)
+
+
+@contextlib.contextmanager
+def stacks_dumped_after(seconds: float, what: str):
+    """Every thread's stack to stderr, with a log line saying so, if the block is still
+    running after `seconds` (0: never); cancelled when it ends: a quick one writes nothing."""
+    if not seconds:
+        yield
+        return
+    try:
+        # faulthandler's own thread writes them, without the GIL: a thread that holds it
+        # cannot hide them (the log line, from a timer, would wait for it).
+        faulthandler.dump_traceback_later(seconds, exit=False, file=sys.stderr)
+    except (AttributeError, OSError, RuntimeError, ValueError):  # a stderr with no fd
+        yield
+        return
+    timer = threading.Timer(
+        seconds,
+        log.warning,
+        ("%s has taken over %g s: every thread's stack is dumped to stderr", what, seconds),
+    )
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        timer.cancel()
 
 
 def _check_free(host: str, port: int) -> None:

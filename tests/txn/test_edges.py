@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 
 import pytest
 
-from pulsartxn import ConsumerType, InitialPosition, MessageId
+from pulsartxn import Broker, ConsumerType, InitialPosition, MessageId
 from pulsartxn.errors import (
     AlreadyClosed,
     InvalidMessageId,
     InvalidTxnStatus,
     TransactionConflict,
 )
+from pulsartxn.storage import WriteOp
 from tests import helpers
 
 drain = functools.partial(helpers.drain, timeout_ms=100)
@@ -257,6 +259,58 @@ def test_a_transactional_ack_after_the_unsubscribe_is_refused(env):
     fresh = client.subscribe("t", "s", initial_position=InitialPosition.Earliest)
     assert values(drain(fresh)) == [b"m0", b"m1", b"m2"]
     txn.commit()
+
+
+def test_unsubscribe_is_refused_while_a_commit_of_its_acks_is_being_written(tmp_path):
+    """A transaction whose end write is being applied still holds its acks there: an
+    unsubscribe in the middle of that write is refused and changes nothing; the commit then
+    lands with its acks, and the unsubscribe succeeds after it."""
+    with Broker(tmp_path / "data", sync=True, num_coordinators=1) as broker:
+        client = broker.client()
+        consumer, (m0, m1, _) = _three_on_s(client)
+        _, (partition,) = broker.topics.resolve("t", create=False)
+        sub = partition.subscriptions["s"]
+        txn = client.new_transaction()
+        consumer.acknowledge(m0, txn=txn)
+        consumer.acknowledge_cumulative(m1, txn=txn)
+        sub.pending_ack.store(txn.id)  # logged now: the commit's write is the next one
+        with sub.lock:
+            before = sub.cursor.serialize()
+        seen: dict = {}
+
+        def attempt(t):  # applied right after the commit's write, in its LMDB transaction
+            with sub.lock:
+                seen["committing"] = set(sub.committing)
+                seen["cursor"] = sub.cursor.serialize()
+            try:
+                consumer.unsubscribe()
+            except TransactionConflict as exc:
+                seen["refused"] = str(exc)
+
+        commits = broker.storage.commits
+        committed: list = []
+        committer = threading.Thread(target=lambda: committed.append(txn.commit()))
+        with commits.commit_lock:  # nothing is committed until both writes are queued
+            committer.start()
+            deadline = time.monotonic() + 10
+            while commits._queue.qsize() < 1 and time.monotonic() < deadline:
+                time.sleep(0.002)
+            assert commits._queue.qsize() == 1, "the commit's write was not queued"
+            broker.storage.submit(WriteOp(attempt), quiet=True)
+        committer.join(10)
+        assert committed == [None]
+        assert seen["committing"] == {txn.id}
+        assert seen["cursor"] == before
+        assert "cannot unsubscribe 's'" in seen["refused"] and str(txn.id) in seen["refused"]
+        # The commit landed with its acks; the consumer and its subscription are as they were.
+        assert not sub.unsubscribed and partition.subscriptions["s"] is sub
+        assert backlog(broker) == 1
+        consumer.redeliver_unacknowledged_messages()
+        assert values(drain(consumer)) == [b"m2"]
+        consumer.unsubscribe()
+        assert "s" not in partition.subscriptions
+        fresh = client.subscribe("t", "s", initial_position=InitialPosition.Earliest)
+        assert values(drain(fresh)) == [b"m0", b"m1", b"m2"]
 
 
 # -- a batch index without the batch size ------------------------------------------------------
