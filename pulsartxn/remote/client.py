@@ -174,14 +174,16 @@ class RemoteClient:
                 return [r.body.to_pybytes() for r in results]
             except flight.FlightUnavailableError as exc:
                 self._retries += 1
-                until, send_by = deadline, self._deadline.at
-                if send_by is not None and send_by <= deadline:
-                    until = send_by  # the send gives up first: no retry past it
-                    if time.monotonic() >= send_by:
+                send_by = self._deadline.at
+                if send_by is not None and send_by <= deadline:  # the send gives up first
+                    left = send_by - time.monotonic()
+                    time.sleep(max(min(delay, left), 0.0))
+                    if left <= delay:
                         raise SendTimedOut(str(unreachable(self, exc))) from None
                 elif time.monotonic() + delay > deadline:
                     raise unreachable(self, exc) from None
-                time.sleep(max(min(delay, until - time.monotonic()), 0.0))
+                else:
+                    time.sleep(delay)
                 delay = min(delay * 2, 1.0)
             except flight.FlightTimedOutError:  # only calls with a send deadline have one
                 raise SendTimedOut(f"broker at {self.service_url} did not answer") from None
