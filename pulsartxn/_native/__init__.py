@@ -61,6 +61,8 @@ NAMES = (
     "FlushTimer",
     "Message",
     "MessageId",
+    "message_fields",
+    "messages_from_fields",
     "AsyncWriter",
 )
 

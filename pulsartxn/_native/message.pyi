@@ -54,3 +54,16 @@ class Message:
     def redelivery_count(self) -> int: ...
     def event_timestamp(self) -> int: ...
     def ordering_key(self) -> str | None: ...
+
+def message_fields(msgs: list) -> tuple: ...
+def messages_from_fields(
+    ids: list,
+    data: list,
+    props: list,
+    keys: list,
+    topics: list,
+    pubs: list,
+    reds: list,
+    events: list,
+    okeys: list,
+) -> list: ...

@@ -5,7 +5,10 @@
 The twin is ``reference/message.py``.
 """
 
-from libc.stdint cimport INT32_MAX, INT32_MIN, int32_t, int64_t
+from cpython cimport array
+from libc.stdint cimport INT32_MAX, INT32_MIN, int32_t, int64_t, uint32_t, uint64_t
+
+import array as _array
 
 import struct
 
@@ -15,6 +18,10 @@ from .checks import as_int
 
 _ID = struct.Struct("<2sqqiii")  # signed: MessageId.earliest is (-1, -1)
 _ID_MAGIC = b"M1"
+cdef enum:
+    _ID_SIZE = 30  # _ID.size
+cdef array.array _I64_ARRAY = _array.array("q")
+cdef array.array _I32_ARRAY = _array.array("i")
 cdef int64_t _I64_MIN = -0x7FFFFFFFFFFFFFFF - 1
 cdef int64_t _I64_MAX = 0x7FFFFFFFFFFFFFFF
 
@@ -233,3 +240,74 @@ cdef class Message:
 
     def __repr__(self):
         return f"Message(topic={self._topic!r}, id={self.message_id()!r}, {len(self._data)} bytes)"
+
+
+def message_fields(list msgs):
+    """The fields of received messages as columns (a dispatch batch's): ``(ids, data,
+    properties, keys, topics, publish times, redelivery counts, event times, ordering
+    keys)``. The ids are their ``serialize()`` bytes end to end; the times and counts are
+    arrays (int64, int32, int64); properties None when there are none."""
+    cdef Py_ssize_t i, n = len(msgs)
+    cdef Message m
+    cdef MessageId mid
+    cdef bytearray packed = bytearray(n * _ID.size)
+    cdef unsigned char[:] out = packed
+    cdef array.array pubs = array.clone(_I64_ARRAY, n, zero=False)
+    cdef array.array reds = array.clone(_I32_ARRAY, n, zero=False)
+    cdef array.array events = array.clone(_I64_ARRAY, n, zero=True)
+    data, props, keys, topics, okeys = [None] * n, [None] * n, [None] * n, [None] * n, [None] * n
+    for i in range(n):
+        m = <Message?>msgs[i]
+        if type(m._id) is tuple:
+            mid = new_message_id(m._id[0], m._id[1], m._id[2], m._id[3], m._id[4])
+        else:
+            mid = <MessageId?>m._id
+        _pack_id(&out[i * _ID_SIZE], mid)
+        data[i] = m._data
+        if m._properties:
+            props[i] = m._properties
+        keys[i] = m._key
+        topics[i] = m._topic
+        pubs.data.as_longlongs[i] = m._publish_time
+        reds.data.as_ints[i] = m._redelivery_count
+        if m._meta is not None:
+            events.data.as_longlongs[i] = m._meta[0]
+            okeys[i] = m._meta[1]
+    return bytes(packed), data, props, keys, topics, pubs, reds, events, okeys
+
+
+cdef inline void _put(unsigned char *at, uint64_t value, int width) noexcept:
+    cdef int k
+    for k in range(width):
+        at[k] = (value >> (8 * k)) & 0xFF
+
+
+cdef void _pack_id(unsigned char *at, MessageId mid) noexcept:
+    """``mid.serialize()`` written at `at` (_ID_SIZE bytes, little-endian as _ID)."""
+    at[0], at[1] = 77, 49  # _ID_MAGIC, b"M1"
+    _put(at + 2, <uint64_t>mid._ledger_id, 8)
+    _put(at + 10, <uint64_t>mid._entry_id, 8)
+    _put(at + 18, <uint32_t>mid._partition, 4)
+    _put(at + 22, <uint32_t>mid._batch_index, 4)
+    _put(at + 26, <uint32_t>mid._batch_size, 4)
+
+
+def messages_from_fields(ids, data, props, keys, topics, pubs, reds, events, okeys):
+    """Messages of columns as ``message_fields`` gives them (an id as its five fields, made
+    into a MessageId when first asked for; properties None or a dict)."""
+    cdef Py_ssize_t i, n = len(data)
+    cdef Message m
+    out = [None] * n
+    for i in range(n):
+        m = Message.__new__(Message)
+        m._data = data[i]
+        m._properties = props[i]
+        m._key = keys[i]
+        m._id = ids[i]
+        m._topic = topics[i]
+        m._publish_time = pubs[i]
+        m._redelivery_count = reds[i]
+        if events[i] or okeys[i] is not None:
+            m._meta = (events[i], okeys[i])
+        out[i] = m
+    return out

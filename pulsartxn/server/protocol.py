@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.flight as flight
 
 from .. import errors
+from .._native import message_fields, messages_from_fields
 from ..messaging.message import Message, MessageId
 
 VERSION = 1
@@ -242,24 +243,64 @@ def dispatch_schema():
 
 
 def messages_to_batch(msgs):
-    return pa.RecordBatch.from_pydict(
-        {
-            "message_id": [m.message_id().serialize() for m in msgs],
-            "value": [m.data() for m in msgs],
-            "key": [m.partition_key() for m in msgs],
-            "properties": [json.dumps(m.properties()) if m.properties() else None for m in msgs],
-            "topic": [m.topic_name() for m in msgs],
-            "publish_time": [m.publish_timestamp() for m in msgs],
-            "redelivery_count": [m.redelivery_count() for m in msgs],
-            "event_time": [m.event_timestamp() for m in msgs],
-            "ordering_key": [
-                None
-                if m.ordering_key() is None
-                else m.ordering_key().encode("utf-8", "surrogateescape")
-                for m in msgs
-            ],
-        },
+    ids, data, props, keys, topics, pubs, reds, events, okeys = message_fields(msgs)
+    n = len(data)
+    offsets = np.arange(0, (n + 1) * _ID_DTYPE.itemsize, _ID_DTYPE.itemsize, dtype=np.int32)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(ids)]),
+            pa.array(data, pa.binary()),
+            pa.array(keys, pa.string()),
+            pa.array([None if p is None else json.dumps(p) for p in props], pa.string()),
+            pa.array(topics, pa.string()),
+            pa.array(np.frombuffer(pubs, np.int64)),
+            pa.array(np.frombuffer(reds, np.int32)),
+            pa.array(np.frombuffer(events, np.int64)),
+            pa.array(
+                [None if k is None else k.encode("utf-8", "surrogateescape") for k in okeys],
+                pa.binary(),
+            ),
+        ],
         schema=dispatch_schema(),
+    )
+
+
+# A serialized MessageId (MessageId.serialize: "<2sqqiii") as a numpy record, for whole columns.
+_ID_DTYPE = np.dtype(
+    [
+        ("magic", "S2"),
+        ("ledger", "<i8"),
+        ("entry", "<i8"),
+        ("partition", "<i4"),
+        ("index", "<i4"),
+        ("size", "<i4"),
+    ]
+)
+
+
+def _ids_from_array(col: pa.Array) -> list:
+    """The five fields of each serialized MessageId of a binary column (ValueError for one
+    that is not: MessageId.deserialize's rules, checked over the whole column)."""
+    n = len(col)
+    if not n:
+        return []
+    _, offsets, data = col.buffers()
+    at = np.frombuffer(offsets, np.int32, n + 1, col.offset * 4)
+    if (np.diff(at) != _ID_DTYPE.itemsize).any():
+        raise ValueError("malformed dispatch batch: a message id of the wrong size")
+    rows = np.frombuffer(data, _ID_DTYPE, n, int(at[0]))
+    ledger, entry = rows["ledger"], rows["entry"]
+    negative = (ledger < 0) | (entry < 0)
+    if (rows["magic"] != b"M1").any() or (negative & ((ledger != -1) | (entry != -1))).any():
+        raise ValueError("malformed dispatch batch: not a serialized MessageId")
+    return list(
+        zip(
+            ledger.tolist(),
+            entry.tolist(),
+            rows["partition"].tolist(),
+            rows["index"].tolist(),
+            rows["size"].tolist(),
+        )
     )
 
 
@@ -300,18 +341,34 @@ def batch_to_messages(batch) -> list[Message]:
     """The messages of a dispatch batch; a batch not of the dispatch schema is a ValueError."""
     if not batch.schema.equals(dispatch_schema()):
         raise ValueError(f"malformed dispatch batch: schema {batch.schema}")
-    cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
-    out = []
-    for mid, value, key, props, topic, t, r, event_time, okey in zip(*cols):
-        try:
-            props = json.loads(props) if props else {}
-            ok = isinstance(props, dict) and all(
-                isinstance(k, str) and isinstance(v, str) for k, v in props.items()
-            )
-            mid = MessageId.deserialize(mid)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"malformed dispatch batch: {type(exc).__name__}: {exc}") from None
-        if not ok or None in (mid, value, topic, t, r, event_time):
-            raise ValueError("malformed dispatch batch: a missing or ill-typed field")
-        out.append(Message(value, props, key, mid, topic, t, r, None, event_time, _okey_str(okey)))
-    return out
+    cols = batch.columns
+    if any(cols[i].null_count for i in _REQUIRED):
+        raise ValueError("malformed dispatch batch: a missing or ill-typed field")
+    ids = _ids_from_array(cols[0])
+    props = [None if p is None else _properties(p) for p in cols[3].to_pylist()]
+    okeys = [_okey_str(k) for k in cols[8].to_pylist()] if cols[8].null_count < len(ids) else None
+    return messages_from_fields(
+        ids,
+        cols[1].to_pylist(),
+        props,
+        cols[2].to_pylist(),
+        cols[4].to_pylist(),
+        *(cols[i].to_numpy().tolist() for i in (5, 6, 7)),
+        okeys or [None] * len(ids),
+    )
+
+
+_REQUIRED = (0, 1, 4, 5, 6, 7)  # message_id, value, topic, publish and event time, redeliveries
+
+
+def _properties(text: str) -> dict:
+    """A message's properties from their JSON (ValueError unless an object of strings)."""
+    try:
+        props = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"malformed dispatch batch: {type(exc).__name__}: {exc}") from None
+    if not isinstance(props, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in props.items()
+    ):
+        raise ValueError("malformed dispatch batch: a missing or ill-typed field")
+    return props

@@ -138,3 +138,65 @@ def test_native_and_twin_deserialize_any_bytes_alike(data):
         assert n[1] is InvalidMessageId
     else:
         assert n[1].serialize() == data
+
+
+received = st.lists(
+    st.tuples(
+        st.binary(max_size=12),
+        st.none() | st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+        st.none() | st.text(max_size=4),
+        st.tuples(
+            st.integers(0, 2**63 - 1),
+            st.integers(0, 2**63 - 1),
+            st.integers(-1, 2**31 - 1),
+            st.integers(-1, 2**31 - 1),
+            st.integers(0, 2**31 - 1),
+        ),
+        st.booleans(),  # the id as a MessageId, else as its five fields
+        st.integers(0, 2**62),
+        st.integers(0, 2**31 - 1),
+        st.integers(0, 2**62),  # event time, 0: none
+        st.none() | st.text(max_size=4),
+    ),
+    max_size=8,
+)
+
+
+@given(received)
+def test_native_and_twin_message_columns_agree(rows):
+    """message_fields (a dispatch batch's columns of received messages) and
+    messages_from_fields (messages of such columns): the same columns from both, ids
+    serialized as MessageId.serialize, and messages of those columns equal to the first."""
+    native, twin = load("native"), load("reference")
+    columns = []
+    for impl in (native, twin):
+        msgs = [
+            impl.Message(
+                d, p, k, impl.MessageId(*mid) if as_id else mid, "t", pub, red, None, ev, ok
+            )
+            for d, p, k, mid, as_id, pub, red, ev, ok in rows
+        ]
+        columns.append(impl.message_fields(msgs))
+    n, t = columns
+    assert n[0] == t[0] == b"".join(native.MessageId(*r[3]).serialize() for r in rows)
+    assert [list(c) for c in n[1:]] == [list(c) for c in t[1:]]
+    assert (n[5].typecode, n[6].typecode, n[7].typecode) == ("q", "i", "q")
+    ids = [r[3] for r in rows]
+    for impl in (native, twin):
+        back = impl.messages_from_fields(ids, *n[1:])
+        assert [
+            (
+                m.data(),
+                m.properties(),
+                m.partition_key(),
+                m.message_id(),
+                m.publish_timestamp(),
+                m.redelivery_count(),
+                m.event_timestamp(),
+                m.ordering_key(),
+            )
+            for m in back
+        ] == [
+            (d, p or {}, k, native.MessageId(*mid), pub, red, ev, ok)
+            for d, p, k, mid, _, pub, red, ev, ok in rows
+        ]

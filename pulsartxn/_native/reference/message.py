@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import struct
 from functools import total_ordering
 
@@ -209,3 +210,39 @@ class Message:
 
     def __repr__(self) -> str:
         return f"Message(topic={self._topic!r}, id={self.message_id()!r}, {len(self._data)} bytes)"
+
+
+def message_fields(msgs: list) -> tuple:
+    """The fields of received messages as columns (a dispatch batch's): ``(ids, data,
+    properties, keys, topics, publish times, redelivery counts, event times, ordering
+    keys)``. The ids are their ``serialize()`` bytes end to end; the times and counts are
+    arrays (int64, int32, int64); properties None when there are none."""
+    ids = []
+    for m in msgs:
+        mid = m._id
+        if type(mid) is tuple:
+            mid = MessageId(*mid)
+        ids.append(mid.serialize())
+    metas = [m._meta or (0, None) for m in msgs]
+    return (
+        b"".join(ids),
+        [m._data for m in msgs],
+        [m._properties or None for m in msgs],
+        [m._key for m in msgs],
+        [m._topic for m in msgs],
+        array.array("q", [m._publish_time for m in msgs]),
+        array.array("i", [m._redelivery_count for m in msgs]),
+        array.array("q", [meta[0] for meta in metas]),
+        [meta[1] for meta in metas],
+    )
+
+
+def messages_from_fields(ids, data, props, keys, topics, pubs, reds, events, okeys) -> list:
+    """Messages of columns as ``message_fields`` gives them (an id as its five fields, made
+    into a MessageId when first asked for; properties None or a dict)."""
+    return [
+        Message(d, p, k, i, t, pub, r, None, e, o)
+        for i, d, p, k, t, pub, r, e, o in zip(
+            ids, data, props, keys, topics, pubs, reds, events, okeys
+        )
+    ]
