@@ -58,10 +58,12 @@ class Shared:
 
 
 def _flush_handles(txns) -> None:
-    """Handles' messages still batched client-side land before a decision commits them."""
+    """Handles' messages still batched client-side land before a decision commits them; a
+    handle with a send that timed out refuses it (InvalidTxnStatus, nothing decided)."""
     for t in txns:
         if isinstance(t, RemoteTransaction):
             t._flush_for_commit()
+            t._check_committable()
 
 
 @strict_class

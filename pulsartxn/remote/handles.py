@@ -177,6 +177,13 @@ class RemoteTransaction(TransactionContext):
         if self._error is None:
             self._error = exc
 
+    def _check_committable(self, outcome: str = "abort it") -> None:
+        if self._error is not None:
+            raise errors.InvalidTxnStatus(
+                f"transaction {self.id} cannot commit: a send of it failed ({self._error}); "
+                f"{outcome}"
+            ) from self._error
+
     def _stored(self, partitions) -> None:
         for name, n in partitions:
             self._send_counts[name] = self._send_counts.get(name, 0) + n
@@ -199,10 +206,7 @@ class RemoteTransaction(TransactionContext):
                     self._end(False, timeout_ms)
                 except errors.PulsarTxnError as exc:
                     outcome = f"its abort failed too ({exc})"
-                raise errors.InvalidTxnStatus(
-                    f"transaction {self.id} cannot commit: a send of it failed "
-                    f"({self._error}); {outcome}"
-                ) from self._error
+                self._check_committable(outcome)
         retries = self._client._retries
         try:
             self._client._json(

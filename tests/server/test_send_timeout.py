@@ -75,7 +75,7 @@ def test_sends_to_a_stopped_broker_time_out_and_a_resend_is_stored_once(served):
     first = producer.send(b"a", sequence_id=0)
     early = producer.send_async(b"b", sequence_id=1)
     producer.flush()
-    txn = client.new_transaction()
+    txn, grouped = client.new_transaction(), client.new_transaction()
     called: list = []
     with stopped(served):
         raised, took = timed(lambda: producer.send(b"c", sequence_id=2))
@@ -108,6 +108,8 @@ def test_sends_to_a_stopped_broker_time_out_and_a_resend_is_stored_once(served):
             t.join()
         assert len(outcomes) == 4
         assert all(isinstance(r, Timeout) and took <= LATEST for r, took in outcomes)
+        raised, took = timed(lambda: other.send(b"u", txn=grouped))
+        assert isinstance(raised, Timeout) and took <= LATEST
         raised, took = timed(lambda: other.send_batch([b"f", b"g"]))
         assert isinstance(raised, Timeout) and took <= LATEST
         # flush() itself times out while the broker is silent.
@@ -123,12 +125,16 @@ def test_sends_to_a_stopped_broker_time_out_and_a_resend_is_stored_once(served):
     with pytest.raises(InvalidTxnStatus, match="cannot commit"):
         txn.commit()
     assert txn.state is TxnState.ABORTED
+    with pytest.raises(InvalidTxnStatus, match="cannot commit"):  # nothing decided
+        client.commit_all([grouped])
+    assert grouped.state is TxnState.OPEN
+    grouped.abort()
     producer.close()
     other.close()
     values = scanned(client, topic)
     for value in (b"a", b"b", b"c", b"d", b"e"):
         assert values.count(value) == 1, (value, values)
-    assert b"t" not in values  # its transaction aborted
+    assert b"t" not in values and b"u" not in values  # their transactions aborted
     assert values.count(b"f") <= 1 and values.count(b"g") <= 1
     client.close()
 
