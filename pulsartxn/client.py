@@ -114,7 +114,8 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
         batching_type: BatchingType = BatchingType.Default,
         chunking_enabled: bool = False,
     ) -> Producer:
-        """A producer on `topic`. pulsar-client's send_timeout_millis, block_if_queue_full,
+        """A producer on `topic`. pulsar-client's send_timeout_millis (only a remote send
+        times out: here a send waits for the store), block_if_queue_full,
         max_pending_messages, compression_type, batching_type and chunking_enabled are
         checked and mean what docs/API.md ("Differences from pulsar-client") says."""
         check_producer_options(

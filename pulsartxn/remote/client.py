@@ -1,10 +1,10 @@
 """``pulsartxn.Client("pulsartxn://host:port")``: API.md's client over Arrow Flight.
 
 The client opens a session (a random id) and keeps it alive; if the broker restarts, calls
-are retried with backoff until it is back (up to ``reconnect_timeout_s``), the session is
-opened again and producers and consumers are re-created under the same names. Every message
-is sent with an explicit sequence id, so a re-sent produce is stored once (de-duplication by
-producer name and sequence id).
+are retried with backoff until it is back (up to ``reconnect_timeout_s``, or a send's
+``send_timeout_millis``), the session is opened again and producers and consumers are
+re-created under the same names. Every message is sent with an explicit sequence id, so a
+re-sent produce is stored once (de-duplication by producer name and sequence id).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from ..server import protocol
 from ..server.protocol import SessionLost, frame, unframe
 from .admin import RemoteAdmin
 from .consumer import RemoteConsumer
-from .handles import RemoteTransaction, txn_str, unreachable
+from .handles import RemoteTransaction, SendDeadline, SendTimedOut, txn_str, unreachable
 from .options import parse_service_url, producer_options, subscribe_options, tls_roots
 from .producer import RemoteProducer
 from .reader import RemoteReader, reader_options
@@ -47,19 +47,23 @@ __all__ = ["RemoteClient", "Shared", "parse_service_url"]
 
 class Shared:
     """What every connection of one client shares: the session id (each broker keeps the
-    session of that id) and the capabilities of the transactions and groups it holds."""
+    session of that id), the capabilities of the transactions and groups it holds, and the
+    deadline of the send each thread is making."""
 
     def __init__(self) -> None:
         self.session = uuid.uuid4().hex
         self.capabilities: dict[str, str] = {}
         self.group_capabilities: dict[str, str] = {}
+        self.deadline = SendDeadline()
 
 
 def _flush_handles(txns) -> None:
-    """Handles' messages still batched client-side land before a decision commits them."""
+    """Handles' messages still batched client-side land before a decision commits them; a
+    handle with a send that timed out refuses it (InvalidTxnStatus, nothing decided)."""
     for t in txns:
         if isinstance(t, RemoteTransaction):
             t._flush_for_commit()
+            t._check_committable()
 
 
 @strict_class
@@ -116,8 +120,10 @@ class RemoteClient:
         else:
             self._flight = flight.FlightClient(f"grpc://{address}")
         headers = [(b"authorization", b"Bearer " + token.encode())] if token else []
+        self._headers = headers
         self._options = flight.FlightCallOptions(headers=headers)
         self._session = shared.session
+        self._deadline = shared.deadline
         self._retries = 0  # calls re-sent after the broker was unreachable
         self._generation = 0
         self._reconnect_s = reconnect_timeout_s
@@ -153,29 +159,57 @@ class RemoteClient:
         return answer.get("new", True)
 
     def _raw(self, action: str, args: dict, payload: bytes = b"", seen=None) -> list[bytes]:
-        """One call, retried while the broker is unreachable (with backoff). `seen`: the
-        generation a handle in `args` was made in; once the session has been opened again
-        the call is not re-sent with it (SessionLost: the caller makes the handle again; a
-        restarted broker numbers handles afresh, so the old number may be another's)."""
+        """One call, retried while the broker is unreachable (with backoff) up to
+        reconnect_timeout_s, or to the thread's send deadline (SendTimedOut, also when the
+        broker does not answer). `seen`: the generation a handle in `args` was made in; once
+        the session has been opened again the call is not re-sent with it (SessionLost: the
+        caller makes the handle again; a restarted broker numbers handles afresh)."""
         body = frame({**args, "session": self._session}, payload)
         deadline = time.monotonic() + self._reconnect_s
         delay = 0.05
         while True:
             if seen is not None:
-                with self._lock:  # a reopen under way finishes first
-                    if seen != self._generation:
-                        raise SessionLost("the session was opened again")
+                self._check_generation(seen)
             try:
-                results = self._flight.do_action(flight.Action(action, body), self._options)
+                options = self._call_options()
+                results = self._flight.do_action(flight.Action(action, body), options)
                 return [r.body.to_pybytes() for r in results]
             except flight.FlightUnavailableError as exc:
                 self._retries += 1
-                if time.monotonic() + delay > deadline:
+                send_by = self._deadline.at
+                if send_by is not None and send_by <= deadline:  # the send gives up first
+                    left = send_by - time.monotonic()
+                    time.sleep(max(min(delay, left), 0.0))
+                    if left <= delay:
+                        raise SendTimedOut(str(unreachable(self, exc))) from None
+                elif time.monotonic() + delay > deadline:
                     raise unreachable(self, exc) from None
-                time.sleep(delay)
+                else:
+                    time.sleep(delay)
                 delay = min(delay * 2, 1.0)
+            except flight.FlightTimedOutError:  # only calls with a send deadline have one
+                raise SendTimedOut(f"broker at {self.service_url} did not answer") from None
             except flight.FlightError as exc:
                 raise protocol.from_flight_error(exc) from None
+
+    def _call_options(self) -> flight.FlightCallOptions:
+        """A call's options: with the time left to the thread's send deadline, if any."""
+        left = self._deadline.left()
+        if left is None:
+            return self._options
+        return flight.FlightCallOptions(headers=self._headers, timeout=left)
+
+    def _check_generation(self, seen: int) -> None:
+        """SessionLost if the session was opened again since generation `seen` (a reopen
+        under way finishes first, or the thread's send deadline passes)."""
+        left = self._deadline.left()
+        if not self._lock.acquire(timeout=-1 if left is None else left):
+            raise SendTimedOut(f"broker at {self.service_url}: its session is being reopened")
+        try:
+            if seen != self._generation:
+                raise SessionLost("the session was opened again")
+        finally:
+            self._lock.release()
 
     def _call(self, action: str, args: dict, payload: bytes = b"", owner=None) -> list[bytes]:
         """A call in this session; a lost session (the broker restarted) is opened again and
@@ -274,7 +308,7 @@ class RemoteClient:
             batching_max_allowed_size_in_bytes,
             batching_max_publish_delay_ms,
         )
-        p = RemoteProducer(self, topic, producer_name, options)
+        p = RemoteProducer(self, topic, producer_name, options, send_timeout_millis)
         self._objects.add(p)
         return p
 

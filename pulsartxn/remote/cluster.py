@@ -72,6 +72,7 @@ def connect(
         shared.session = client._session
         shared.capabilities = client._capabilities
         shared.group_capabilities = client._group_capabilities
+        shared.deadline = client._deadline
         roots = tls_roots(tls, tls_trust_certs_file_path)
         return ClusterClient(
             service_url, hosts, roots, token, reconnect_timeout_s, keepalive_s, shared, client
@@ -136,6 +137,7 @@ class ClusterClient(ClusterRouting):
         self._keepalive_s = keepalive_s
         self._shared = shared
         self._session = shared.session
+        self._deadline = shared.deadline  # of the send each thread is making
         address = first._address
         self._conns: dict[str, RemoteClient] = {address: first}
         self._home = address  # the broker asked what any broker answers
@@ -191,7 +193,9 @@ class ClusterClient(ClusterRouting):
             batching_max_publish_delay_ms,
         )
         full = TopicName.parse(topic).full if isinstance(topic, str) else topic
-        p = ClusterProducer(self, full, self._partitions(topic), producer_name, options)
+        p = ClusterProducer(
+            self, full, self._partitions(topic), producer_name, options, send_timeout_millis
+        )
         self._objects.add(p)
         return p
 

@@ -6,8 +6,10 @@ name. A partitioned topic's messages go to the partitions the embedded producer 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -81,15 +83,18 @@ class _PartProducer(Placed, RemoteProducer):
     """One partition's producer: a send re-sent at the owner after a failure is stored once
     (the same producer name and sequence id)."""
 
-    def __init__(self, cluster, partition: str, producer_name, options) -> None:
+    def __init__(self, cluster, partition: str, producer_name, options, send_timeout) -> None:
         self._place(cluster, partition)
-        RemoteProducer.__init__(self, None, partition, producer_name, options)
+        RemoteProducer.__init__(self, None, partition, producer_name, options, send_timeout)
+
+    def _deadline(self):
+        return self._cluster._deadline
 
     def _send_many(self, items, txn, handle=None) -> list:
         return self._follow(lambda: RemoteProducer._send_many(self, items, txn, handle))
 
-    def flush(self) -> None:
-        self._follow(lambda: RemoteProducer.flush(self))
+    def _flush(self) -> None:
+        self._follow(lambda: RemoteProducer._flush(self))
 
 
 @strict_class
@@ -97,8 +102,12 @@ class ClusterProducer:
     """``client.create_producer(topic)`` on a cluster: RemoteProducer's API, one producer
     per partition under one name (de-duplication is per partition and name)."""
 
-    def __init__(self, cluster, topic: str, partitions: list[str], producer_name, options):
+    def __init__(
+        self, cluster, topic: str, partitions: list[str], producer_name, options, send_timeout=0
+    ):
         self._topic = topic
+        self._cluster = cluster
+        self._send_timeout_ms = send_timeout
         self._parts: list[_PartProducer] = []
         name = producer_name
         if name is None and len(partitions) > 1:
@@ -107,7 +116,7 @@ class ClusterProducer:
             name = f"pulsartxn-{uuid.uuid4().hex[:16]}"
         try:
             for partition in partitions:
-                part = _PartProducer(cluster, partition, name, options)
+                part = _PartProducer(cluster, partition, name, options, send_timeout)
                 name = part.name
                 self._parts.append(part)
         except BaseException:
@@ -264,8 +273,19 @@ class ClusterProducer:
         return ClusterBatchStream(self, txn)
 
     def flush(self) -> None:
-        for part in self._parts:
-            part.flush()
+        """Every partition's flush, within one send timeout; the first Timeout is raised
+        once they all ran."""
+        first = None
+        timeout = self._send_timeout_ms / 1000.0
+        deadline = self._cluster._deadline
+        with deadline.until(time.monotonic() + timeout) if timeout else contextlib.nullcontext():
+            for part in self._parts:
+                try:
+                    part.flush()
+                except errors.Timeout as exc:
+                    first = first or exc
+        if first is not None:
+            raise first
 
     def close(self) -> None:
         if self._closed:

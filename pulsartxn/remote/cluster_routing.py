@@ -10,7 +10,7 @@ from .. import errors
 from ..messaging.topic_name import TopicName
 from ..server.protocol import SessionLost
 from .client import RemoteClient
-from .handles import Unreachable
+from .handles import SendTimedOut, Unreachable
 
 if TYPE_CHECKING:
     from .cluster import ClusterClient
@@ -94,8 +94,19 @@ class ClusterRouting:
                 raise errors.BrokerUnavailable(
                     f"no broker of {self.service_url} could be reached: {last}"
                 ) from None
-            time.sleep(delay)
+            self._back_off(delay, last)
             delay = min(delay * 2, _BACKOFF_MAX_S)
+
+    def _back_off(self, delay: float, cause) -> None:
+        """Sleep `delay` seconds before a retry, but not past the thread's send deadline
+        (SendTimedOut once it has passed)."""
+        send_by = self._deadline.at
+        if send_by is not None:
+            left = send_by - time.monotonic()
+            if left <= 0:
+                raise SendTimedOut(str(cause)) from None
+            delay = min(delay, left)
+        time.sleep(delay)
 
     def _owner(self, kind: str, name) -> str:
         key = (kind, name)
@@ -134,7 +145,7 @@ class ClusterRouting:
                 self._check_open()
                 if self._closing or now + delay > deadline:
                     raise
-                time.sleep(delay)
+                self._back_off(delay, exc)
                 delay = min(delay * 2, _BACKOFF_MAX_S)
 
     def _coordinator(self, coordinator_id: int) -> _CoordinatorRoute:

@@ -4,8 +4,11 @@ consumers (re-created in a new session when the old one is lost) and transaction
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import weakref
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from .. import errors
@@ -25,6 +28,36 @@ if TYPE_CHECKING:
 class Unreachable(errors.BrokerUnavailable):
     """The broker a call was sent to could not be reached (after retrying): another broker of
     a cluster may answer instead."""
+
+
+class SendTimedOut(errors.Timeout):
+    """A call made for a send ended at the send's deadline (send_timeout_millis): the broker
+    was unreachable or did not answer. Whether it stored the messages is unknown."""
+
+
+class SendDeadline(threading.local):
+    """When the send this thread is making gives up (time.monotonic(); None: no send, or no
+    send timeout): every call the thread makes on the client's connections ends by then."""
+
+    at: float | None = None
+
+    @contextlib.contextmanager
+    def until(self, at: float) -> Iterator[None]:
+        outer = self.at
+        self.at = at if outer is None else min(outer, at)
+        try:
+            yield
+        finally:
+            self.at = outer
+
+    def left(self) -> float | None:
+        """Seconds left (None: no deadline); SendTimedOut once it has passed."""
+        if self.at is None:
+            return None
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise SendTimedOut("not answered within the send timeout")
+        return left
 
 
 def unreachable(client, exc) -> Unreachable:
@@ -136,6 +169,20 @@ class RemoteTransaction(TransactionContext):
         self._send_counts: dict = {}
         self._counted = counted
         self._producers: weakref.WeakSet = weakref.WeakSet()  # with queued sends of this txn
+        self._error: BaseException | None = None  # a send of it that timed out
+
+    def _send_failed(self, exc: BaseException) -> None:
+        """A send of it timed out (it may or may not be in it): it can only abort now, as
+        Pulsar's transaction whose send failed."""
+        if self._error is None:
+            self._error = exc
+
+    def _check_committable(self, outcome: str = "abort it") -> None:
+        if self._error is not None:
+            raise errors.InvalidTxnStatus(
+                f"transaction {self.id} cannot commit: a send of it failed ({self._error}); "
+                f"{outcome}"
+            ) from self._error
 
     def _stored(self, partitions) -> None:
         for name, n in partitions:
@@ -148,11 +195,18 @@ class RemoteTransaction(TransactionContext):
 
     def _flush_for_commit(self) -> None:
         for producer in list(self._producers):
-            producer._answered()  # everything sent in the transaction lands before its end
+            producer._answered()  # everything sent in the transaction lands (or fails) first
 
     def _end(self, commit: bool, timeout_ms) -> None:
         if commit:
             self._flush_for_commit()
+            if self._error is not None:
+                outcome = "it was aborted"
+                try:
+                    self._end(False, timeout_ms)
+                except errors.PulsarTxnError as exc:
+                    outcome = f"its abort failed too ({exc})"
+                self._check_committable(outcome)
         retries = self._client._retries
         try:
             self._client._json(

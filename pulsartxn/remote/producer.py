@@ -1,8 +1,10 @@
 """The remote client's producers: messages batched client-side, sent with explicit
-sequence ids (a re-send after a reconnect is stored once), bulk sends as DoPut streams."""
+sequence ids (a re-send after a reconnect is stored once), bulk sends as DoPut streams.
+A send not stored within send_timeout_millis of its call fails with Timeout, as Pulsar's."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -25,7 +27,7 @@ from ..messaging.send_options import check_callback, with_callback
 from ..messaging.topic_name import TopicName
 from ..server import protocol
 from ..server.protocol import frame, unframe
-from .handles import Handle, RemoteTransaction, txn_str, unreachable
+from .handles import Handle, RemoteTransaction, SendTimedOut, txn_str, unreachable
 
 SEND_BATCH_BYTES = 8 << 20  # a send_batch goes out in record batches of about this many bytes
 
@@ -120,8 +122,10 @@ class BatchStream:
 
 @strict_class
 class RemoteProducer(Handle):
-    def __init__(self, client, topic, producer_name, options) -> None:
+    def __init__(self, client, topic, producer_name, options, send_timeout_millis=0) -> None:
         super().__init__(client)
+        self._send_timeout_ms = send_timeout_millis  # 0: none (retried up to reconnect)
+        self._last_timeout: BaseException | None = None  # of the last send; flush() raises it
         self._topic = topic
         self._options = {k: v for k, v in options.items() if v is not None}
         self.name = producer_name
@@ -229,20 +233,55 @@ class RemoteProducer(Handle):
         deliver_at: int | None = None,
         deliver_after: timedelta | None = None,
     ) -> MessageId:
-        """Send one message; durable when it returns."""
+        """Send one message; durable when it returns (Timeout if not within the send timeout
+        of this call)."""
         content = self._check(content)
         meta = message_metadata(
             ordering_key, event_timestamp, deliver_after_ms, deliver_at, deliver_after
         )
-        self._answered()
-        seq = self._next_seq(sequence_id)
         handle = txn if isinstance(txn, RemoteTransaction) else None
-        (result,) = self._send_many(
-            [(content, properties, partition_key, seq, meta)], txn_str(txn), handle
-        )
+        seq = None
+        try:
+            with self._sending(time.monotonic()):
+                self._answered()
+                seq = self._next_seq(sequence_id)
+                (result,) = self._send_many(
+                    [(content, properties, partition_key, seq, meta)], txn_str(txn), handle
+                )
+        except SendTimedOut as exc:
+            what = "message" if seq is None else f"message {seq}"
+            raise self._outcome(self._timed_out(what, exc, handle)) from None
         if isinstance(result, BaseException):
             raise result
+        self._outcome(None)
         return result
+
+    def _deadline(self):
+        """The SendDeadline of the calls this producer makes."""
+        return self._client._deadline
+
+    def _sending(self, start: float):
+        """The calls made in this block end by `start` + send_timeout_millis (SendTimedOut)."""
+        if not self._send_timeout_ms:
+            return contextlib.nullcontext()
+        return self._deadline().until(start + self._send_timeout_ms / 1000.0)
+
+    def _timed_out(self, what: str, cause, handle=None) -> errors.Timeout:
+        """The Timeout of `what`; a transaction it was sent in can only abort now."""
+        exc = errors.Timeout(
+            f"producer {self.name}: {what} timed out (send_timeout_millis="
+            f"{self._send_timeout_ms}): {cause}; it may have been stored all the same, and a "
+            "re-send with the same sequence id is stored once"
+        )
+        if handle is not None:
+            handle._send_failed(exc)
+        return exc
+
+    def _outcome(self, exc: BaseException | None) -> BaseException | None:
+        """Record how the last send ended (its Timeout, or None once stored)."""
+        with self._cond:
+            self._last_timeout = exc
+        return exc
 
     def send_async(
         self,
@@ -328,19 +367,39 @@ class RemoteProducer(Handle):
                     take.append(item)
                 self._inflight += 1
             try:
-                results = self._send_many([t[0] for t in take], txn, take[0][4])
+                try:
+                    with self._sending(take[0][3]):  # the oldest message's send timeout
+                        results = self._send_many([t[0] for t in take], txn, take[0][4])
+                except SendTimedOut as exc:
+                    self._time_out(take, exc)
+                    continue
                 for (_, _, fut, _, _), res in zip(take, results):
                     if isinstance(res, BaseException):
                         fut.set_exception(res)
                     else:
                         fut.set_result(res)
+                self._outcome(None)
             except BaseException as exc:  # noqa: BLE001 - every future of the call gets it
                 for _, _, fut, _, _ in take:
-                    fut.set_exception(exc)
+                    if not fut.done():
+                        fut.set_exception(exc)
             finally:
                 with self._cond:
                     self._inflight -= 1
                     self._cond.notify_all()
+
+    def _time_out(self, take: list, cause) -> None:
+        """The oldest pending message timed out: it and every message queued after it fail
+        (as Pulsar's producer fails its pending queue), so none lands after one that failed."""
+        with self._cond:
+            take = take + self._queue
+            self._queue = []
+            self._queued_bytes = 0
+        last = None
+        for (_, _, _, seq, _), _, fut, _, handle in take:
+            last = self._timed_out(f"message {seq}", cause, handle)
+            fut.set_exception(last)
+        self._outcome(last)
 
     def send_batch(
         self,
@@ -348,6 +407,18 @@ class RemoteProducer(Handle):
         keys: Sequence[str | bytes | None] | pa.Array | None = None,
         txn: RemoteTransaction | TxnID | None = None,
     ) -> int:
+        """Store `values` (and their `keys`) as messages; the count once durable (Timeout
+        if not within the send timeout: some of them may have been stored)."""
+        handle = txn if isinstance(txn, RemoteTransaction) else None
+        try:
+            with self._sending(time.monotonic()):
+                count = self._send_table(values, keys, txn)
+        except SendTimedOut as exc:
+            raise self._outcome(self._timed_out("send_batch", exc, handle)) from None
+        self._outcome(None)
+        return count
+
+    def _send_table(self, values, keys, txn) -> int:
         self._answered()
         if isinstance(values, (pa.Array, pa.ChunkedArray)):
             value_col = values
@@ -372,9 +443,10 @@ class RemoteProducer(Handle):
                 "session": self._client._session,
             }
         )
+        options = self._client._call_options()
         try:
             writer, reader = self._client._flight.do_put(
-                flight.FlightDescriptor.for_command(command), table.schema, self._client._options
+                flight.FlightDescriptor.for_command(command), table.schema, options
             )
             first = self._reserve(table.num_rows)
             for batch in protocol.table_batches(table, SEND_BATCH_BYTES):
@@ -386,6 +458,8 @@ class RemoteProducer(Handle):
         except flight.FlightUnavailableError as exc:
             # Not re-sent: the broker may have stored some of it (ids assigned there).
             raise unreachable(self._client, exc) from None
+        except flight.FlightTimedOutError:
+            raise SendTimedOut(f"broker at {self._client.service_url} did not answer") from None
         except flight.FlightError as exc:
             raise protocol.from_flight_error(exc) from None
         out = json.loads(meta.to_pybytes())
@@ -401,6 +475,22 @@ class RemoteProducer(Handle):
         return BatchStream(self, txn)
 
     def flush(self) -> None:
+        """Wait until every message sent so far is stored or failed; raises the Timeout of
+        the last one sent if it timed out (once, as Pulsar's flush)."""
+        try:
+            with self._sending(time.monotonic()):
+                self._flush()
+        except SendTimedOut as exc:
+            raise errors.Timeout(
+                f"producer {self.name}: flush timed out (send_timeout_millis="
+                f"{self._send_timeout_ms}): {exc}"
+            ) from None
+        with self._cond:
+            exc, self._last_timeout = self._last_timeout, None
+        if exc is not None:
+            raise exc
+
+    def _flush(self) -> None:
         self._answered()
         if self._handle is not None and not self._closed:
             self._client._call("flush", {}, owner=self)
@@ -421,7 +511,7 @@ class RemoteProducer(Handle):
     def close(self) -> None:
         if self._closed:
             return
-        self.flush()
+        self._flush()
         handle = self._handle
         with self._cond:
             self._closed = True

@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pytest
@@ -333,6 +334,44 @@ def test_a_broker_killed_during_produce_loses_and_duplicates_nothing(cluster, cl
         consumer.acknowledge(m)
     assert {m.data() for m in got} == set(values)  # none lost
     consumer.close()
+
+
+def test_a_send_to_a_paused_owner_times_out_and_its_resend_is_stored_once(cluster, client):
+    """send_timeout_millis on a cluster: a partition whose owner is paused (SIGSTOP) fails
+    its sends with Timeout near the timeout; the other partitions' sends go on."""
+    topic = _topic(client)
+    keys = _keys_per_partition(client, topic)
+    parts = client.topic_partitions(topic)
+    owners = [client._owner("partition", p) for p in parts]
+    victim = cluster.addresses.index(owners[0])
+    elsewhere = next(i for i, o in enumerate(owners) if o != owners[0])
+    producer = client.create_producer(topic, producer_name="paused", send_timeout_millis=400)
+    first = producer.send(b"c0", partition_key=keys[0], sequence_id=0)
+    pool = ThreadPoolExecutor(2)
+    cluster.pause(victim)
+    try:
+        start = time.monotonic()
+        sent = pool.submit(producer.send, b"c1", partition_key=keys[0], sequence_id=1)
+        queued = producer.send_async(b"c2", partition_key=keys[0], sequence_id=2)
+        assert isinstance(sent.exception(5), errors.Timeout)
+        assert isinstance(queued.exception(5), errors.Timeout)
+        assert 0.35 <= time.monotonic() - start <= 5
+        producer.send(b"o", partition_key=keys[elsewhere])
+    finally:
+        cluster.resume(victim)
+        pool.shutdown()
+    deadline = time.monotonic() + 10
+    while True:  # the paused broker catches up first
+        try:
+            assert producer.send(b"c0", partition_key=keys[0], sequence_id=0) == first
+            break
+        except errors.Timeout:
+            assert time.monotonic() < deadline
+    producer.send(b"c1", partition_key=keys[0], sequence_id=1)
+    producer.send(b"c2", partition_key=keys[0], sequence_id=2)
+    producer.close()
+    values = Counter(v for b in client.scan(topic) for v in b.column("value").to_pylist())
+    assert values == Counter([b"c0", b"c1", b"c2", b"o"])
 
 
 def test_the_merged_consumer(cluster, client):
