@@ -8,7 +8,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
@@ -74,9 +74,9 @@ class BatchStream:
                 )
             elif batch.schema != self._schema:
                 raise ValueError(f"batch schema {batch.schema} differs from the stream's")
-            self._writer.write_with_metadata(
-                batch, first_sequence(self._producer._reserve(batch.num_rows))
-            )
+            with self._producer._on_the_wire():
+                first = self._producer._reserve(batch.num_rows)
+            self._writer.write_with_metadata(batch, first_sequence(first))
         except flight.FlightUnavailableError as exc:
             raise unreachable(self._producer._client, exc) from None
         except flight.FlightError as exc:
@@ -130,6 +130,7 @@ class RemoteProducer(Handle):
         self._options = {k: v for k, v in options.items() if v is not None}
         self.name = producer_name
         self._seq_lock = threading.Lock()
+        self._wire = threading.Lock()  # held by the call on the wire (see _on_the_wire)
         self._last_sequence = -1
         self._queue: list = []
         self._cond = threading.Condition()
@@ -244,10 +245,11 @@ class RemoteProducer(Handle):
         try:
             with self._sending(time.monotonic()):
                 self._answered()
-                seq = self._next_seq(sequence_id)
-                (result,) = self._send_many(
-                    [(content, properties, partition_key, seq, meta)], txn_str(txn), handle
-                )
+                with self._on_the_wire():
+                    seq = self._next_seq(sequence_id)
+                    (result,) = self._send_many(
+                        [(content, properties, partition_key, seq, meta)], txn_str(txn), handle
+                    )
         except SendTimedOut as exc:
             what = "message" if seq is None else f"message {seq}"
             raise self._outcome(self._timed_out(what, exc, handle)) from None
@@ -259,6 +261,19 @@ class RemoteProducer(Handle):
     def _deadline(self):
         """The SendDeadline of the calls this producer makes."""
         return self._client._deadline
+
+    @contextlib.contextmanager
+    def _on_the_wire(self) -> Iterator[None]:
+        """This producer's one call on the wire: sequence ids are taken inside, so the broker
+        gets them in order (one below the highest it has is taken for a duplicate). Waits no
+        longer than the send's deadline (SendTimedOut)."""
+        left = self._deadline().left()
+        if not self._wire.acquire(timeout=-1 if left is None else left):
+            raise SendTimedOut("another send of this producer was not answered in time")
+        try:
+            yield
+        finally:
+            self._wire.release()
 
     def _sending(self, start: float):
         """The calls made in this block end by `start` + send_timeout_millis (SendTimedOut)."""
@@ -310,14 +325,15 @@ class RemoteProducer(Handle):
             txn._producers.add(self)
         if callback is not None:
             with_callback(fut, callback)
+        check_sequence_id(sequence_id)
         with self._cond:
             if self._closed:
                 raise errors.AlreadyClosed(f"producer {self.name} is closed")
-            seq = self._next_seq(sequence_id)
             handle = txn if isinstance(txn, RemoteTransaction) else None
             self._queue.append(
                 (
-                    (content, properties, partition_key, seq, meta),
+                    # Its sequence id (None: the next) is taken when it goes on the wire.
+                    (content, properties, partition_key, sequence_id, meta),
                     txn_str(txn),
                     fut,
                     time.monotonic(),
@@ -368,7 +384,11 @@ class RemoteProducer(Handle):
                 self._inflight += 1
             try:
                 try:
-                    with self._sending(take[0][3]):  # the oldest message's send timeout
+                    with self._sending(take[0][3]), self._on_the_wire():  # the oldest's timeout
+                        take = [
+                            ((c, p, k, self._next_seq(q), m), *rest)
+                            for (c, p, k, q, m), *rest in take
+                        ]
                         results = self._send_many([t[0] for t in take], txn, take[0][4])
                 except SendTimedOut as exc:
                     self._time_out(take, exc)
@@ -397,7 +417,8 @@ class RemoteProducer(Handle):
             self._queued_bytes = 0
         last = None
         for (_, _, _, seq, _), _, fut, _, handle in take:
-            last = self._timed_out(f"message {seq}", cause, handle)
+            what = "message" if seq is None else f"message {seq}"  # None: never on the wire
+            last = self._timed_out(what, cause, handle)
             fut.set_exception(last)
         self._outcome(last)
 
@@ -448,7 +469,8 @@ class RemoteProducer(Handle):
             writer, reader = self._client._flight.do_put(
                 flight.FlightDescriptor.for_command(command), table.schema, options
             )
-            first = self._reserve(table.num_rows)
+            with self._on_the_wire():  # after the ids of sends on the wire before it
+                first = self._reserve(table.num_rows)
             for batch in protocol.table_batches(table, SEND_BATCH_BYTES):
                 writer.write_with_metadata(batch, first_sequence(first))
                 first += batch.num_rows

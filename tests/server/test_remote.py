@@ -316,3 +316,29 @@ def test_concurrent_batches_and_sends_each_keep_a_sequence_id_of_their_own(serve
     producer.flush()
     got = [v for b in client.scan("mixed") for v in b.column("value").to_pylist()]
     assert len(got) == len(sent) and sorted(got) == sorted(sent)
+
+
+def test_sync_and_async_sends_from_two_threads_are_all_stored(server):
+    """One thread's send() calls while another's send_async calls go on: each message is
+    stored once. Sequence ids are taken when a call goes on the wire, one call at a time, so
+    the broker never sees an id below one it has stored (it would take it for a duplicate)."""
+    import threading
+
+    s = server()
+    client = pulsartxn.Client(s.url)
+    producer = client.create_producer("two-threads", batching_max_publish_delay_ms=1)
+    sync_values = [b"sync%d" % i for i in range(150)]
+
+    def sync_sends():
+        for v in sync_values:
+            producer.send(v)
+
+    thread = threading.Thread(target=sync_sends)
+    thread.start()
+    async_values = [b"async%d" % i for i in range(1500)]
+    futures = [producer.send_async(v) for v in async_values]
+    thread.join()
+    producer.flush()
+    assert all(f.result().entry_id() >= 0 for f in futures)
+    got = [v for b in client.scan("two-threads") for v in b.column("value").to_pylist()]
+    assert sorted(got) == sorted(sync_values + async_values)
