@@ -15,7 +15,7 @@ from pulsartxn import client_cli, perf
 from pulsartxn.admin_cli import add_parser as add_admin_parser
 from pulsartxn.demo import run_demo
 from pulsartxn.errors import InvalidConfiguration, PulsarTxnError
-from pulsartxn.server.serve import STOP_DUMP_S, serve
+from pulsartxn.server.serve import SHUTDOWN_TIMEOUT_S, STOP_DUMP_S, serve
 from pulsartxn.server.sessions import SessionLimits
 
 DEFAULT_DATA_DIR = os.environ.get("PULSARTXN_DATA_DIR", "pulsartxn-data")
@@ -142,6 +142,7 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         stop_dump_s=args.stop_dump_s,
+        shutdown_timeout_s=args.shutdown_timeout_s,
         **({"max_dbs": args.max_dbs} if args.max_dbs is not None else {}),
         **(
             {"min_ack_timeout_ms": args.min_ack_timeout_ms}
@@ -268,6 +269,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=STOP_DUMP_S,
         help="a stop (SIGTERM, SIGINT) still under way after this many seconds writes every "
         f"thread's stack to stderr (default {STOP_DUMP_S:g}; 0: never)",
+    )
+    srv.add_argument(
+        "--shutdown-timeout-s",
+        type=float,
+        default=SHUTDOWN_TIMEOUT_S,
+        help="on SIGTERM/SIGINT, the calls under way get this many seconds to finish, then "
+        f"every client connection is closed (default {SHUTDOWN_TIMEOUT_S:g}; 0: at once)",
     )
     srv.add_argument(
         "--log-level",

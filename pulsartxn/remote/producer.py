@@ -92,8 +92,10 @@ class BatchStream:
             meta = self._reader.read()
             writer.close()
         except flight.FlightUnavailableError as exc:
+            _drop(writer)
             raise unreachable(self._producer._client, exc) from None
         except flight.FlightError as exc:
+            _drop(writer)
             raise protocol.from_flight_error(exc) from None
         out = json.loads(meta.to_pybytes())
         if self._handle is not None:
@@ -105,10 +107,7 @@ class BatchStream:
         """Drop the stream (after an error: what was sent stays in the transaction)."""
         writer, self._writer = self._writer, None
         if writer is not None:
-            try:
-                writer.close()
-            except Exception:  # noqa: BLE001 - the caller's error matters more
-                pass
+            _drop(writer)
 
     def __enter__(self) -> BatchStream:
         return self
@@ -118,6 +117,14 @@ class BatchStream:
             self.close()
         else:
             self.cancel()
+
+
+def _drop(writer) -> None:
+    """Close a stream's writer that failed (left to its destructor, Arrow logs the error)."""
+    try:
+        writer.close()
+    except Exception:  # noqa: BLE001 - the caller's error matters more
+        pass
 
 
 @strict_class

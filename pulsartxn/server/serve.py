@@ -7,6 +7,7 @@ import faulthandler
 import ipaddress
 import logging
 import math
+import os
 import signal
 import socket
 import sys
@@ -21,6 +22,9 @@ from .sessions import MAX_SESSIONS, SessionLimits
 log = logging.getLogger(__name__)
 
 STOP_DUMP_S = 10.0  # a stop taking longer dumps every thread's stack (--stop-dump-s)
+# What calls under way get to finish once a stop begins (--shutdown-timeout-s); Pulsar's
+# brokerShutdownTimeoutMs bounds its whole stop (60 s in broker.conf, 3 s in standalone.conf).
+SHUTDOWN_TIMEOUT_S = 5.0
 
 
 def serve(
@@ -42,6 +46,7 @@ def serve(
     metrics_port: int | None = None,
     metrics_host: str | None = None,
     stop_dump_s: float = STOP_DUMP_S,
+    shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S,
     **broker_options,
 ) -> None:
     """Run a broker and serve it until SIGINT/SIGTERM; then close it cleanly (in-flight
@@ -55,7 +60,11 @@ def serve(
     default: `host`; 0 picks a free port; None: no metrics).
 
     `stop_dump_s`: a stop still under way after this many seconds writes every thread's
-    stack to stderr, with a log line saying so (0: never)."""
+    stack to stderr, with a log line saying so (0: never).
+
+    `shutdown_timeout_s`: once a stop begins no call is taken, and those under way get this
+    long to finish; then every client connection is closed (clients see the broker
+    unavailable and reconnect), whatever the calls still open (0: at once)."""
     loopback = host == "localhost"
     try:
         loopback = loopback or ipaddress.ip_address(host).is_loopback
@@ -66,10 +75,8 @@ def serve(
             f"serving on {host} without a token lets anyone who reaches it do anything: "
             "give --token-file (and --admin-token-file), or --insecure"
         )
-    if isinstance(stop_dump_s, bool) or not isinstance(stop_dump_s, (int, float)):
-        raise TypeError(f"stop_dump_s must be a number, not {type(stop_dump_s).__name__}")
-    if not (math.isfinite(stop_dump_s) and stop_dump_s >= 0):
-        raise ValueError(f"--stop-dump-s must be a number of seconds >= 0, not {stop_dump_s}")
+    _check_seconds("stop_dump_s", stop_dump_s)
+    _check_seconds("shutdown_timeout_s", shutdown_timeout_s)
     if advertised_address is not None and cluster is None:
         raise errors.InvalidConfiguration("--advertised-address is for a broker of a --cluster")
     if port:
@@ -168,14 +175,54 @@ def serve(
         with stacks_dumped_after(stop_dump_s, "stopping"):
             if metrics is not None:
                 metrics.close()
+            stop_calls(server, shutdown_timeout_s)
             server.shutdown_sessions()
-            server.shutdown()  # waits for the calls under way (an open DoPut stream too)
             if node is not None:
                 node.stop()
             broker.close()
             if node is not None:
                 node.close()
         print("pulsartxn server stopped", flush=True)
+
+
+def stop_calls(server, grace_s: float) -> None:
+    """Stop taking calls, give those under way `grace_s` to finish, then close every client
+    connection: the calls still open end (their clients see the broker unavailable)."""
+    log.info("stopping: the calls under way get up to %g s to finish", grace_s)
+    stopper = threading.Thread(target=server.shutdown, name="pulsartxn-stop", daemon=True)
+    stopper.start()  # gRPC refuses new calls from now on, and waits for those under way
+    stopper.join(grace_s)
+    if not stopper.is_alive():
+        return
+    cut = close_connections(server.port)
+    log.info("calls still under way after %g s: closed %d client connections", grace_s, cut)
+    # A receive parked on the server wakes as its consumer closes (the client is gone).
+    server.shutdown_sessions()
+    stopper.join()
+
+
+def close_connections(port: int) -> int:
+    """Shut down every TCP connection of this process whose local port is `port` (the clients'
+    of the server there): gRPC then ends their calls. How many were closed."""
+    fds = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
+    closed = 0
+    for name in os.listdir(fds):
+        try:
+            s = socket.socket(fileno=os.dup(int(name)))  # a copy: closing it leaves gRPC's
+        except (OSError, ValueError):
+            continue  # not a socket, or closed since
+        with s:
+            try:
+                if s.family not in (socket.AF_INET, socket.AF_INET6):
+                    continue
+                if s.type != socket.SOCK_STREAM or s.getsockname()[1] != port:
+                    continue
+                s.getpeername()  # a connection, not a listener
+                s.shutdown(socket.SHUT_RDWR)
+                closed += 1
+            except OSError:
+                continue
+    return closed
 
 
 @contextlib.contextmanager
@@ -204,6 +251,14 @@ def stacks_dumped_after(seconds: float, what: str):
     finally:
         faulthandler.cancel_dump_traceback_later()
         timer.cancel()
+
+
+def _check_seconds(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, not {type(value).__name__}")
+    if not (math.isfinite(value) and value >= 0):
+        flag = "--" + name.replace("_", "-")
+        raise ValueError(f"{flag} must be a number of seconds >= 0, not {value}")
 
 
 def _check_free(host: str, port: int) -> None:

@@ -60,6 +60,8 @@ class Streams:
             finally:
                 for futures, t in inflight:
                     p._wait_batches(futures, t)
+            if context.is_cancelled():  # its connection was closed: the broker is stopping
+                raise flight.FlightUnavailableError("the broker is stopping")
             self._settle(txn)
             out = {"count": total, "partitions": sorted(stored.items()) if txn else []}
             writer.write(pa.py_buffer(json.dumps(out).encode()))
