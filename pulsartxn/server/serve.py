@@ -196,8 +196,9 @@ def stop_calls(server, grace_s: float) -> None:
         return
     cut = close_connections(server.port)
     log.info("calls still under way after %g s: closed %d client connections", grace_s, cut)
-    # A receive parked on the server wakes as its consumer closes (the client is gone).
-    server.shutdown_sessions()
+    # A receive parked on the server wakes as its consumer closes (its client is gone); a
+    # DoPut still waits for the batches it took to be durable before its producer closes.
+    server.sessions.close_consumers()
     stopper.join()
 
 
@@ -208,9 +209,14 @@ def close_connections(port: int) -> int:
     closed = 0
     for name in os.listdir(fds):
         try:
-            s = socket.socket(fileno=os.dup(int(name)))  # a copy: closing it leaves gRPC's
+            fd = os.dup(int(name))  # a copy: closing it leaves gRPC's open
         except (OSError, ValueError):
-            continue  # not a socket, or closed since
+            continue  # closed since
+        try:
+            s = socket.socket(fileno=fd)
+        except OSError:
+            os.close(fd)
+            continue  # not a socket
         with s:
             try:
                 if s.family not in (socket.AF_INET, socket.AF_INET6):
@@ -239,8 +245,10 @@ def stacks_dumped_after(seconds: float, what: str):
     except (AttributeError, OSError, RuntimeError, ValueError):  # a stderr with no fd
         yield
         return
+    # The line is logged once the dump is written: faulthandler reads the threads' frames
+    # as they run, and a thread logging under it could crash the process.
     timer = threading.Timer(
-        seconds,
+        seconds + 0.1,
         log.warning,
         ("%s has taken over %g s: every thread's stack is dumped to stderr", what, seconds),
     )

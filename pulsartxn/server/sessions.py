@@ -247,6 +247,14 @@ class Sessions:
         for s in sessions:
             s.close()
 
+    def close_consumers(self) -> None:
+        """Close every session's consumers and readers: a receive parked on the server wakes
+        (a stop whose clients were cut off); producers stay until their calls end."""
+        for s in self.live():
+            for c in list(s.consumers.values()):
+                with contextlib.suppress(errors.PulsarTxnError):
+                    c.close()
+
     def _reap(self) -> None:
         while not self._stopped.wait(min(1.0, self.timeout_s / 4)):
             now = time.monotonic()

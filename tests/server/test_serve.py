@@ -37,7 +37,7 @@ def values(*items: bytes) -> pa.Array:
 
 def test_a_stop_ends_open_streams_and_receives_after_the_grace(server):
     srv = server("--shutdown-timeout-s", "1")
-    writer = pulsartxn.Client(srv.url, reconnect_timeout_s=0.2)
+    writer = pulsartxn.Client(srv.url, reconnect_timeout_s=20)
     txn = writer.new_transaction(timeout_ms=60_000)
     stream = writer.create_producer("t").batch_stream(txn)
     stream.write(values(b"a", b"b"))
@@ -65,6 +65,7 @@ def test_a_stop_ends_open_streams_and_receives_after_the_grace(server):
     assert waiting.is_alive()  # its client retries while the broker is away
 
     srv.start()  # the same data directory: what was stored is there, once
+    assert "(clean start)" in srv.log()  # the stop closed the store
     txn.commit()  # the transaction outlived the stop, as its session did
     assert scanned(writer, "t") == [b"a", b"b", b"c"]
     writer.create_producer("r").send(b"after")
