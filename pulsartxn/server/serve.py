@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 
 STOP_DUMP_S = 10.0  # a stop taking longer dumps every thread's stack (--stop-dump-s)
 # What calls under way get to finish once a stop begins (--shutdown-timeout-s); Pulsar's
-# brokerShutdownTimeoutMs bounds its whole stop (60 s in broker.conf, 3 s in standalone.conf).
+# brokerShutdownTimeoutMs bounds its whole stop (60 s in broker.conf): a few seconds fit
+# within what supervisors allow before they kill (Kubernetes: 30 s).
 SHUTDOWN_TIMEOUT_S = 5.0
 
 
