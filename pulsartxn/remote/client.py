@@ -37,7 +37,15 @@ from ..server import protocol
 from ..server.protocol import SessionLost, frame, unframe
 from .admin import RemoteAdmin
 from .consumer import RemoteConsumer
-from .handles import RemoteTransaction, SendDeadline, SendTimedOut, txn_str, unreachable
+from .handles import (
+    CLOSE_TIMEOUT_S,
+    RemoteTransaction,
+    SendDeadline,
+    SendTimedOut,
+    Unreachable,
+    txn_str,
+    unreachable,
+)
 from .options import parse_service_url, producer_options, subscribe_options, tls_roots
 from .producer import RemoteProducer
 from .reader import RemoteReader, reader_options
@@ -128,11 +136,15 @@ class RemoteClient:
         self._generation = 0
         self._reconnect_s = reconnect_timeout_s
         self._closed = False
+        self._closing = threading.Event()  # calls to the broker are no longer retried
+        self._close_begun = False
+        # _lock is never held across a call to the broker. Handles being made (_makes), each
+        # in the session of the generation it read: a reopen (_reopening) waits for them, and
+        # new ones wait for it, so no handle lands in a session newer than its generation.
         self._lock = threading.Lock()
-        # Handles being made, each in the session of the generation it read: a reopen waits
-        # for them, so no handle lands in a session newer than the generation it records.
         self._gate = threading.Condition(self._lock)
         self._makes = 0
+        self._reopening = False
         self._objects: weakref.WeakSet = weakref.WeakSet()
         self._capabilities = shared.capabilities  # TxnID string -> its capability
         self._group_capabilities = shared.group_capabilities  # group label -> its capability
@@ -175,17 +187,19 @@ class RemoteClient:
                 results = self._flight.do_action(flight.Action(action, body), options)
                 return [r.body.to_pybytes() for r in results]
             except flight.FlightUnavailableError as exc:
+                if self._closing.is_set():  # a closing client does not wait for the broker
+                    raise unreachable(self, exc) from None
                 self._retries += 1
                 send_by = self._deadline.at
                 if send_by is not None and send_by <= deadline:  # the send gives up first
                     left = send_by - time.monotonic()
-                    time.sleep(max(min(delay, left), 0.0))
+                    self._closing.wait(max(min(delay, left), 0.0))
                     if left <= delay:
                         raise SendTimedOut(str(unreachable(self, exc))) from None
                 elif time.monotonic() + delay > deadline:
                     raise unreachable(self, exc) from None
                 else:
-                    time.sleep(delay)
+                    self._closing.wait(delay)
                 delay = min(delay * 2, 1.0)
             except flight.FlightTimedOutError:  # only calls with a send deadline have one
                 raise SendTimedOut(f"broker at {self.service_url} did not answer") from None
@@ -202,14 +216,29 @@ class RemoteClient:
     def _check_generation(self, seen: int) -> None:
         """SessionLost if the session was opened again since generation `seen` (a reopen
         under way finishes first, or the thread's send deadline passes)."""
-        left = self._deadline.left()
-        if not self._lock.acquire(timeout=-1 if left is None else left):
-            raise SendTimedOut(f"broker at {self.service_url}: its session is being reopened")
-        try:
+        with self._lock:
+            self._wait_for(lambda: not self._reopening, self._wait_bound())
             if seen != self._generation:
                 raise SessionLost("the session was opened again")
-        finally:
-            self._lock.release()
+
+    def _wait_bound(self) -> float:
+        """When a wait for another thread's reopen gives up: at the thread's send deadline,
+        else after reconnect_timeout_s (time.monotonic())."""
+        by = time.monotonic() + self._reconnect_s
+        at = self._deadline.at
+        return by if at is None else min(at, by)
+
+    def _wait_for(self, ready: Callable[[], bool], by: float) -> None:
+        """Wait (_lock held) until ready(); SendTimedOut at the thread's send deadline, else
+        Unreachable once `by` has passed (a reopen the broker does not answer)."""
+        while not ready():
+            left = by - time.monotonic()
+            if left <= 0:
+                what = f"broker at {self.service_url}: its session is being reopened"
+                if self._deadline.at is not None and self._deadline.at <= by:
+                    raise SendTimedOut(what)
+                raise Unreachable(f"{what} (not answered within reconnect_timeout_s)")
+            self._gate.wait(left)
 
     def _call(self, action: str, args: dict, payload: bytes = b"", owner=None) -> list[bytes]:
         """A call in this session; a lost session (the broker restarted) is opened again and
@@ -237,18 +266,37 @@ class RemoteClient:
         """After SessionLost, seen by a call made at generation `seen`: open the session
         again. Handles are made again only if it is new there and nobody reopened it since
         (two threads that both saw it lost reopen it once)."""
+        by = self._wait_bound()
         with self._lock:
+            self._wait_for(lambda: not self._reopening, by)
             if seen is not None and seen != self._generation:
                 return  # another thread opened it again since
-            while self._makes:
-                self._gate.wait()
-            if self._hello():
-                self._generation += 1
+            self._reopening = True
+            try:
+                self._wait_for(lambda: not self._makes, by)
+            except BaseException:
+                self._reopening = False
+                self._gate.notify_all()
+                raise
+        new = False
+        try:
+            new = self._hello()  # not under _lock: every wait for it is bounded instead
+        finally:
+            with self._lock:
+                if new:
+                    self._generation += 1
+                self._reopening = False
+                self._gate.notify_all()
 
     @contextlib.contextmanager
     def _making(self) -> Iterator[int]:
-        """Make a handle in this session: yields the generation it will belong to."""
+        """Make a handle in this session: yields the generation it will belong to (a reopen
+        under way finishes first, within the bound of _wait_for)."""
+        if self._closed:
+            raise errors.AlreadyClosed("client is closed")
+        by = self._wait_bound()
         with self._lock:
+            self._wait_for(lambda: not self._reopening, by)
             self._makes += 1
             generation = self._generation
         try:
@@ -263,12 +311,12 @@ class RemoteClient:
         while not self._stop.wait(every):
             seen = self._generation
             try:
-                self._raw("keepalive", {})
-            except SessionLost:
-                try:
-                    self._reopen(seen)
-                except errors.PulsarTxnError:
-                    pass
+                # Bounded, so a paused broker holds neither this thread nor a reopen for ever.
+                with self._deadline.until(time.monotonic() + CLOSE_TIMEOUT_S):
+                    try:
+                        self._raw("keepalive", {})
+                    except SessionLost:
+                        self._reopen(seen)
             except errors.PulsarTxnError:
                 pass
             except Exception:  # noqa: BLE001 - closed under it ("FlightClient is closed")
@@ -503,19 +551,31 @@ class RemoteClient:
         return self._json("topic_partitions", {"topic": topic})["partitions"]
 
     def close(self) -> None:
-        if self._closed:
-            return
-        for obj in list(self._objects):
+        """Close its producers (what they queued is sent first), consumers and readers, then
+        the session, each call made once: within CLOSE_TIMEOUT_S, at once if the broker is
+        down (it releases the session itself when the session expires)."""
+        with self._lock:
+            if self._close_begun:
+                return
+            self._close_begun = True
+        self._closing.set()
+        close_by = time.monotonic() + CLOSE_TIMEOUT_S
+        if self._deadline.at is not None:  # a cluster client's close bounds all of its own
+            close_by = min(close_by, self._deadline.at)
+        with self._deadline.until(close_by):
+            for obj in list(self._objects):
+                try:
+                    obj.close()
+                except errors.PulsarTxnError:
+                    pass
+            self._closed = True
+            self._stop.set()
             try:
-                obj.close()
+                self._raw("close_session", {})
             except errors.PulsarTxnError:
                 pass
-        self._closed = True
-        self._stop.set()
-        try:
-            self._raw("close_session", {})
-        except errors.PulsarTxnError:
-            pass
+        if self._keepalive is not threading.current_thread():
+            self._keepalive.join(max(close_by - time.monotonic(), 0.0) + 1.0)
         self._flight.close()
 
     def __enter__(self):

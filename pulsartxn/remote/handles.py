@@ -25,6 +25,12 @@ if TYPE_CHECKING:
     from .client import RemoteClient
 
 
+# The longest a close waits for a broker (a call that gets no answer); a broker that refuses
+# connections is not retried on close, so close() then returns at once. Keepalive calls end
+# within it too, so a closing client joins its keepalive thread by then.
+CLOSE_TIMEOUT_S = 5.0
+
+
 class Unreachable(errors.BrokerUnavailable):
     """The broker a call was sent to could not be reached (after retrying): another broker of
     a cluster may answer instead."""
@@ -137,7 +143,8 @@ class Handle:
         session went with it); the server's errors are not the caller's concern here."""
         if handle is not None and self._generation == self._client._generation:
             try:
-                self._client._raw(action, {"handle": handle})
+                with self._client._deadline.until(time.monotonic() + CLOSE_TIMEOUT_S):
+                    self._client._raw(action, {"handle": handle})
             except errors.PulsarTxnError:
                 pass
 
