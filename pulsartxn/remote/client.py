@@ -9,7 +9,6 @@ re-sent produce is stored once (de-duplication by producer name and sequence id)
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 import uuid
@@ -42,13 +41,13 @@ from .handles import (
     RemoteTransaction,
     SendDeadline,
     SendTimedOut,
-    Unreachable,
     txn_str,
     unreachable,
 )
 from .options import parse_service_url, producer_options, subscribe_options, tls_roots
 from .producer import RemoteProducer
 from .reader import RemoteReader, reader_options
+from .session import SessionGate
 
 __all__ = ["RemoteClient", "Shared", "parse_service_url"]
 
@@ -75,7 +74,7 @@ def _flush_handles(txns) -> None:
 
 
 @strict_class
-class RemoteClient:
+class RemoteClient(SessionGate):
     def __init__(
         self,
         service_url: str,
@@ -133,18 +132,11 @@ class RemoteClient:
         self._session = shared.session
         self._deadline = shared.deadline
         self._retries = 0  # calls re-sent after the broker was unreachable
-        self._generation = 0
         self._reconnect_s = reconnect_timeout_s
         self._closed = False
         self._closing = threading.Event()  # calls to the broker are no longer retried
         self._close_begun = False
-        # _lock is never held across a call to the broker. Handles being made (_makes), each
-        # in the session of the generation it read: a reopen (_reopening) waits for them, and
-        # new ones wait for it, so no handle lands in a session newer than its generation.
-        self._lock = threading.Lock()
-        self._gate = threading.Condition(self._lock)
-        self._makes = 0
-        self._reopening = False
+        self._init_gate()
         self._objects: weakref.WeakSet = weakref.WeakSet()
         self._capabilities = shared.capabilities  # TxnID string -> its capability
         self._group_capabilities = shared.group_capabilities  # group label -> its capability
@@ -213,33 +205,6 @@ class RemoteClient:
             return self._options
         return flight.FlightCallOptions(headers=self._headers, timeout=left)
 
-    def _check_generation(self, seen: int) -> None:
-        """SessionLost if the session was opened again since generation `seen` (a reopen
-        under way finishes first, or the thread's send deadline passes)."""
-        with self._lock:
-            self._wait_for(lambda: not self._reopening, self._wait_bound())
-            if seen != self._generation:
-                raise SessionLost("the session was opened again")
-
-    def _wait_bound(self) -> float:
-        """When a wait for another thread's reopen gives up: at the thread's send deadline,
-        else after reconnect_timeout_s (time.monotonic())."""
-        by = time.monotonic() + self._reconnect_s
-        at = self._deadline.at
-        return by if at is None else min(at, by)
-
-    def _wait_for(self, ready: Callable[[], bool], by: float) -> None:
-        """Wait (_lock held) until ready(); SendTimedOut at the thread's send deadline, else
-        Unreachable once `by` has passed (a reopen the broker does not answer)."""
-        while not ready():
-            left = by - time.monotonic()
-            if left <= 0:
-                what = f"broker at {self.service_url}: its session is being reopened"
-                if self._deadline.at is not None and self._deadline.at <= by:
-                    raise SendTimedOut(what)
-                raise Unreachable(f"{what} (not answered within reconnect_timeout_s)")
-            self._gate.wait(left)
-
     def _call(self, action: str, args: dict, payload: bytes = b"", owner=None) -> list[bytes]:
         """A call in this session; a lost session (the broker restarted) is opened again and
         the owner's handle re-created, then the call is made once more."""
@@ -261,51 +226,6 @@ class RemoteClient:
     def _json(self, action: str, args: dict, payload: bytes = b"", owner=None) -> dict:
         (out,) = self._call(action, args, payload, owner)
         return unframe(out, 1 << 62)[0]
-
-    def _reopen(self, seen: int | None = None) -> None:
-        """After SessionLost, seen by a call made at generation `seen`: open the session
-        again. Handles are made again only if it is new there and nobody reopened it since
-        (two threads that both saw it lost reopen it once)."""
-        by = self._wait_bound()
-        with self._lock:
-            self._wait_for(lambda: not self._reopening, by)
-            if seen is not None and seen != self._generation:
-                return  # another thread opened it again since
-            self._reopening = True
-            try:
-                self._wait_for(lambda: not self._makes, by)
-            except BaseException:
-                self._reopening = False
-                self._gate.notify_all()
-                raise
-        new = False
-        try:
-            new = self._hello()  # not under _lock: every wait for it is bounded instead
-        finally:
-            with self._lock:
-                if new:
-                    self._generation += 1
-                self._reopening = False
-                self._gate.notify_all()
-
-    @contextlib.contextmanager
-    def _making(self) -> Iterator[int]:
-        """Make a handle in this session: yields the generation it will belong to (a reopen
-        under way finishes first, within the bound of _wait_for)."""
-        if self._closed:
-            raise errors.AlreadyClosed("client is closed")
-        by = self._wait_bound()
-        with self._lock:
-            self._wait_for(lambda: not self._reopening, by)
-            self._makes += 1
-            generation = self._generation
-        try:
-            yield generation
-        finally:
-            with self._lock:
-                self._makes -= 1
-                if not self._makes:
-                    self._gate.notify_all()
 
     def _keep_alive(self, every: float) -> None:
         while not self._stop.wait(every):
