@@ -229,6 +229,8 @@ class RemoteClient(SessionGate):
 
     def _keep_alive(self, every: float) -> None:
         while not self._stop.wait(every):
+            if self._closing.is_set():  # no call starts that close() would have to wait for
+                return
             seen = self._generation
             try:
                 # Bounded, so a paused broker holds neither this thread nor a reopen for ever.
@@ -495,7 +497,7 @@ class RemoteClient(SessionGate):
             except errors.PulsarTxnError:
                 pass
         if self._keepalive is not threading.current_thread():
-            self._keepalive.join(max(close_by - time.monotonic(), 0.0) + 1.0)
+            self._keepalive.join(max(close_by - time.monotonic(), 0.0) + 0.5)
         self._flight.close()
 
     def __enter__(self):

@@ -16,7 +16,7 @@ from .handles import SendTimedOut, Unreachable
 
 class SessionGate:
     """The part of RemoteClient that orders reopens and handle makes (a mixin: it uses the
-    client's _hello, _deadline, _reconnect_s, _closed and service_url)."""
+    client's _hello, _deadline, _reconnect_s, _closing and service_url)."""
 
     def _init_gate(self) -> None:
         # _lock is never held across a call to the broker. Handles being made (_makes), each
@@ -85,7 +85,7 @@ class SessionGate:
     def _making(self) -> Iterator[int]:
         """Make a handle in this session: yields the generation it will belong to (a reopen
         under way finishes first, within the bound of _wait_for)."""
-        if self._closed:
+        if self._closing.is_set():  # a closing client re-creates nothing (its session ends)
             raise errors.AlreadyClosed("client is closed")
         by = self._wait_bound()
         with self._lock:

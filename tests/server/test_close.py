@@ -95,7 +95,7 @@ def test_close_with_a_live_broker_releases_its_session_at_once(served):
         assert c.receive(timeout_millis=5000).data() == b"queued"
 
 
-def test_a_send_does_not_wait_for_a_reopen_the_paused_broker_does_not_answer(served):
+def test_a_send_and_close_do_not_wait_for_a_reopen_the_paused_broker_does_not_answer(served):
     server, _ = served
     client = pulsartxn.Client(server.url, keepalive_s=0.02)
     keepalive = client._keepalive.ident
@@ -112,7 +112,7 @@ def test_a_send_does_not_wait_for_a_reopen_the_paused_broker_does_not_answer(ser
             restart(server)
             for _ in range(1000):
                 os.kill(server.proc.pid, signal.SIGSTOP)
-                time.sleep(0.005)
+                time.sleep(0.002)
                 if reopening(keepalive) or client._generation > 1:
                     break
                 os.kill(server.proc.pid, signal.SIGCONT)
@@ -123,6 +123,11 @@ def test_a_send_does_not_wait_for_a_reopen_the_paused_broker_does_not_answer(ser
         out, took = timed(lambda: producer.send(b"b"))
         assert isinstance(out, Timeout), out
         assert 0.4 < took < 3.0, took
+        # Closing while it is still paused: each call gets no answer, within the bound.
+        out, took = timed(client.close)
+        assert out is None
+        assert took < CLOSE_TIMEOUT_S + 1.5, took
+        assert not client._keepalive.is_alive()
     finally:
         server.proc.send_signal(signal.SIGCONT)
         client.close()
