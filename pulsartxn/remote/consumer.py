@@ -157,10 +157,4 @@ class RemoteConsumer(Handle):
         self._closed = True
 
     def close(self) -> None:
-        if self._closed:
-            return
-        handle = self._handle
-        self._closed = True
-        self._close_remote("close_consumer", handle)
-        if self._listener is not None:
-            self._listener.stop()
+        self._close_handle("close_consumer")

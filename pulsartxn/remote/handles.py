@@ -148,6 +148,21 @@ class Handle:
             except errors.PulsarTxnError:
                 pass
 
+    def _close_handle(self, action: str) -> None:
+        """Close it here and at the broker, and stop its listener: within CLOSE_TIMEOUT_S (a
+        listener's call the broker does not answer is not waited for past it)."""
+        if self._closed:
+            return
+        handle = self._handle
+        self._closed = True
+        close_by = time.monotonic() + CLOSE_TIMEOUT_S
+        with self._client._deadline.until(close_by):
+            self._close_remote(action, handle)
+            close_by = self._client._deadline.at  # a client's close may bound it sooner
+        listener = getattr(self, "_listener", None)
+        if listener is not None:
+            listener.stop(max(close_by - time.monotonic(), 0.0))
+
     def __enter__(self):
         return self
 

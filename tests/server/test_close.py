@@ -140,7 +140,7 @@ def test_close_after_the_broker_was_killed_is_prompt_and_leaves_no_thread(served
     producer = client.create_producer("close-dead", batching_max_publish_delay_ms=60_000)
     producer.send(b"stored")
     pending = producer.send_async(b"pending")  # batched, never sent: the broker is gone
-    consumer = client.subscribe("close-dead", "s")
+    consumer = client.subscribe("close-dead", "s", message_listener=lambda c, m: None)
     reader = client.create_reader("close-dead", pulsartxn.MessageId.earliest)
     server.kill9()
     try:
