@@ -275,36 +275,35 @@ class ClusterProducer:
     def flush(self) -> None:
         """Every partition's flush, within one send timeout; the first Timeout is raised
         once they all ran."""
-        first = None
         timeout = self._send_timeout_ms / 1000.0
         deadline = self._cluster._deadline
         with deadline.until(time.monotonic() + timeout) if timeout else contextlib.nullcontext():
-            for part in self._parts:
-                try:
-                    part.flush()
-                except errors.Timeout as exc:
-                    first = first or exc
-        if first is not None:
-            raise first
+            _on_every(self._parts, lambda part: part.flush(), errors.Timeout)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        first = None
-        for part in self._parts:
-            try:
-                part.close()
-            except errors.PulsarTxnError as exc:
-                first = first or exc
-        if first is not None:
-            raise first
+        _on_every(self._parts, lambda part: part.close(), errors.PulsarTxnError)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _on_every(parts, call, caught) -> None:
+    """`call(part)` on every part, each even if one before raised `caught`: the first such
+    error is raised once all ran."""
+    first = None
+    for part in parts:
+        try:
+            call(part)
+        except caught as exc:
+            first = first or exc
+    if first is not None:
+        raise first
 
 
 class ClusterBatchStream:

@@ -321,6 +321,9 @@ def message_batches(msgs, max_bytes: int):
 def table_batches(table, max_bytes: int):
     """`table` (a `value` column, maybe `key`) as record batches of about `max_bytes` of
     values and keys each (one row larger than that is a batch of its own)."""
+    if table.num_rows and table.nbytes <= max_bytes:  # the usual case: one batch
+        yield from table.combine_chunks().to_batches()
+        return
     sizes = pc.binary_length(table.column("value")).to_numpy(zero_copy_only=False)
     if "key" in table.schema.names:
         sizes = sizes + pc.binary_length(table.column("key")).fill_null(0).to_numpy(

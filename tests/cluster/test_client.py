@@ -261,6 +261,10 @@ def test_bad_input(cluster, client):
     topic = _topic(client)
     consumer = client.subscribe(topic, "s", initial_position=pulsartxn.InitialPosition.Earliest)
     assert consumer.get_last_message_id() == pulsartxn.MessageId.earliest  # none holds one
+    full = f"persistent://public/default/{topic}"  # handles name their topic as brokers do
+    reader = client.create_reader(full, pulsartxn.MessageId.earliest)
+    assert consumer.topic() == client.create_producer(topic).topic() == reader.topic() == full
+    reader.close()
     with pytest.raises(TypeError):
         consumer.seek("not a position")
     with pytest.raises(TypeError):

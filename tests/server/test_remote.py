@@ -89,6 +89,16 @@ def test_garbage_and_oversized_requests_change_nothing(server):
     with pytest.raises(pulsartxn.InvalidTopicName):
         client.create_producer("persistent://bad/name")
     producer.send(b"small")
+    # A bulk batch whose metadata is no first sequence id is refused, and nothing is stored.
+    command = frame({"handle": producer._ensure(), "session": client._session})
+    batch = pa.RecordBatch.from_arrays([pa.array([b"x"])], names=["value"])
+    for meta in (b"{nope", b'{"first_sequence": -1}', b'{"first_sequence": "1"}', b"7" * 100):
+        writer, reader = raw.do_put(flight.FlightDescriptor.for_command(command), batch.schema)
+        with pytest.raises(flight.FlightError, match="sequence|metadata"):
+            writer.write_with_metadata(batch, pa.py_buffer(meta))
+            writer.done_writing()
+            reader.read()
+            writer.close()  # where the broker's answer (its error) is raised
     assert client.admin.topic_stats("t")["messages"] == 1
     client.close()
 
