@@ -78,11 +78,12 @@ class MessageListener:
             except Exception:  # noqa: BLE001 - logged; the listener goes on, as pulsar-client's
                 log.exception("listener of %s raised", self._name)
 
-    def stop(self) -> None:
-        """Stop delivering; waits for a call under way unless made from the listener itself."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop delivering; waits for a call under way (at most `timeout` seconds) unless made
+        from the listener itself."""
         self._stop.set()
         if self.thread.is_alive() and threading.current_thread() is not self.thread:
-            self.thread.join()
+            self.thread.join(timeout)
 
 
 def start_listener(consumer: Any, listener: Callable[[Any, Any], None]) -> None:

@@ -9,7 +9,6 @@ re-sent produce is stored once (de-duplication by producer name and sequence id)
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 import uuid
@@ -37,10 +36,18 @@ from ..server import protocol
 from ..server.protocol import SessionLost, frame, unframe
 from .admin import RemoteAdmin
 from .consumer import RemoteConsumer
-from .handles import RemoteTransaction, SendDeadline, SendTimedOut, txn_str, unreachable
+from .handles import (
+    CLOSE_TIMEOUT_S,
+    RemoteTransaction,
+    SendDeadline,
+    SendTimedOut,
+    txn_str,
+    unreachable,
+)
 from .options import parse_service_url, producer_options, subscribe_options, tls_roots
 from .producer import RemoteProducer
 from .reader import RemoteReader, reader_options
+from .session import SessionGate
 
 __all__ = ["RemoteClient", "Shared", "parse_service_url"]
 
@@ -67,7 +74,7 @@ def _flush_handles(txns) -> None:
 
 
 @strict_class
-class RemoteClient:
+class RemoteClient(SessionGate):
     def __init__(
         self,
         service_url: str,
@@ -125,14 +132,11 @@ class RemoteClient:
         self._session = shared.session
         self._deadline = shared.deadline
         self._retries = 0  # calls re-sent after the broker was unreachable
-        self._generation = 0
         self._reconnect_s = reconnect_timeout_s
         self._closed = False
-        self._lock = threading.Lock()
-        # Handles being made, each in the session of the generation it read: a reopen waits
-        # for them, so no handle lands in a session newer than the generation it records.
-        self._gate = threading.Condition(self._lock)
-        self._makes = 0
+        self._closing = threading.Event()  # calls to the broker are no longer retried
+        self._close_begun = False
+        self._init_gate()
         self._objects: weakref.WeakSet = weakref.WeakSet()
         self._capabilities = shared.capabilities  # TxnID string -> its capability
         self._group_capabilities = shared.group_capabilities  # group label -> its capability
@@ -175,17 +179,19 @@ class RemoteClient:
                 results = self._flight.do_action(flight.Action(action, body), options)
                 return [r.body.to_pybytes() for r in results]
             except flight.FlightUnavailableError as exc:
+                if self._closing.is_set():  # a closing client does not wait for the broker
+                    raise unreachable(self, exc) from None
                 self._retries += 1
                 send_by = self._deadline.at
                 if send_by is not None and send_by <= deadline:  # the send gives up first
                     left = send_by - time.monotonic()
-                    time.sleep(max(min(delay, left), 0.0))
+                    self._closing.wait(max(min(delay, left), 0.0))
                     if left <= delay:
                         raise SendTimedOut(str(unreachable(self, exc))) from None
                 elif time.monotonic() + delay > deadline:
                     raise unreachable(self, exc) from None
                 else:
-                    time.sleep(delay)
+                    self._closing.wait(delay)
                 delay = min(delay * 2, 1.0)
             except flight.FlightTimedOutError:  # only calls with a send deadline have one
                 raise SendTimedOut(f"broker at {self.service_url} did not answer") from None
@@ -198,18 +204,6 @@ class RemoteClient:
         if left is None:
             return self._options
         return flight.FlightCallOptions(headers=self._headers, timeout=left)
-
-    def _check_generation(self, seen: int) -> None:
-        """SessionLost if the session was opened again since generation `seen` (a reopen
-        under way finishes first, or the thread's send deadline passes)."""
-        left = self._deadline.left()
-        if not self._lock.acquire(timeout=-1 if left is None else left):
-            raise SendTimedOut(f"broker at {self.service_url}: its session is being reopened")
-        try:
-            if seen != self._generation:
-                raise SessionLost("the session was opened again")
-        finally:
-            self._lock.release()
 
     def _call(self, action: str, args: dict, payload: bytes = b"", owner=None) -> list[bytes]:
         """A call in this session; a lost session (the broker restarted) is opened again and
@@ -233,42 +227,18 @@ class RemoteClient:
         (out,) = self._call(action, args, payload, owner)
         return unframe(out, 1 << 62)[0]
 
-    def _reopen(self, seen: int | None = None) -> None:
-        """After SessionLost, seen by a call made at generation `seen`: open the session
-        again. Handles are made again only if it is new there and nobody reopened it since
-        (two threads that both saw it lost reopen it once)."""
-        with self._lock:
-            if seen is not None and seen != self._generation:
-                return  # another thread opened it again since
-            while self._makes:
-                self._gate.wait()
-            if self._hello():
-                self._generation += 1
-
-    @contextlib.contextmanager
-    def _making(self) -> Iterator[int]:
-        """Make a handle in this session: yields the generation it will belong to."""
-        with self._lock:
-            self._makes += 1
-            generation = self._generation
-        try:
-            yield generation
-        finally:
-            with self._lock:
-                self._makes -= 1
-                if not self._makes:
-                    self._gate.notify_all()
-
     def _keep_alive(self, every: float) -> None:
         while not self._stop.wait(every):
+            if self._closing.is_set():  # no call starts that close() would have to wait for
+                return
             seen = self._generation
             try:
-                self._raw("keepalive", {})
-            except SessionLost:
-                try:
-                    self._reopen(seen)
-                except errors.PulsarTxnError:
-                    pass
+                # Bounded, so a paused broker holds neither this thread nor a reopen for ever.
+                with self._deadline.until(time.monotonic() + CLOSE_TIMEOUT_S):
+                    try:
+                        self._raw("keepalive", {})
+                    except SessionLost:
+                        self._reopen(seen)
             except errors.PulsarTxnError:
                 pass
             except Exception:  # noqa: BLE001 - closed under it ("FlightClient is closed")
@@ -503,19 +473,31 @@ class RemoteClient:
         return self._json("topic_partitions", {"topic": topic})["partitions"]
 
     def close(self) -> None:
-        if self._closed:
-            return
-        for obj in list(self._objects):
+        """Close its producers (what they queued is sent first), consumers and readers, then
+        the session, each call made once: within CLOSE_TIMEOUT_S, at once if the broker is
+        down (it releases the session itself when the session expires)."""
+        with self._lock:
+            if self._close_begun:
+                return
+            self._close_begun = True
+        self._closing.set()
+        close_by = time.monotonic() + CLOSE_TIMEOUT_S
+        if self._deadline.at is not None:  # a cluster client's close bounds all of its own
+            close_by = min(close_by, self._deadline.at)
+        with self._deadline.until(close_by):
+            for obj in list(self._objects):
+                try:
+                    obj.close()
+                except errors.PulsarTxnError:
+                    pass
+            self._closed = True
+            self._stop.set()
             try:
-                obj.close()
+                self._raw("close_session", {})
             except errors.PulsarTxnError:
                 pass
-        self._closed = True
-        self._stop.set()
-        try:
-            self._raw("close_session", {})
-        except errors.PulsarTxnError:
-            pass
+        if self._keepalive is not threading.current_thread():
+            self._keepalive.join(max(close_by - time.monotonic(), 0.0) + 0.5)
         self._flight.close()
 
     def __enter__(self):

@@ -42,7 +42,7 @@ from .cluster_consumer import ClusterConsumer
 from .cluster_producer import ClusterProducer
 from .cluster_reader import ClusterReader
 from .cluster_routing import _BACKOFF_FIRST_S, _BACKOFF_MAX_S, CONNECTION_RETRY_S, ClusterRouting
-from .handles import RemoteTransaction, Unreachable, txn_str
+from .handles import CLOSE_TIMEOUT_S, RemoteTransaction, Unreachable, txn_str
 from .options import parse_service_url, producer_options, subscribe_options, tls_roots
 from .reader import reader_options
 
@@ -391,21 +391,27 @@ class ClusterClient(ClusterRouting):
 
     def close(self) -> None:
         """Closes its producers (what they hold is sent, to brokers that answer: one that is
-        down is not waited for) and consumers, then every connection."""
-        if self._closed:
+        down is not waited for) and consumers, then every connection: all within
+        CLOSE_TIMEOUT_S, each call made once."""
+        if self._closing:
             return
         self._closing = True
-        for obj in list(self._objects):
-            try:
-                obj.close()
-            except errors.PulsarTxnError:
-                pass
-        self._objects.clear()
         with self._lock:
-            self._closed = True
             conns = list(self._conns.values())
         for conn in conns:
-            conn.close()
+            conn._closing.set()
+        with self._deadline.until(time.monotonic() + CLOSE_TIMEOUT_S):
+            for obj in list(self._objects):
+                try:
+                    obj.close()
+                except errors.PulsarTxnError:
+                    pass
+            self._objects.clear()
+            with self._lock:
+                self._closed = True
+                conns = list(self._conns.values())
+            for conn in conns:
+                conn.close()
 
     def __enter__(self):
         return self

@@ -76,11 +76,11 @@ class RemoteConsumer(Handle):
                     "session": client._session,
                 }
             )
-            with client._lock:  # a reopen under way finishes first
-                moved = seen != client._generation
-            if moved:
+            try:
+                client._check_generation(seen)  # a reopen under way finishes first (bounded)
+            except SessionLost:
                 if attempt:
-                    raise SessionLost("the session was opened again")
+                    raise
                 continue
             try:
                 table = client._flight.do_get(flight.Ticket(ticket), client._options).read_all()
@@ -157,10 +157,4 @@ class RemoteConsumer(Handle):
         self._closed = True
 
     def close(self) -> None:
-        if self._closed:
-            return
-        handle = self._handle
-        self._closed = True
-        self._close_remote("close_consumer", handle)
-        if self._listener is not None:
-            self._listener.stop()
+        self._close_handle("close_consumer")

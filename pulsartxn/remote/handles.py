@@ -25,6 +25,12 @@ if TYPE_CHECKING:
     from .client import RemoteClient
 
 
+# The longest a close waits for a broker (a call that gets no answer); a broker that refuses
+# connections is not retried on close, so close() then returns at once. Keepalive calls end
+# within it too, so a closing client joins its keepalive thread by then.
+CLOSE_TIMEOUT_S = 5.0
+
+
 class Unreachable(errors.BrokerUnavailable):
     """The broker a call was sent to could not be reached (after retrying): another broker of
     a cluster may answer instead."""
@@ -137,9 +143,25 @@ class Handle:
         session went with it); the server's errors are not the caller's concern here."""
         if handle is not None and self._generation == self._client._generation:
             try:
-                self._client._raw(action, {"handle": handle})
+                with self._client._deadline.until(time.monotonic() + CLOSE_TIMEOUT_S):
+                    self._client._raw(action, {"handle": handle})
             except errors.PulsarTxnError:
                 pass
+
+    def _close_handle(self, action: str) -> None:
+        """Close it here and at the broker, and stop its listener: within CLOSE_TIMEOUT_S (a
+        listener's call the broker does not answer is not waited for past it)."""
+        if self._closed:
+            return
+        handle = self._handle
+        self._closed = True
+        close_by = time.monotonic() + CLOSE_TIMEOUT_S
+        with self._client._deadline.until(close_by):
+            self._close_remote(action, handle)
+            close_by = self._client._deadline.at  # a client's close may bound it sooner
+        listener = getattr(self, "_listener", None)
+        if listener is not None:
+            listener.stop(max(close_by - time.monotonic(), 0.0))
 
     def __enter__(self):
         return self

@@ -27,7 +27,14 @@ from ..messaging.send_options import check_callback, with_callback
 from ..messaging.topic_name import TopicName
 from ..server import protocol
 from ..server.protocol import frame, unframe
-from .handles import Handle, RemoteTransaction, SendTimedOut, txn_str, unreachable
+from .handles import (
+    CLOSE_TIMEOUT_S,
+    Handle,
+    RemoteTransaction,
+    SendTimedOut,
+    txn_str,
+    unreachable,
+)
 
 SEND_BATCH_BYTES = 8 << 20  # a send_batch goes out in record batches of about this many bytes
 
@@ -527,22 +534,37 @@ class RemoteProducer(Handle):
     def _answered(self) -> None:
         """Send what is queued and wait until every call is answered: then all of it is
         durable or failed (the broker answers a send_many once its messages are durable, so
-        nothing of this producer waits there, and a send after this lands after them)."""
+        nothing of this producer waits there, and a send after this lands after them). Waits
+        no longer than the thread's send deadline (SendTimedOut)."""
+        deadline = self._deadline()
         with self._cond:
             self._flushing += 1
             self._cond.notify_all()
             try:
                 while self._queue or self._inflight:
-                    self._cond.wait(0.5)
+                    left = deadline.left()
+                    self._cond.wait(0.5 if left is None else min(left, 0.5))
             finally:
                 self._flushing -= 1
 
     def close(self) -> None:
+        """Send what is queued and close, within CLOSE_TIMEOUT_S: what the broker did not
+        take by then fails (AlreadyClosed; a call on the wire ends with its own outcome)."""
         if self._closed:
             return
-        self._flush()
+        try:
+            with self._deadline().until(time.monotonic() + CLOSE_TIMEOUT_S):
+                self._flush()
+        except errors.PulsarTxnError:
+            pass  # the broker is down or silent: closed here, its session expires there
         handle = self._handle
         with self._cond:
             self._closed = True
+            dropped, self._queue = self._queue, []
+            self._queued_bytes = 0
             self._cond.notify_all()
+        for _, _, fut, _, _ in dropped:
+            fut.set_exception(
+                errors.AlreadyClosed(f"producer {self.name} closed before the message was sent")
+            )
         self._close_remote("close_producer", handle)

@@ -149,13 +149,7 @@ class RemoteReader(Handle):
         return [(MessageId(*f), t) for f, t in zip(out["ids"], out["times"])]
 
     def close(self) -> None:
-        if self._closed:
-            return
-        handle = self._handle
-        self._closed = True
-        self._close_remote("close_consumer", handle)
-        if self._listener is not None:
-            self._listener.stop()
+        self._close_handle("close_consumer")
 
     def __enter__(self) -> RemoteReader:
         return self
