@@ -27,6 +27,7 @@ from ..messaging.send_options import check_callback, with_callback
 from ..messaging.topic_name import TopicName
 from ..server import protocol
 from ..server.protocol import frame, unframe
+from .batch_stream import BatchStream, first_sequence
 from .handles import (
     CLOSE_TIMEOUT_S,
     Handle,
@@ -37,101 +38,6 @@ from .handles import (
 )
 
 SEND_BATCH_BYTES = 8 << 20  # a send_batch goes out in record batches of about this many bytes
-
-
-def first_sequence(seq: int) -> pa.Buffer:
-    """A send_batch batch's app metadata: the sequence id of its first message."""
-    return pa.py_buffer(json.dumps({"first_sequence": seq}).encode())
-
-
-class BatchStream:
-    """See ``RemoteProducer.batch_stream``."""
-
-    def __init__(self, producer: RemoteProducer, txn) -> None:
-        self._producer = producer
-        self._txn = txn_str(txn)
-        self._capability = producer._client._capability_of(self._txn)
-        self._handle = txn if isinstance(txn, RemoteTransaction) else None
-        self._writer = self._reader = None
-        self._schema = None
-        self.count = 0  # messages stored, known once closed
-
-    def write(self, values: pa.Array, keys: pa.Array | None = None) -> None:
-        """Queue one batch (`values` binary, `keys` string or None; the first batch fixes
-        whether the stream has keys)."""
-        cols, names = [values], ["value"]
-        if keys is not None:
-            cols.append(keys)
-            names.append("key")
-        batch = pa.RecordBatch.from_arrays(cols, names=names)
-        try:
-            if self._writer is None:
-                client = self._producer._client
-                command = frame(
-                    {
-                        "handle": self._producer._ensure(),
-                        "txn": self._txn,
-                        "capability": self._capability,
-                        "session": client._session,
-                    }
-                )
-                self._schema = batch.schema
-                self._writer, self._reader = client._flight.do_put(
-                    flight.FlightDescriptor.for_command(command), batch.schema, client._options
-                )
-            elif batch.schema != self._schema:
-                raise ValueError(f"batch schema {batch.schema} differs from the stream's")
-            with self._producer._on_the_wire():
-                first = self._producer._reserve(batch.num_rows)
-            self._writer.write_with_metadata(batch, first_sequence(first))
-        except flight.FlightUnavailableError as exc:
-            raise unreachable(self._producer._client, exc) from None
-        except flight.FlightError as exc:
-            raise protocol.from_flight_error(exc) from None
-
-    def close(self) -> int:
-        """End the stream; returns the messages stored once all of them are durable."""
-        if self._writer is None:
-            return self.count
-        writer, self._writer = self._writer, None
-        try:
-            writer.done_writing()
-            meta = self._reader.read()
-            writer.close()
-        except flight.FlightUnavailableError as exc:
-            _drop(writer)
-            raise unreachable(self._producer._client, exc) from None
-        except flight.FlightError as exc:
-            _drop(writer)
-            raise protocol.from_flight_error(exc) from None
-        out = json.loads(meta.to_pybytes())
-        if self._handle is not None:
-            self._handle._stored(out.get("partitions") or [])
-        self.count = out["count"]
-        return self.count
-
-    def cancel(self) -> None:
-        """Drop the stream (after an error: what was sent stays in the transaction)."""
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            _drop(writer)
-
-    def __enter__(self) -> BatchStream:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.cancel()
-
-
-def _drop(writer) -> None:
-    """Close a stream's writer that failed (left to its destructor, Arrow logs the error)."""
-    try:
-        writer.close()
-    except Exception:  # noqa: BLE001 - the caller's error matters more
-        pass
 
 
 @strict_class
