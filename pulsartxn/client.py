@@ -50,10 +50,13 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
         reconnect_timeout_s: float = 30.0,
         keepalive_s: float = 1.0,
         tls_trust_certs_file_path: str | None = None,
+        operation_timeout_seconds: float = 30,
     ) -> Client:
         """``Client("pulsartxn://host:port", token=None)``: a remote client (the same API over
         the network service), of a cluster with ``pulsartxn://h1:p1,h2:p2,...`` (or one of its
-        brokers); ``broker.client()`` gives the in-process one."""
+        brokers); ``broker.client()`` gives the in-process one. A call a broker does not
+        answer raises Timeout after `operation_timeout_seconds` (pulsar-client's), plus what
+        the broker may wait for it (a receive's timeout, a commit's)."""
         if service_url is None:
             return super().__new__(cls)
         return connect(
@@ -62,6 +65,7 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
             reconnect_timeout_s=reconnect_timeout_s,
             keepalive_s=keepalive_s,
             tls_trust_certs_file_path=tls_trust_certs_file_path,
+            operation_timeout_seconds=operation_timeout_seconds,
         )
 
     @classmethod

@@ -38,30 +38,44 @@ from .admin import RemoteAdmin
 from .consumer import RemoteConsumer
 from .handles import (
     CLOSE_TIMEOUT_S,
+    OperationTimedOut,
     RemoteTransaction,
     SendDeadline,
     SendTimedOut,
+    ServerWait,
     txn_str,
     unreachable,
 )
-from .options import parse_service_url, producer_options, subscribe_options, tls_roots
+from .options import (
+    check_operation_timeout,
+    parse_service_url,
+    producer_options,
+    subscribe_options,
+    tls_roots,
+)
 from .producer import RemoteProducer
 from .reader import RemoteReader, reader_options
 from .session import SessionGate
 
 __all__ = ["RemoteClient", "Shared", "parse_service_url"]
 
+# What a broker waits at most for a receive and for a decision when its hello does not say.
+_SERVER_MAX_WAIT_MS = 10_000
+_SERVER_OPERATION_TIMEOUT_MS = 30_000
+
 
 class Shared:
     """What every connection of one client shares: the session id (each broker keeps the
     session of that id), the capabilities of the transactions and groups it holds, and the
-    deadline of the send each thread is making."""
+    deadline of the send each thread is making, and what the server may wait for the call
+    each thread is making."""
 
     def __init__(self) -> None:
         self.session = uuid.uuid4().hex
         self.capabilities: dict[str, str] = {}
         self.group_capabilities: dict[str, str] = {}
         self.deadline = SendDeadline()
+        self.wait = ServerWait()
 
 
 def _flush_handles(txns) -> None:
@@ -82,10 +96,14 @@ class RemoteClient(SessionGate):
         reconnect_timeout_s: float = 30.0,
         keepalive_s: float = 1.0,
         tls_trust_certs_file_path: str | None = None,
+        operation_timeout_seconds: float = 30,
     ) -> None:
         """``pulsartxn://host:port``, or ``pulsartxn+ssl://host:port`` (TLS: the server's
         certificate is checked against `tls_trust_certs_file_path`, a PEM file, else against
-        the system's roots), as Pulsar's ``pulsar+ssl://``."""
+        the system's roots), as Pulsar's ``pulsar+ssl://``. A call the broker does not answer
+        ends with Timeout after `operation_timeout_seconds` (plus what the server may wait
+        for it: a receive's timeout, a commit's), as pulsar-client's."""
+        op_timeout_s = check_operation_timeout(operation_timeout_seconds)
         tls, hosts = parse_service_url(service_url)
         if len(hosts) != 1:
             raise ValueError(
@@ -100,11 +118,19 @@ class RemoteClient(SessionGate):
             reconnect_timeout_s,
             keepalive_s,
             Shared(),
+            op_timeout_s,
         )
 
     @classmethod
     def _connection(
-        cls, address: str, roots, token, reconnect_timeout_s, keepalive_s, shared: Shared
+        cls,
+        address: str,
+        roots,
+        token,
+        reconnect_timeout_s,
+        keepalive_s,
+        shared: Shared,
+        op_timeout_s: float = 30.0,
     ) -> RemoteClient:
         """One broker of a cluster: its own connection and keepalive, in the session (id and
         capabilities) `shared` with the cluster client's other brokers. `roots`: None for
@@ -112,12 +138,27 @@ class RemoteClient(SessionGate):
         self = cls.__new__(cls)
         scheme = "pulsartxn" if roots is None else "pulsartxn+ssl"
         self._connect(
-            f"{scheme}://{address}", address, roots, token, reconnect_timeout_s, keepalive_s, shared
+            f"{scheme}://{address}",
+            address,
+            roots,
+            token,
+            reconnect_timeout_s,
+            keepalive_s,
+            shared,
+            op_timeout_s,
         )
         return self
 
     def _connect(
-        self, service_url, address, roots, token, reconnect_timeout_s, keepalive_s, shared
+        self,
+        service_url,
+        address,
+        roots,
+        token,
+        reconnect_timeout_s,
+        keepalive_s,
+        shared,
+        op_timeout_s,
     ) -> None:
         self.service_url = service_url
         if roots is not None:
@@ -131,6 +172,12 @@ class RemoteClient(SessionGate):
         self._options = flight.FlightCallOptions(headers=headers)
         self._session = shared.session
         self._deadline = shared.deadline
+        self._wait = shared.wait
+        self._op_timeout_s = op_timeout_s
+        self._op_options = flight.FlightCallOptions(headers=headers, timeout=op_timeout_s)
+        # The longest this broker waits for a receive and for a decision (its hello says).
+        self._max_wait_s = _SERVER_MAX_WAIT_MS / 1000.0
+        self._decide_s = _SERVER_OPERATION_TIMEOUT_MS / 1000.0
         self._retries = 0  # calls re-sent after the broker was unreachable
         self._reconnect_s = reconnect_timeout_s
         self._closed = False
@@ -160,12 +207,15 @@ class RemoteClient(SessionGate):
         (out,) = self._raw("hello", {"version": protocol.VERSION})
         answer = unframe(out, 1 << 62)[0]
         self._in_cluster = bool(answer.get("cluster"))
+        self._max_wait_s = answer.get("max_wait_ms", _SERVER_MAX_WAIT_MS) / 1000.0
+        self._decide_s = answer.get("operation_timeout_ms", _SERVER_OPERATION_TIMEOUT_MS) / 1000.0
         return answer.get("new", True)
 
     def _raw(self, action: str, args: dict, payload: bytes = b"", seen=None) -> list[bytes]:
         """One call, retried while the broker is unreachable (with backoff) up to
         reconnect_timeout_s, or to the thread's send deadline (SendTimedOut, also when the
-        broker does not answer). `seen`: the generation a handle in `args` was made in; once
+        broker does not answer); without one, an unanswered attempt ends at the operation
+        timeout (OperationTimedOut). `seen`: the generation a handle in `args` was made in; once
         the session has been opened again the call is not re-sent with it (SessionLost: the
         caller makes the handle again; a restarted broker numbers handles afresh)."""
         body = frame({**args, "session": self._session}, payload)
@@ -193,17 +243,41 @@ class RemoteClient(SessionGate):
                 else:
                     self._closing.wait(delay)
                 delay = min(delay * 2, 1.0)
-            except flight.FlightTimedOutError:  # only calls with a send deadline have one
-                raise SendTimedOut(f"broker at {self.service_url} did not answer") from None
+            except flight.FlightTimedOutError:
+                if self._deadline.at is not None:
+                    raise SendTimedOut(f"broker at {self.service_url} did not answer") from None
+                name = f"admin {args.get('method')}" if action == "admin" else action
+                raise self._timed_out(name) from None
             except flight.FlightError as exc:
                 raise protocol.from_flight_error(exc) from None
 
     def _call_options(self) -> flight.FlightCallOptions:
-        """A call's options: with the time left to the thread's send deadline, if any."""
+        """A call's options: with the time left to the thread's send deadline, if any, else
+        the operation timeout plus what the server may wait for the call."""
         left = self._deadline.left()
-        if left is None:
-            return self._options
-        return flight.FlightCallOptions(headers=self._headers, timeout=left)
+        if left is not None:
+            return flight.FlightCallOptions(headers=self._headers, timeout=left)
+        wait = self._server_wait()
+        if not wait:
+            return self._op_options
+        return flight.FlightCallOptions(headers=self._headers, timeout=self._op_timeout_s + wait)
+
+    def _server_wait(self) -> float:
+        """Seconds this broker may wait on behalf of the thread's call (see ServerWait)."""
+        kind, seconds = self._wait.kind, self._wait.seconds
+        if kind == "receive":
+            return self._max_wait_s if seconds is None else min(seconds, self._max_wait_s)
+        if kind == "decide":
+            return self._decide_s if seconds is None else seconds
+        return 0.0
+
+    def _timed_out(self, call: str) -> OperationTimedOut:
+        wait = self._server_wait()
+        extra = f" (+{wait:g} s the broker may wait for it)" if wait else ""
+        return OperationTimedOut(
+            f"{call}: broker at {self.service_url} did not answer within "
+            f"operation_timeout_seconds={self._op_timeout_s:g}{extra}"
+        )
 
     def _call(self, action: str, args: dict, payload: bytes = b"", owner=None) -> list[bytes]:
         """A call in this session; a lost session (the broker restarted) is opened again and
@@ -403,10 +477,11 @@ class RemoteClient(SessionGate):
         txns = list(txns)
         _flush_handles(txns)
         keys = [txn_str(t) for t in txns]
-        self._json(
-            "commit_all",
-            {"txns": keys, "capabilities": [self._capability_of(k) for k in keys]},
-        )
+        with self._wait.allow("decide", None):
+            self._json(
+                "commit_all",
+                {"txns": keys, "capabilities": [self._capability_of(k) for k in keys]},
+            )
 
     def commit_group(
         self,
@@ -417,27 +492,29 @@ class RemoteClient(SessionGate):
     ) -> dict:
         winners = list(winners)
         _flush_handles(winners)
-        out = self._json(
-            "commit_group",
-            {
-                "group": group,
-                "winners": [txn_str(t) for t in winners],
-                "idempotency_key": list(idempotency_key) if idempotency_key else None,
-                "group_capability": group_capability or self._group_capabilities.get(group),
-            },
-        )
+        with self._wait.allow("decide", None):
+            out = self._json(
+                "commit_group",
+                {
+                    "group": group,
+                    "winners": [txn_str(t) for t in winners],
+                    "idempotency_key": list(idempotency_key) if idempotency_key else None,
+                    "group_capability": group_capability or self._group_capabilities.get(group),
+                },
+            )
         out["committed"] = [TxnID.parse(t) for t in out["committed"]]
         out["aborted"] = [TxnID.parse(t) for t in out["aborted"]]
         return out
 
     def abort_group(self, group: str, group_capability: str | None = None) -> dict:
-        out = self._json(
-            "abort_group",
-            {
-                "group": group,
-                "group_capability": group_capability or self._group_capabilities.get(group),
-            },
-        )
+        with self._wait.allow("decide", None):
+            out = self._json(
+                "abort_group",
+                {
+                    "group": group,
+                    "group_capability": group_capability or self._group_capabilities.get(group),
+                },
+            )
         out["aborted"] = [TxnID.parse(t) for t in out["aborted"]]
         out["committed"] = [TxnID.parse(t) for t in out["committed"]]
         return out

@@ -43,7 +43,13 @@ from .cluster_producer import ClusterProducer
 from .cluster_reader import ClusterReader
 from .cluster_routing import _BACKOFF_FIRST_S, _BACKOFF_MAX_S, CONNECTION_RETRY_S, ClusterRouting
 from .handles import CLOSE_TIMEOUT_S, RemoteTransaction, Unreachable, txn_str
-from .options import parse_service_url, producer_options, subscribe_options, tls_roots
+from .options import (
+    check_operation_timeout,
+    parse_service_url,
+    producer_options,
+    subscribe_options,
+    tls_roots,
+)
 from .reader import reader_options
 
 __all__ = ["ClusterAdmin", "ClusterClient", "connect"]
@@ -55,14 +61,21 @@ def connect(
     reconnect_timeout_s: float = 30.0,
     keepalive_s: float = 1.0,
     tls_trust_certs_file_path: str | None = None,
+    operation_timeout_seconds: float = 30,
 ):
     """What ``pulsartxn.Client(service_url)`` gives: a :class:`ClusterClient` when the broker
     reached (the URL's brokers are tried in turn) is one of a cluster, else the
     :class:`RemoteClient` of that one broker, as before clusters."""
+    op_timeout_s = check_operation_timeout(operation_timeout_seconds)
     tls, hosts = parse_service_url(service_url)
     if len(hosts) == 1:
         client = RemoteClient(
-            service_url, token, reconnect_timeout_s, keepalive_s, tls_trust_certs_file_path
+            service_url,
+            token,
+            reconnect_timeout_s,
+            keepalive_s,
+            tls_trust_certs_file_path,
+            op_timeout_s,
         )
         if not client._in_cluster:
             return client
@@ -73,6 +86,7 @@ def connect(
         shared.capabilities = client._capabilities
         shared.group_capabilities = client._group_capabilities
         shared.deadline = client._deadline
+        shared.wait = client._wait
         roots = tls_roots(tls, tls_trust_certs_file_path)
         return ClusterClient(
             service_url, hosts, roots, token, reconnect_timeout_s, keepalive_s, shared, client
@@ -91,6 +105,7 @@ def connect(
                     min(reconnect_timeout_s, CONNECTION_RETRY_S),
                     keepalive_s,
                     shared,
+                    op_timeout_s,
                 )
                 client._address = address
                 break
@@ -138,6 +153,8 @@ class ClusterClient(ClusterRouting):
         self._shared = shared
         self._session = shared.session
         self._deadline = shared.deadline  # of the send each thread is making
+        self._wait = shared.wait  # what the server may wait for the call each thread makes
+        self._op_timeout_s = first._op_timeout_s
         address = first._address
         self._conns: dict[str, RemoteClient] = {address: first}
         self._home = address  # the broker asked what any broker answers
@@ -346,9 +363,11 @@ class ClusterClient(ClusterRouting):
             )
         _flush_handles(txns)
         route = self._coordinator(coordinators[0])
-        route._json(
-            "commit_all", {"txns": keys, "capabilities": [self._capability_of(k) for k in keys]}
-        )
+        with self._wait.allow("decide", None):
+            route._json(
+                "commit_all",
+                {"txns": keys, "capabilities": [self._capability_of(k) for k in keys]},
+            )
 
     def commit_group(
         self,

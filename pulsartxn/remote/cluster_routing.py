@@ -58,6 +58,7 @@ class ClusterRouting:
             min(self._reconnect_s, CONNECTION_RETRY_S),
             self._keepalive_s,
             self._shared,
+            self._op_timeout_s,
         )
         with self._lock:
             kept = self._conns.setdefault(address, conn)
@@ -180,6 +181,14 @@ class _CoordinatorRoute:
     @property
     def _retries(self) -> int:
         return self._cluster._retries
+
+    @property
+    def _wait(self):
+        return self._cluster._wait
+
+    @property
+    def _op_timeout_s(self) -> float:
+        return self._cluster._op_timeout_s
 
     def _capability_of(self, txn):
         return self._cluster._capability_of(txn)

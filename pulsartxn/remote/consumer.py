@@ -13,7 +13,14 @@ from ..messaging.positions import check_position
 from ..messaging.topic_name import TopicName
 from ..server import protocol
 from ..server.protocol import SessionLost, frame, unframe
-from .handles import Handle, RemoteTransaction, mid_hex, txn_str, unreachable
+from .handles import (
+    Handle,
+    OperationTimedOut,
+    RemoteTransaction,
+    mid_hex,
+    txn_str,
+    unreachable,
+)
 
 
 @strict_class
@@ -83,7 +90,12 @@ class RemoteConsumer(Handle):
                     raise
                 continue
             try:
-                table = client._flight.do_get(flight.Ticket(ticket), client._options).read_all()
+                with client._wait.allow("receive", timeout_millis / 1000.0):
+                    options = client._call_options()
+                    try:
+                        table = client._flight.do_get(flight.Ticket(ticket), options).read_all()
+                    except flight.FlightTimedOutError:
+                        raise client._timed_out("batch_receive") from None
             except flight.FlightUnavailableError as exc:
                 raise unreachable(client, exc) from None
             except flight.FlightError as exc:
@@ -99,16 +111,21 @@ class RemoteConsumer(Handle):
         raise AssertionError("unreachable")
 
     def _ack(self, msg_or_id, txn, cumulative: bool) -> None:
-        out = self._client._json(
-            "ack",
-            {
-                "id": mid_hex(msg_or_id),
-                "txn": txn_str(txn),
-                "capability": self._client._capability_of(txn_str(txn)),
-                "cumulative": cumulative,
-            },
-            owner=self,
-        )
+        try:
+            out = self._client._json(
+                "ack",
+                {
+                    "id": mid_hex(msg_or_id),
+                    "txn": txn_str(txn),
+                    "capability": self._client._capability_of(txn_str(txn)),
+                    "cumulative": cumulative,
+                },
+                owner=self,
+            )
+        except OperationTimedOut as exc:
+            if isinstance(txn, RemoteTransaction):
+                txn._send_failed(exc)  # the ack may be in it or not: it can only abort now
+            raise
         if isinstance(txn, RemoteTransaction) and out.get("participant"):
             key = tuple(out["participant"])
             txn._ack_counts[key] = txn._ack_counts.get(key, 0) + 1

@@ -18,7 +18,7 @@ from ..messaging.consumer import check_count
 from ..messaging.message import Message, MessageId
 from ..server import protocol
 from ..server.protocol import SessionLost
-from ..txn.state import TxnState
+from ..txn.state import FINAL, TxnState
 from ..txn.transaction import TransactionContext
 
 if TYPE_CHECKING:
@@ -39,6 +39,33 @@ class Unreachable(errors.BrokerUnavailable):
 class SendTimedOut(errors.Timeout):
     """A call made for a send ended at the send's deadline (send_timeout_millis): the broker
     was unreachable or did not answer. Whether it stored the messages is unknown."""
+
+
+class OperationTimedOut(errors.Timeout):
+    """A call not answered within the operation timeout (plus what the server may wait for
+    it): the broker is alive but silent. Whether it did what was asked is unknown."""
+
+
+# A call for a send that ended unanswered: at the send's deadline, or the operation timeout.
+TIMED_OUT = (SendTimedOut, OperationTimedOut)
+
+
+class ServerWait(threading.local):
+    """What the server may wait on behalf of this thread's call: ("receive", s) up to its max
+    wait, ("decide", s or None: its operation timeout) for an end. The call's deadline is the
+    operation timeout plus that, so no call is cut while the server may still be working."""
+
+    kind: str | None = None
+    seconds: float | None = None
+
+    @contextlib.contextmanager
+    def allow(self, kind: str, seconds: float | None) -> Iterator[None]:
+        outer = self.kind, self.seconds
+        self.kind, self.seconds = kind, seconds
+        try:
+            yield
+        finally:
+            self.kind, self.seconds = outer
 
 
 class SendDeadline(threading.local):
@@ -124,8 +151,12 @@ class Handle:
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
         while True:
             left = None if deadline is None else max(int((deadline - time.monotonic()) * 1000), 0)
+            wait = None if left is None else left / 1000.0
             try:
-                (body,) = self._client._call(action, {"timeout_millis": left}, owner=self)
+                with self._client._wait.allow("receive", wait):
+                    (body,) = self._client._call(action, {"timeout_millis": left}, owner=self)
+            except OperationTimedOut:
+                raise  # the broker did not answer: not a wait that ended empty
             except errors.Timeout:
                 if deadline is None or time.monotonic() < deadline:
                     continue  # the server's wait ended before ours
@@ -192,6 +223,7 @@ class RemoteTransaction(TransactionContext):
         self._counted = counted
         self._producers: weakref.WeakSet = weakref.WeakSet()  # with queued sends of this txn
         self._error: BaseException | None = None  # a send of it that timed out
+        self._end_unknown = False  # an end of it was not answered: it may have gone through
 
     def _send_failed(self, exc: BaseException) -> None:
         """A send of it timed out (it may or may not be in it): it can only abort now, as
@@ -230,24 +262,48 @@ class RemoteTransaction(TransactionContext):
                     outcome = f"its abort failed too ({exc})"
                 self._check_committable(outcome)
         retries = self._client._retries
+        wait = None if timeout_ms is None else max(float(timeout_ms), 0.0) / 1000.0
+        what = "commit" if commit else "abort"
         try:
-            self._client._json(
-                "end",
-                {
-                    "txn": str(self.id),
-                    "capability": self.capability,
-                    "commit": commit,
-                    "timeout_ms": timeout_ms,
-                    "counted": self._counted,
-                    "expected_acks": [[list(k), n] for k, n in self._ack_counts.items()],
-                    "expected_sends": sorted(self._send_counts.items()),
-                },
-            )
+            with self._client._wait.allow("decide", wait):
+                self._client._json(
+                    "end",
+                    {
+                        "txn": str(self.id),
+                        "capability": self.capability,
+                        "commit": commit,
+                        "timeout_ms": timeout_ms,
+                        "counted": self._counted,
+                        "expected_acks": [[list(k), n] for k, n in self._ack_counts.items()],
+                        "expected_sends": sorted(self._send_counts.items()),
+                    },
+                )
+        except OperationTimedOut as exc:
+            self._end_unknown = True
+            raise OperationTimedOut(
+                f"{what} of transaction {self.id}: {exc}; its state is unknown to the client "
+                f"(the broker may still {what} it): read its state, or {what} again (a "
+                f"repeated {what} is idempotent)"
+            ) from None
         except errors.InvalidTxnStatus:
-            # Re-sent after a lost connection, the first attempt may have gone through.
+            # Re-sent after a lost connection or an unanswered end, the first attempt may
+            # have gone through.
             wanted = TxnState.COMMITTED if commit else TxnState.ABORTED
-            if self._client._retries == retries or self.state is not wanted:
+            if self._client._retries == retries and not self._end_unknown:
                 raise
+            if not self._settles_as(wanted):
+                raise
+        self._end_unknown = False
+
+    def _settles_as(self, wanted: TxnState) -> bool:
+        """Whether the transaction ends `wanted` (an end still finishing is waited for, up to
+        the operation timeout)."""
+        by = time.monotonic() + self._client._op_timeout_s
+        while True:
+            state = self.state
+            if state is wanted or state in FINAL or time.monotonic() > by:
+                return state is wanted
+            time.sleep(0.05)
 
     def commit(self, timeout_ms: float | None = None) -> None:
         self._end(True, timeout_ms)

@@ -39,6 +39,15 @@ def parse_service_url(service_url) -> tuple[bool, list[str]]:
     return scheme == "pulsartxn+ssl", hosts
 
 
+def check_operation_timeout(value) -> float:
+    """operation_timeout_seconds as a float: a positive, finite number (ValueError)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
+        raise ValueError(
+            f"operation_timeout_seconds must be a positive number, not {errors.excerpt(value)}"
+        )
+    return float(value)
+
+
 def tls_roots(tls: bool, trust_certs_file_path: str | None):
     """None for plain gRPC; for TLS, the PEM roots to check the server against (b"": the
     system's)."""

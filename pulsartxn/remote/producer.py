@@ -30,6 +30,7 @@ from ..server.protocol import frame, unframe
 from .batch_stream import BatchStream, first_sequence
 from .handles import (
     CLOSE_TIMEOUT_S,
+    TIMED_OUT,
     Handle,
     RemoteTransaction,
     SendTimedOut,
@@ -170,7 +171,7 @@ class RemoteProducer(Handle):
                     (result,) = self._send_many(
                         [(content, properties, partition_key, seq, meta)], txn_str(txn), handle
                     )
-        except SendTimedOut as exc:
+        except TIMED_OUT as exc:
             what = "message" if seq is None else f"message {seq}"
             raise self._outcome(self._timed_out(what, exc, handle)) from None
         if isinstance(result, BaseException):
@@ -310,7 +311,7 @@ class RemoteProducer(Handle):
                             for (c, p, k, q, m), *rest in take
                         ]
                         results = self._send_many([t[0] for t in take], txn, take[0][4])
-                except SendTimedOut as exc:
+                except TIMED_OUT as exc:
                     self._time_out(take, exc)
                     continue
                 for (_, _, fut, _, _), res in zip(take, results):
@@ -354,7 +355,7 @@ class RemoteProducer(Handle):
         try:
             with self._sending(time.monotonic()):
                 count = self._send_table(values, keys, txn)
-        except SendTimedOut as exc:
+        except TIMED_OUT as exc:
             raise self._outcome(self._timed_out("send_batch", exc, handle)) from None
         self._outcome(None)
         return count
@@ -401,6 +402,8 @@ class RemoteProducer(Handle):
             # Not re-sent: the broker may have stored some of it (ids assigned there).
             raise unreachable(self._client, exc) from None
         except flight.FlightTimedOutError:
+            if self._client._deadline.at is None:
+                raise self._client._timed_out("send_batch") from None
             raise SendTimedOut(f"broker at {self._client.service_url} did not answer") from None
         except flight.FlightError as exc:
             raise protocol.from_flight_error(exc) from None
@@ -422,7 +425,7 @@ class RemoteProducer(Handle):
         try:
             with self._sending(time.monotonic()):
                 self._flush()
-        except SendTimedOut as exc:
+        except TIMED_OUT as exc:
             raise errors.Timeout(
                 f"producer {self.name}: flush timed out (send_timeout_millis="
                 f"{self._send_timeout_ms}): {exc}"

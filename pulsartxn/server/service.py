@@ -150,6 +150,9 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
             "version": protocol.VERSION,
             "broker": self.broker.broker_id,
             "cluster": self.cluster is not None,
+            # What a call may wait here: the client's deadline for it leaves room for that.
+            "max_wait_ms": self.max_wait_ms,
+            "operation_timeout_ms": self.broker.config.operation_timeout_ms,
         }
 
     def _on_cluster_info(self, args, payload):

@@ -1,0 +1,116 @@
+"""operation_timeout_seconds against a real `pulsartxn serve` process stopped with SIGSTOP
+(alive, silent): every call that is not a send ends with Timeout near it, as pulsar-client's,
+instead of hanging; a receive's own wait is not cut by it; after SIGCONT the client goes on
+and a commit retried reports the real outcome, stored once."""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+
+import pytest
+
+import pulsartxn
+from pulsartxn import InitialPosition, TxnState
+from pulsartxn.errors import InvalidTxnStatus, Timeout
+
+from .conftest import Server
+from .test_send_timeout import stopped, timed
+
+# Loose bounds: the machine is slow and shared. Never before the timeout, never near the
+# client's reconnect_timeout_s (30 s), which is what a silent broker held a call for before.
+OP_S = 1
+EARLIEST, LATEST = OP_S * 0.9, 4.5
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    # A long session timeout: the stopped server must not expire the client when it resumes.
+    s = Server(tmp_path_factory.mktemp("optimeout") / "data", "--session-timeout-s", "60")
+    s.start()
+    yield s
+    s.proc.send_signal(signal.SIGCONT)
+    s.stop()
+
+
+@pytest.mark.parametrize("bad", [0, -1, math.nan, math.inf, "1", True, None])
+def test_a_bad_operation_timeout_is_refused_before_connecting(served, bad):
+    with pytest.raises(ValueError, match="operation_timeout_seconds must be a positive number"):
+        pulsartxn.Client(served.url, operation_timeout_seconds=bad)
+    with pytest.raises(ValueError, match="operation_timeout_seconds"):
+        pulsartxn.Client("pulsartxn://127.0.0.1:1,127.0.0.1:2", operation_timeout_seconds=bad)
+
+
+def test_calls_to_a_stopped_broker_time_out_and_the_client_goes_on(served):
+    client = pulsartxn.Client(served.url, operation_timeout_seconds=OP_S)
+    topic = "optimeout"
+    producer = client.create_producer(topic, batching_enabled=False)
+    consumer = client.subscribe(
+        topic, "sub", pulsartxn.ConsumerType.Shared, initial_position=InitialPosition.Earliest
+    )
+    for i in range(3):
+        producer.send(b"m%d" % i)
+    first, second, third = (consumer.receive(5000) for _ in range(3))
+    txn, acking = client.new_transaction(), client.new_transaction()
+    producer.send(b"in-txn", txn=txn)
+    ops = {
+        "new_transaction": client.new_transaction,
+        "ack": lambda: consumer.acknowledge(first),
+        "ack in txn": lambda: consumer.acknowledge(second, txn=acking),
+        "batch_receive": lambda: consumer.batch_receive(10, timeout_millis=200),
+        "admin topic_stats": lambda: client.admin.topic_stats(topic),
+        "subscribe": lambda: client.subscribe(topic, "other"),
+        "end": lambda: txn.commit(timeout_ms=500),  # the server may wait 0.5 s more for it
+    }
+    outcomes: dict = {}
+    with stopped(served):
+        # Concurrent calls on one connection: each ends on its own deadline.
+        threads = [
+            threading.Thread(target=lambda n=n, f=f: outcomes.__setitem__(n, timed(f)))
+            for n, f in ops.items()
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for name, (raised, took) in outcomes.items():
+        assert isinstance(raised, Timeout), (name, raised)
+        assert EARLIEST <= took <= LATEST, (name, took)
+        assert served.url in str(raised) and "operation_timeout_seconds=1" in str(raised)
+        call = "end" if name == "end" else name.removesuffix(" in txn")
+        assert str(raised).split(":")[0].endswith(call) or call in str(raised), (name, raised)
+    assert outcomes["end"][1] >= 1.4  # the commit's own 0.5 s on the server was left to it
+    assert "state is unknown to the client" in str(outcomes["end"][0])
+    # Back: the commit retried succeeds whether or not the first one went through, and its
+    # message is stored once; the ack in a transaction that timed out leaves it abort-only.
+    txn.commit(timeout_ms=5000)
+    assert txn.state is TxnState.COMMITTED
+    with pytest.raises(InvalidTxnStatus, match="COMMITTED"):
+        txn.commit()  # once the client knows it ended, a commit is refused, as Pulsar's
+    with pytest.raises(InvalidTxnStatus, match="cannot commit"):
+        acking.commit()
+    assert acking.state in (TxnState.ABORTED, TxnState.ABORTING)
+    reader = client.subscribe(topic, "check", initial_position=InitialPosition.Earliest)
+    seen = [m.data() for m in reader.batch_receive(100, timeout_millis=1000)]
+    assert sorted(seen) == [b"in-txn", b"m0", b"m1", b"m2"], seen
+    consumer.acknowledge(third)
+    again = client.new_transaction()
+    again.commit()
+    assert client.subscribe(topic, "other-2").subscription_name() == "other-2"
+    assert client.admin.topic_stats(topic)
+    client.close()
+
+
+def test_a_receive_waits_its_own_timeout_beyond_the_operation_timeout(served):
+    with pulsartxn.Client(served.url, operation_timeout_seconds=OP_S) as client:
+        consumer = client.subscribe("optimeout-empty", "sub")
+        start = time.monotonic()
+        with pytest.raises(Timeout) as raised:
+            consumer.receive(timeout_millis=2500)
+        assert 2.4 <= time.monotonic() - start <= 6.0
+        assert "operation_timeout_seconds" not in str(raised.value)
+        start = time.monotonic()
+        assert consumer.batch_receive(10, timeout_millis=1500) == []
+        assert 1.4 <= time.monotonic() - start <= 5.0
