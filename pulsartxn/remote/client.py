@@ -35,6 +35,7 @@ from ..messaging.send_options import BatchingType, CompressionType, check_produc
 from ..server import protocol
 from ..server.protocol import SessionLost, frame, unframe
 from .admin import RemoteAdmin
+from .bounded import bounded_chunks
 from .consumer import RemoteConsumer
 from .handles import (
     CLOSE_TIMEOUT_S,
@@ -535,8 +536,11 @@ class RemoteClient(SessionGate):
             }
         )
         try:
-            reader = self._flight.do_get(flight.Ticket(ticket), self._options)
-            for chunk in reader:
+            for chunk in bounded_chunks(
+                lambda: self._flight.do_get(flight.Ticket(ticket), self._options),
+                self._op_timeout_s,
+                lambda: self._timed_out("scan"),
+            ):
                 yield chunk.data
         except flight.FlightUnavailableError as exc:
             raise unreachable(self, exc) from None

@@ -62,6 +62,7 @@ def test_calls_to_a_stopped_broker_time_out_and_the_client_goes_on(served):
         "batch_receive": lambda: consumer.batch_receive(10, timeout_millis=200),
         "admin topic_stats": lambda: client.admin.topic_stats(topic),
         "subscribe": lambda: client.subscribe(topic, "other"),
+        "scan": lambda: list(client.scan(topic)),
         "end": lambda: txn.commit(timeout_ms=500),  # the server may wait 0.5 s more for it
     }
     outcomes: dict = {}
@@ -95,6 +96,7 @@ def test_calls_to_a_stopped_broker_time_out_and_the_client_goes_on(served):
     reader = client.subscribe(topic, "check", initial_position=InitialPosition.Earliest)
     seen = [m.data() for m in reader.batch_receive(100, timeout_millis=1000)]
     assert sorted(seen) == [b"in-txn", b"m0", b"m1", b"m2"], seen
+    assert sum(b.num_rows for b in client.scan(topic)) >= 4  # a scan is not cut either
     consumer.acknowledge(third)
     again = client.new_transaction()
     again.commit()
