@@ -21,7 +21,7 @@ from ..messaging.listener import MessageListener
 from ..messaging.message import Message, MessageId
 from ..messaging.topic_name import TopicName
 from .consumer import RemoteConsumer
-from .handles import RemoteTransaction
+from .handles import OperationTimedOut, RemoteTransaction
 from .placed import Placed, quietly
 
 __all__ = ["ClusterConsumer"]
@@ -172,6 +172,8 @@ class ClusterConsumer:
                 try:
                     msg = part.receive(FETCH_WAIT_MS)
                     msgs.append((self._generations[i], msg))
+                except OperationTimedOut:
+                    raise  # its broker does not answer: a fault, not an empty wait
                 except errors.Timeout:
                     pass
                 if msgs and room > 1:

@@ -55,6 +55,8 @@ def test_calls_to_a_stopped_broker_time_out_and_the_client_goes_on(served):
     first, second, third = (consumer.receive(5000) for _ in range(3))
     txn, acking = client.new_transaction(), client.new_transaction()
     landed, lost = client.new_transaction(), client.new_transaction()
+    # No send timeout: the operation timeout bounds its calls (a separate topic: they may land).
+    unbounded = client.create_producer("optimeout-0", "p0", send_timeout_millis=0)
     producer.send(b"in-txn", txn=txn)
     ops = {
         "new_transaction": client.new_transaction,
@@ -64,6 +66,8 @@ def test_calls_to_a_stopped_broker_time_out_and_the_client_goes_on(served):
         "admin topic_stats": lambda: client.admin.topic_stats(topic),
         "subscribe": lambda: client.subscribe(topic, "other"),
         "scan": lambda: list(client.scan(topic)),
+        "send_many": lambda: unbounded.send(b"s", sequence_id=0),
+        "send_batch": lambda: unbounded.send_batch([b"b1", b"b2"]),
         "end": lambda: txn.commit(timeout_ms=500),  # the server may wait 0.5 s more for it
         "end landed": lambda: landed.commit(timeout_ms=0),
         "end lost": lambda: lost.commit(timeout_ms=0),
@@ -115,6 +119,9 @@ def test_calls_to_a_stopped_broker_time_out_and_the_client_goes_on(served):
     seen = [m.data() for m in reader.batch_receive(100, timeout_millis=1000)]
     assert sorted(seen) == [b"in-txn", b"m0", b"m1", b"m2"], seen
     assert sum(b.num_rows for b in client.scan(topic)) >= 4  # a scan is not cut either
+    unbounded.send(b"s", sequence_id=0)  # re-sent: stored once, whether or not it had landed
+    stored = [r for b in client.scan("optimeout-0") for r in b.column("value").to_pylist()]
+    assert stored.count(b"s") == 1 and stored.count(b"b1") <= 1, stored
     consumer.acknowledge(third)
     again = client.new_transaction()
     again.commit()
