@@ -28,7 +28,14 @@ EARLIEST, LATEST = OP_S * 0.9, 4.5
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     # A long session timeout: the stopped server must not expire the client when it resumes.
-    s = Server(tmp_path_factory.mktemp("optimeout") / "data", "--session-timeout-s", "60")
+    # A short grace at the end: the calls a client gave up on do not hold the stop.
+    s = Server(
+        tmp_path_factory.mktemp("optimeout") / "data",
+        "--session-timeout-s",
+        "60",
+        "--shutdown-timeout-s",
+        "1",
+    )
     s.start()
     yield s
     s.proc.send_signal(signal.SIGCONT)
