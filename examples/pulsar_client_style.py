@@ -4,8 +4,8 @@
 pulsartxn as pulsar`` and nothing else changes (callback second in ``send_async``,
 ``consumer_type=``, ``message_listener=``, the producer options, ``receive(timeout_millis=)``,
 ``get_topic_partitions``, ``seek``, Key_Shared, a dead letter policy, a reader from
-``MessageId.earliest``, ``ordering_key`` and ``event_timestamp``). It is also the program the
-tests type-check with mypy.
+``MessageId.earliest``, ``ordering_key``, ``event_timestamp`` and
+``operation_timeout_seconds``). It is also the program the tests type-check with mypy.
 
 Try it (without a URL it starts a broker and its network service on 127.0.0.1)::
 
@@ -29,7 +29,7 @@ N = 10
 
 def run(service_url: str) -> dict[str, list[str]]:
     """Send N orders asynchronously, audit them with a listener, report them with receive()."""
-    client = pulsar.Client(service_url)
+    client = pulsar.Client(service_url, operation_timeout_seconds=30)
     producer = client.create_producer(
         TOPIC,
         send_timeout_millis=30_000,
