@@ -42,7 +42,13 @@ from .cluster_consumer import ClusterConsumer
 from .cluster_producer import ClusterProducer
 from .cluster_reader import ClusterReader
 from .cluster_routing import _BACKOFF_FIRST_S, _BACKOFF_MAX_S, CONNECTION_RETRY_S, ClusterRouting
-from .handles import CLOSE_TIMEOUT_S, RemoteTransaction, Unreachable, txn_str
+from .handles import (
+    CLOSE_TIMEOUT_S,
+    OperationTimedOut,
+    RemoteTransaction,
+    Unreachable,
+    txn_str,
+)
 from .options import (
     check_operation_timeout,
     parse_service_url,
@@ -109,7 +115,7 @@ def connect(
                 )
                 client._address = address
                 break
-            except Unreachable as exc:
+            except (Unreachable, OperationTimedOut) as exc:  # the next one may answer
                 last = exc
         else:
             if time.monotonic() + delay > deadline:

@@ -14,7 +14,7 @@ import pytest
 
 import pulsartxn
 from pulsartxn import InitialPosition, TxnState
-from pulsartxn.errors import InvalidTxnStatus, Timeout
+from pulsartxn.errors import BrokerUnavailable, InvalidTxnStatus, Timeout
 
 from .conftest import Server
 from .test_send_timeout import stopped, timed
@@ -148,3 +148,16 @@ def test_a_receive_waits_its_own_timeout_beyond_the_operation_timeout(served):
         start = time.monotonic()
         assert consumer.batch_receive(10, timeout_millis=1500) == []
         assert 1.4 <= time.monotonic() - start <= 5.0
+
+
+def test_a_multi_host_url_tries_the_next_broker_after_a_silent_one(served):
+    # The first broker is paused, the second refuses: every one is tried, then it gives up
+    # at reconnect_timeout_s, as when all are down (a silent one no longer stops the round).
+    url = f"{served.url},127.0.0.1:1"
+    with stopped(served):
+        raised, took = timed(
+            lambda: pulsartxn.Client(url, operation_timeout_seconds=OP_S, reconnect_timeout_s=1)
+        )
+    assert isinstance(raised, BrokerUnavailable), raised
+    assert "operation_timeout_seconds=1" in str(raised) or "127.0.0.1:1" in str(raised)
+    assert took <= LATEST + 1, took
