@@ -10,7 +10,7 @@ import logging as _logging
 from . import errors as _errors
 from ._native import IMPLEMENTATION, TxnID
 from .broker import Broker
-from .client import Client
+from .client import Client, Consumer, Producer, Reader  # every client's handles (registered)
 from .errors import *  # noqa: F403 - the hierarchy, listed once (errors.__all__)
 from .messaging.consumer import ConsumerType, InitialPosition, Isolation
 from .messaging.dead_letter import ConsumerDeadLetterPolicy, DeadLetterPolicy
@@ -29,6 +29,9 @@ __all__ = [
     "TxnID",
     "Broker",
     "Client",
+    "Consumer",
+    "Producer",
+    "Reader",
     "BatchingType",
     "CompressionType",
     "ConsumerDeadLetterPolicy",

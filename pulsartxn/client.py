@@ -30,7 +30,12 @@ from .messaging.producer import Producer
 from .messaging.reader import Reader, check_reader_args, reader_subscription
 from .messaging.send_options import BatchingType, CompressionType, check_producer_options
 from .messaging.topic_name import check_keyed_name
-from .remote import ClusterClient, RemoteClient, connect
+from .remote import ClusterClient, RemoteClient, RemoteConsumer, RemoteProducer, connect
+from .remote.cluster_consumer import ClusterConsumer
+from .remote.cluster_producer import ClusterProducer
+from .remote.cluster_reader import ClusterReader
+from .remote.handles import RemoteTransaction
+from .remote.reader import RemoteReader
 from .scan import _entry_bound, _scan
 from .txn.log import IN_PROCESS
 from .txn.transaction import Transaction, as_txn_id
@@ -90,7 +95,7 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
         of one opened elsewhere), checked to be still open on this side."""
         if txn is None:
             return None
-        if not isinstance(txn, Transaction):
+        if type(txn) is not Transaction:  # a remote handle too: by its id
             txn = self.transaction(txn)
         elif txn._service is not self.broker.txn:
             raise ValueError(f"transaction {txn.id} belongs to another broker")
@@ -452,9 +457,17 @@ def check_ack_timeout(value, least: int) -> None:
 
 
 # One type family (docs/API.md): the network clients and their handles are registered as
-# virtual subclasses, as they live in the remote layer, below this one.
+# virtual subclasses, as they live in the remote layer, below this one; isinstance(x,
+# pulsartxn.Producer) and so on hold for a handle of any client.
 Client.register(RemoteClient)
 Client.register(ClusterClient)
+Producer.register(RemoteProducer)
+Producer.register(ClusterProducer)
+Consumer.register(RemoteConsumer)
+Consumer.register(ClusterConsumer)
+Reader.register(RemoteReader)
+Reader.register(ClusterReader)
+Transaction.register(RemoteTransaction)
 
 
 def _check_group(group) -> None:
@@ -467,7 +480,7 @@ def _flush_for_commit(txns) -> dict:
     them (as txn.commit() does); TxnID -> (acks, sends) of the handles that counted them."""
     expected = {}
     for t in txns:
-        if isinstance(t, Transaction):
+        if type(t) is Transaction:
             t._flush_for_commit()
             counts = t._counts()
             if counts is not None:
@@ -475,4 +488,13 @@ def _flush_for_commit(txns) -> dict:
     return expected
 
 
-__all__ = ["Client", "ConsumerType", "InitialPosition", "Isolation", "Transaction"]
+__all__ = [
+    "Client",
+    "Consumer",
+    "ConsumerType",
+    "InitialPosition",
+    "Isolation",
+    "Producer",
+    "Reader",
+    "Transaction",
+]

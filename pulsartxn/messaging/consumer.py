@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import enum
 import itertools
 import threading
@@ -94,8 +95,14 @@ _names = itertools.count()
 
 
 @strict_class
-class Consumer:
+class Consumer(metaclass=abc.ABCMeta):  # noqa: B024 - for register()
     """``client.subscribe(topic, subscription, ...)``: receive and acknowledge messages."""
+
+    @classmethod
+    def __subclasshook__(cls, sub):
+        # A reader (it reads with read_next) is no consumer, even one built on a consumer's
+        # code (the cluster's): isinstance(reader, Consumer) is False on every client.
+        return False if callable(getattr(sub, "read_next", None)) else NotImplemented
 
     _listener: MessageListener | None = None  # with a message_listener, it receives
 

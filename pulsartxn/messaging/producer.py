@@ -10,6 +10,7 @@ transaction's messages wait in batches of their own (``txn_batches.py``).
 
 from __future__ import annotations
 
+import abc
 import itertools
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -57,7 +58,7 @@ def _is_local_txn(service, txn) -> bool:
 
 
 @strict_class
-class Producer(TransactionBatches, BatchSends):
+class Producer(TransactionBatches, BatchSends, metaclass=abc.ABCMeta):  # noqa: B024
     """``client.create_producer(topic, ...)``: send, send_async, send_batch, flush, close."""
 
     def __init__(

@@ -4,6 +4,7 @@ subscriptions (stats, unsubscribe), and it holds nothing back. See docs/API.md, 
 
 from __future__ import annotations
 
+import abc
 import secrets
 from collections.abc import Callable, Iterator
 
@@ -38,7 +39,7 @@ def check_reader_args(start_message_id, reader_listener, is_read_compacted) -> N
 
 
 @strict_class
-class Reader:
+class Reader(metaclass=abc.ABCMeta):  # noqa: B024 - for register()
     """client.create_reader(topic, start_message_id, ...): read_next() from the start on,
     every partition, read committed unless told otherwise."""
 

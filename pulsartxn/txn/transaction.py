@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import weakref
 
 from .._native import TxnID
@@ -32,7 +33,7 @@ class TransactionContext:
 
 
 @strict_class
-class Transaction(TransactionContext):
+class Transaction(TransactionContext, metaclass=abc.ABCMeta):  # noqa: B024 - for register()
     """``client.new_transaction()``: commit or abort it, or use it as a context manager
     (commits on normal exit, aborts on an exception)."""
 
@@ -202,7 +203,7 @@ class Transaction(TransactionContext):
         return f"Transaction({self.id}, {self.state.value})"
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Transaction) and other.id == self.id
+        return type(other) is Transaction and other.id == self.id
 
     def __hash__(self) -> int:
         return hash(self.id)

@@ -264,6 +264,8 @@ def test_bad_input(cluster, client):
     full = f"persistent://public/default/{topic}"  # handles name their topic as brokers do
     reader = client.create_reader(full, pulsartxn.MessageId.earliest)
     assert consumer.topic() == client.create_producer(topic).topic() == reader.topic() == full
+    assert isinstance(consumer, pulsartxn.Consumer) and isinstance(reader, pulsartxn.Reader)
+    assert not isinstance(reader, pulsartxn.Consumer)  # built on the consumer's code
     reader.close()
     with pytest.raises(TypeError):
         consumer.seek("not a position")

@@ -354,6 +354,33 @@ def test_every_client_is_a_client(client):
         client.admin.cluster_transactions(0)
 
 
+def test_every_handle_is_of_its_exported_type(client):
+    """pulsartxn.Producer, Consumer, Reader and Transaction hold for the handles of every
+    client (the network ones are registered), and a reader is no consumer (the cluster's is
+    built on its consumer's code)."""
+    producer = client.create_producer("types")
+    consumer = client.subscribe("types", "s")
+    reader = client.create_reader("types", pulsartxn.MessageId.earliest)
+    txn = client.new_transaction()
+    kinds = (pulsartxn.Producer, pulsartxn.Consumer, pulsartxn.Reader, pulsartxn.Transaction)
+    for handle, kind in zip((producer, consumer, reader, txn), kinds):
+        assert [isinstance(handle, k) for k in kinds] == [k is kind for k in kinds]
+    for cls, kind in (
+        (RemoteProducer, pulsartxn.Producer),
+        (ClusterProducer, pulsartxn.Producer),
+        (RemoteConsumer, pulsartxn.Consumer),
+        (ClusterConsumer, pulsartxn.Consumer),
+        (RemoteReader, pulsartxn.Reader),
+        (ClusterReader, pulsartxn.Reader),
+    ):
+        assert issubclass(cls, kind)
+    assert not issubclass(ClusterReader, pulsartxn.Consumer)
+    assert not isinstance(object(), pulsartxn.Producer)
+    txn.abort()
+    for h in (producer, consumer, reader):
+        h.close()
+
+
 def _public(cls) -> dict:
     return {
         name: member
