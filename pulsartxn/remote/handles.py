@@ -226,15 +226,15 @@ class RemoteTransaction(TransactionContext):
         self._end_unknown = False  # an end of it was not answered: it may have gone through
 
     def _send_failed(self, exc: BaseException) -> None:
-        """A send of it timed out (it may or may not be in it): it can only abort now, as
-        Pulsar's transaction whose send failed."""
+        """A send or an ack of it timed out (it may or may not be in it): it can only abort
+        now, as Pulsar's transaction whose op failed."""
         if self._error is None:
             self._error = exc
 
     def _check_committable(self, outcome: str = "abort it") -> None:
         if self._error is not None:
             raise errors.InvalidTxnStatus(
-                f"transaction {self.id} cannot commit: a send of it failed ({self._error}); "
+                f"transaction {self.id} cannot commit: an op of it failed ({self._error}); "
                 f"{outcome}"
             ) from self._error
 
