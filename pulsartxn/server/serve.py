@@ -171,7 +171,9 @@ def serve(
             "no token: every call is allowed to anyone who reaches %s:%s", host, server.port
         )
     try:
-        stop.wait()
+        # Timed: a signal another thread took runs its handler once this thread wakes.
+        while not stop.wait(0.5):
+            pass
     finally:
         with stacks_dumped_after(stop_dump_s, "stopping"):
             if metrics is not None:
