@@ -11,7 +11,8 @@ import pyarrow.flight as flight
 
 from ..server import protocol
 from ..server.protocol import frame
-from .handles import RemoteTransaction, txn_str, unreachable
+from .bounded import bounded_call
+from .handles import OperationTimedOut, RemoteTransaction, txn_str, unreachable
 
 if TYPE_CHECKING:
     from .producer import RemoteProducer
@@ -72,13 +73,25 @@ class BatchStream:
         if self._writer is None:
             return self.count
         writer, self._writer = self._writer, None
-        try:
+        reader, client = self._reader, self._producer._client
+
+        def finish():
             writer.done_writing()
-            meta = self._reader.read()
+            meta = reader.read()
             writer.close()
+            return meta
+
+        try:
+            meta = bounded_call(
+                finish, client._op_timeout_s, lambda: client._timed_out("batch_stream close")
+            )
+        except OperationTimedOut as exc:
+            if self._handle is not None:
+                self._handle._send_failed(exc)  # what it holds of them is unknown
+            raise
         except flight.FlightUnavailableError as exc:
             drop_writer(writer)
-            raise unreachable(self._producer._client, exc) from None
+            raise unreachable(client, exc) from None
         except flight.FlightError as exc:
             drop_writer(writer)
             raise protocol.from_flight_error(exc) from None

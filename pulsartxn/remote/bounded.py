@@ -61,3 +61,26 @@ def bounded_chunks(
         abandoned.set()
         if opened:
             opened[0].cancel()
+
+
+def bounded_call(fn: Callable[[], Any], limit_s: float, timed_out: Callable[[], BaseException]):
+    """fn() on a worker thread, waited for at most `limit_s` (then timed_out() is raised and
+    the worker ends with the call: when the server answers, or the client closes)."""
+    done = threading.Event()
+    out: list = []
+
+    def work() -> None:
+        try:
+            out.append((True, fn()))
+        except BaseException as exc:  # noqa: BLE001 - the caller raises it
+            out.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="pulsartxn-call", daemon=True).start()
+    if not done.wait(limit_s):
+        raise timed_out()
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value
