@@ -1,0 +1,143 @@
+"""The remote client's calls to its broker: the session's hello, one call retried while the
+broker is unreachable (up to reconnect_timeout_s or a send's deadline) and ended at the
+operation timeout when it does not answer, a call in the session (opened again if the broker
+lost it), and the keep-alive."""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow.flight as flight
+
+from .. import errors
+from ..server import protocol
+from ..server.protocol import SessionLost, frame, unframe
+from .handles import CLOSE_TIMEOUT_S, OperationTimedOut, SendTimedOut, unreachable
+
+# What a broker waits at most for a receive and for a decision when its hello does not say.
+SERVER_MAX_WAIT_MS = 10_000
+SERVER_OPERATION_TIMEOUT_MS = 30_000
+
+
+class Calls:
+    """The part of RemoteClient that makes calls (a mixin: it uses the client's _flight,
+    _session, _headers, _deadline, _wait, _op_timeout_s, _op_options, _reconnect_s,
+    _closing, _stop, _generation and service_url, and SessionGate's reopen)."""
+
+    def _hello(self) -> bool:
+        """Open the session (or keep it, after a reconnect); whether it is new there."""
+        (out,) = self._raw("hello", {"version": protocol.VERSION})
+        answer = unframe(out, 1 << 62)[0]
+        self._in_cluster = bool(answer.get("cluster"))
+        self._max_wait_s = answer.get("max_wait_ms", SERVER_MAX_WAIT_MS) / 1000.0
+        self._decide_s = answer.get("operation_timeout_ms", SERVER_OPERATION_TIMEOUT_MS) / 1000.0
+        return answer.get("new", True)
+
+    def _raw(self, action: str, args: dict, payload: bytes = b"", seen=None) -> list[bytes]:
+        """One call, retried while the broker is unreachable (with backoff) up to
+        reconnect_timeout_s, or to the thread's send deadline (SendTimedOut, also when the
+        broker does not answer); without one, an unanswered attempt ends at the operation
+        timeout (OperationTimedOut). `seen`: the generation a handle in `args` was made in; once
+        the session has been opened again the call is not re-sent with it (SessionLost: the
+        caller makes the handle again; a restarted broker numbers handles afresh)."""
+        body = frame({**args, "session": self._session}, payload)
+        deadline = time.monotonic() + self._reconnect_s
+        delay = 0.05
+        while True:
+            if seen is not None:
+                self._check_generation(seen)
+            try:
+                options = self._call_options()
+                results = self._flight.do_action(flight.Action(action, body), options)
+                return [r.body.to_pybytes() for r in results]
+            except flight.FlightUnavailableError as exc:
+                if self._closing.is_set():  # a closing client does not wait for the broker
+                    raise unreachable(self, exc) from None
+                self._retries += 1
+                send_by = self._deadline.at
+                if send_by is not None and send_by <= deadline:  # the send gives up first
+                    left = send_by - time.monotonic()
+                    self._closing.wait(max(min(delay, left), 0.0))
+                    if left <= delay:
+                        raise SendTimedOut(str(unreachable(self, exc))) from None
+                elif time.monotonic() + delay > deadline:
+                    raise unreachable(self, exc) from None
+                else:
+                    self._closing.wait(delay)
+                delay = min(delay * 2, 1.0)
+            except flight.FlightTimedOutError:
+                if self._deadline.at is not None:
+                    raise SendTimedOut(f"broker at {self.service_url} did not answer") from None
+                name = f"admin {args.get('method')}" if action == "admin" else action
+                raise self._timed_out(name) from None
+            except flight.FlightError as exc:
+                raise protocol.from_flight_error(exc) from None
+
+    def _call_options(self) -> flight.FlightCallOptions:
+        """A call's options: with the time left to the thread's send deadline, if any, else
+        the operation timeout plus what the server may wait for the call."""
+        left = self._deadline.left()
+        if left is not None:
+            return flight.FlightCallOptions(headers=self._headers, timeout=left)
+        wait = self._server_wait()
+        if not wait:
+            return self._op_options
+        return flight.FlightCallOptions(headers=self._headers, timeout=self._op_timeout_s + wait)
+
+    def _server_wait(self) -> float:
+        """Seconds this broker may wait on behalf of the thread's call (see ServerWait)."""
+        kind, seconds = self._wait.kind, self._wait.seconds
+        if kind == "receive":
+            return self._max_wait_s if seconds is None else min(seconds, self._max_wait_s)
+        if kind == "decide":
+            return self._decide_s if seconds is None else seconds
+        return 0.0
+
+    def _timed_out(self, call: str) -> OperationTimedOut:
+        wait = self._server_wait()
+        extra = f" (+{wait:g} s the broker may wait for it)" if wait else ""
+        return OperationTimedOut(
+            f"{call}: broker at {self.service_url} did not answer within "
+            f"operation_timeout_seconds={self._op_timeout_s:g}{extra}"
+        )
+
+    def _call(self, action: str, args: dict, payload: bytes = b"", owner=None) -> list[bytes]:
+        """A call in this session; a lost session (the broker restarted) is opened again and
+        the owner's handle re-created, then the call is made once more."""
+        if self._closed:
+            raise errors.AlreadyClosed("client is closed")
+        for attempt in (0, 1):
+            if owner is not None:
+                args = {**args, "handle": owner._ensure()}
+            # A handle's calls name the generation it was made in (see _raw).
+            seen = owner._generation if owner is not None else self._generation
+            try:
+                return self._raw(action, args, payload, seen if owner is not None else None)
+            except SessionLost:
+                if attempt:
+                    raise
+                self._reopen(seen)
+        raise AssertionError("unreachable")
+
+    def _json(self, action: str, args: dict, payload: bytes = b"", owner=None) -> dict:
+        (out,) = self._call(action, args, payload, owner)
+        return unframe(out, 1 << 62)[0]
+
+    def _keep_alive(self, every: float) -> None:
+        while not self._stop.wait(every):
+            if self._closing.is_set():  # no call starts that close() would have to wait for
+                return
+            seen = self._generation
+            try:
+                # Bounded, so a paused broker holds neither this thread nor a reopen for ever.
+                with self._deadline.until(time.monotonic() + CLOSE_TIMEOUT_S):
+                    try:
+                        self._raw("keepalive", {})
+                    except SessionLost:
+                        self._reopen(seen)
+            except errors.PulsarTxnError:
+                pass
+            except Exception:  # noqa: BLE001 - closed under it ("FlightClient is closed")
+                if self._stop.is_set():
+                    return
+                raise
