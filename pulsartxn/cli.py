@@ -149,6 +149,11 @@ def _serve(args: argparse.Namespace) -> int:
             if args.min_ack_timeout_ms is not None
             else {}
         ),
+        **(
+            {"operation_timeout_ms": args.operation_timeout_ms}
+            if args.operation_timeout_ms is not None
+            else {}
+        ),
     )
     return 0
 
@@ -203,6 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="LMDB named databases, one per partition and coordinator (default 16384): raise "
         "it to open a store whose coordinators do not fit",
+    )
+    srv.add_argument(
+        "--operation-timeout-ms",
+        type=int,
+        help="how long a commit or abort without a timeout of its own waits for its "
+        "participants before it answers Timeout with the decision's state (default 30000)",
     )
     srv.add_argument(
         "--min-ack-timeout-ms",

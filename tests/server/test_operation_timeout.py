@@ -36,6 +36,8 @@ def served(tmp_path_factory):
         "60",
         "--shutdown-timeout-s",
         "1",
+        "--operation-timeout-ms",
+        "2000",
     )
     s.start()
     yield s
@@ -63,6 +65,7 @@ def test_calls_to_a_stopped_broker_time_out_and_the_client_goes_on(served):
     first, second, third = (consumer.receive(5000) for _ in range(3))
     txn, acking = client.new_transaction(), client.new_transaction()
     landed, lost = client.new_transaction(), client.new_transaction()
+    plain = client.new_transaction()
     # No send timeout: the operation timeout bounds its calls (a separate topic: they may land).
     unbounded = client.create_producer("optimeout-0", "p0", send_timeout_millis=0)
     streamer = client.create_producer("optimeout-0", "p1", send_timeout_millis=0)
@@ -83,6 +86,7 @@ def test_calls_to_a_stopped_broker_time_out_and_the_client_goes_on(served):
         "end": lambda: txn.commit(timeout_ms=500),  # the server may wait 0.5 s more for it
         "end landed": lambda: landed.commit(timeout_ms=0),
         "end lost": lambda: lost.commit(timeout_ms=0),
+        "end plain": plain.commit,  # the server's own wait: serve --operation-timeout-ms 2000
     }
     outcomes: dict = {}
     with stopped(served):
@@ -102,6 +106,7 @@ def test_calls_to_a_stopped_broker_time_out_and_the_client_goes_on(served):
         call = name.split(" ")[0] if name.startswith(("end", "ack")) else name
         assert str(raised).split(":")[0].endswith(call) or call in str(raised), (name, raised)
     assert outcomes["end"][1] >= 1.4  # the commit's own 0.5 s on the server was left to it
+    assert outcomes["end plain"][1] >= 2.9  # and the server's 2 s to one without its own
     assert "state is unknown to the client" in str(outcomes["end"][0])
     # A timed-out end may have gone through after all (the resumed broker may run it): here
     # another handle ends them too. A commit retried then returns if the transaction is
@@ -113,6 +118,8 @@ def test_calls_to_a_stopped_broker_time_out_and_the_client_goes_on(served):
             pass  # the timed-out commit got there first
     landed.commit()
     assert landed.state is TxnState.COMMITTED
+    plain.commit(timeout_ms=5000)  # retried: returns whether or not the first one landed
+    assert plain.state is TxnState.COMMITTED
     if lost.state is TxnState.ABORTED:
         with pytest.raises(InvalidTxnStatus, match="ABORTED"):
             lost.commit()
