@@ -114,6 +114,7 @@ def _run(args: argparse.Namespace) -> int:
         token=read_secret(args.token_file, "token file"),
         reconnect_timeout_s=args.timeout,
         tls_trust_certs_file_path=args.tls_trust_certs_file,
+        operation_timeout_seconds=args.timeout,
     )
     try:
         result = _GROUPS[args.group](client.admin, client, args)
@@ -168,7 +169,11 @@ def add_parser(sub) -> None:
     p.add_argument("--tls-trust-certs-file", help="CA certificate of a pulsartxn+ssl:// server")
     p.add_argument("--format", choices=("json", "table"), default="json")
     p.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds to keep trying an unreachable server"
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="seconds to keep trying an unreachable server, and to wait for one that does "
+        "not answer",
     )
     p.set_defaults(func=_run)
     groups = p.add_subparsers(dest="group", required=True, metavar="GROUP")

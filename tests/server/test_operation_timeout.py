@@ -183,3 +183,24 @@ def test_a_multi_host_url_tries_the_next_broker_after_a_silent_one(served):
     assert isinstance(raised, BrokerUnavailable), raised
     assert "operation_timeout_seconds=1" in str(raised) or "127.0.0.1:1" in str(raised)
     assert took <= LATEST + 1, took
+
+
+def test_the_admin_command_gives_up_on_a_silent_server_at_its_timeout(served):
+    """`pulsartxn admin --timeout 1` against a paused server: one line on stderr and exit 2
+    within a few seconds, not a hang."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "pulsartxn", "admin", "--url", served.url]
+    subprocess.run([*command, "topics", "list"], check=True, capture_output=True, timeout=60)
+    with stopped(served):
+        start = time.monotonic()
+        done = subprocess.run(
+            [*command, "--timeout", "1", "topics", "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        took = time.monotonic() - start
+    assert done.returncode == 2 and took <= 15, (done, took)
+    assert len(done.stderr.strip().splitlines()) == 1 and "did not answer" in done.stderr
