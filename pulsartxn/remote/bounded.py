@@ -12,19 +12,26 @@ from typing import Any
 _END = object()
 
 
-def bounded_chunks(
-    open_reader: Callable[[], Any], limit_s: float, timed_out: Callable[[], BaseException]
+def handed_over(
+    produce: Callable[[Callable[[Any], bool], Callable[[], bool]], None],
+    *,
+    maxsize: int,
+    name: str,
+    limit_s: float | None = None,
+    timed_out: Callable[[], BaseException] | None = None,
+    join: bool = False,
 ) -> Iterator[Any]:
-    """The chunks of the stream `open_reader()` opens (on the worker); timed_out() is raised
-    when none comes within `limit_s`. The stream is cancelled when the caller stops reading."""
-    chunks: queue.Queue = queue.Queue(maxsize=4)
-    opened: list = []
-    abandoned = threading.Event()
+    """What `produce(put, stopped)` puts from a worker thread, yielded here in order (what
+    it raises, raised here). put(item) is False and stopped() True once the caller stopped
+    reading. `limit_s`: timed_out() is raised when nothing comes within it; `join`: stopping
+    waits for the worker to end (else it ends with its last call)."""
+    items: queue.Queue = queue.Queue(maxsize=maxsize)
+    stop = threading.Event()
 
     def put(item) -> bool:
-        while not abandoned.is_set():
+        while not stop.is_set():
             try:
-                chunks.put(item, timeout=0.1)
+                items.put(item, timeout=0.1)
                 return True
             except queue.Full:
                 continue
@@ -32,23 +39,17 @@ def bounded_chunks(
 
     def work() -> None:
         try:
-            reader = open_reader()
-            opened.append(reader)
-            if abandoned.is_set():  # the caller gave up while the server was silent
-                reader.cancel()
-                return
-            for chunk in reader:
-                if not put(chunk):
-                    return
+            produce(put, stop.is_set)
             put(_END)
         except BaseException as exc:  # noqa: BLE001 - the caller raises it
             put(exc)
 
-    threading.Thread(target=work, name="pulsartxn-stream", daemon=True).start()
+    thread = threading.Thread(target=work, name=name, daemon=True)
+    thread.start()
     try:
         while True:
             try:
-                item = chunks.get(timeout=limit_s)
+                item = items.get(timeout=limit_s)
             except queue.Empty:
                 raise timed_out() from None
             if item is _END:
@@ -57,8 +58,35 @@ def bounded_chunks(
                 raise item
             yield item
     finally:
-        # Either this side or the worker sees the other's step: the reader is cancelled once.
-        abandoned.set()
+        stop.set()
+        if join:
+            thread.join()
+
+
+def bounded_chunks(
+    open_reader: Callable[[], Any], limit_s: float, timed_out: Callable[[], BaseException]
+) -> Iterator[Any]:
+    """The chunks of the stream `open_reader()` opens (on the worker); timed_out() is raised
+    when none comes within `limit_s`. The stream is cancelled when the caller stops reading."""
+    opened: list = []
+
+    def produce(put, stopped) -> None:
+        reader = open_reader()
+        opened.append(reader)
+        if stopped():  # the caller gave up while the server was silent
+            reader.cancel()
+            return
+        for chunk in reader:
+            if not put(chunk):
+                return
+
+    try:
+        yield from handed_over(
+            produce, maxsize=4, name="pulsartxn-stream", limit_s=limit_s, timed_out=timed_out
+        )
+    finally:
+        # The worker's stopped() or this side's `opened` sees the other's step: the reader is
+        # cancelled by one of them at least.
         if opened:
             opened[0].cancel()
 

@@ -7,12 +7,10 @@ later commits do not show.
 
 from __future__ import annotations
 
-import queue
-import threading
-
 import pyarrow as pa
 
 from .._native.keywords import strict
+from ..remote.bounded import handed_over
 from ._service import driver_client, executor_client, service_url_for
 
 READ_DDL = (
@@ -60,50 +58,22 @@ def scan_ahead(client, part: str, start: int, end: int, rows: int = SCAN_AHEAD_R
     """The committed batches of entries [start, end) of `part`, as Spark's Arrow types, read
     by a helper thread in calls of about `rows` messages (sized from what earlier calls
     returned) while the caller hands the previous ones to Spark."""
-    out: queue.Queue = queue.Queue(maxsize=2)
-    stop = threading.Event()
-    done = object()
 
-    def put(item) -> bool:
-        while not stop.is_set():
-            try:
-                out.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def produce(put, stopped) -> None:
+        pos, step = start, 16
+        while pos < end and not stopped():
+            hi = min(pos + step, end)
+            got = 0
+            for chunk in client.scan(part, pos, hi):
+                if chunk.num_rows:
+                    got += chunk.num_rows
+                    if not put(to_spark_arrow(chunk)):
+                        return
+            # Entries hold from one to thousands of messages: aim the next call at `rows`.
+            step = max(1, (hi - pos) * rows // got) if got else min(step * 4, 1 << 20)
+            pos = hi
 
-    def work() -> None:
-        try:
-            pos, step = start, 16
-            while pos < end and not stop.is_set():
-                hi = min(pos + step, end)
-                got = 0
-                for chunk in client.scan(part, pos, hi):
-                    if chunk.num_rows:
-                        got += chunk.num_rows
-                        if not put(to_spark_arrow(chunk)):
-                            return
-                # Entries hold from one to thousands of messages: aim the next call at `rows`.
-                step = max(1, (hi - pos) * rows // got) if got else min(step * 4, 1 << 20)
-                pos = hi
-            put(done)
-        except BaseException as exc:  # noqa: BLE001 - raised in the caller
-            put(exc)
-
-    thread = threading.Thread(target=work, name="pulsartxn-scan-ahead", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = out.get()
-            if item is done:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        thread.join()
+    yield from handed_over(produce, maxsize=2, name="pulsartxn-scan-ahead", join=True)
 
 
 def to_spark_arrow(batch):
