@@ -66,10 +66,8 @@ class Calls:
                     self._closing.wait(delay)
                 delay = min(delay * 2, 1.0)
             except flight.FlightTimedOutError:
-                if self._deadline.at is not None:
-                    raise SendTimedOut(f"broker at {self.service_url} did not answer") from None
                 name = f"admin {args.get('method')}" if action == "admin" else action
-                raise self._timed_out(name) from None
+                raise self._unanswered(name) from None
             except flight.FlightError as exc:
                 raise protocol.from_flight_error(exc) from None
 
@@ -92,6 +90,13 @@ class Calls:
         if kind == "decide":
             return self._decide_s if seconds is None else seconds
         return 0.0
+
+    def _unanswered(self, call: str) -> errors.Timeout:
+        """The error of a call the broker did not answer in time: SendTimedOut under the
+        thread's send deadline, else the operation timeout's (OperationTimedOut)."""
+        if self._deadline.at is not None:
+            return SendTimedOut(f"broker at {self.service_url} did not answer")
+        return self._timed_out(call)
 
     def _timed_out(self, call: str) -> OperationTimedOut:
         wait = self._server_wait()

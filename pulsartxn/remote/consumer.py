@@ -95,7 +95,7 @@ class RemoteConsumer(Handle):
                     try:
                         table = client._flight.do_get(flight.Ticket(ticket), options).read_all()
                     except flight.FlightTimedOutError:
-                        raise client._timed_out("batch_receive") from None
+                        raise client._unanswered("batch_receive") from None
             except flight.FlightUnavailableError as exc:
                 raise unreachable(client, exc) from None
             except flight.FlightError as exc:

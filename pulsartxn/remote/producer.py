@@ -399,12 +399,10 @@ class RemoteProducer(Handle):
             meta = reader.read()
             writer.close()
         except flight.FlightUnavailableError as exc:
-            # Not re-sent: the broker may have stored some of it (ids assigned there).
+            # Not re-sent: the broker may have stored some of it (a re-send takes new ids).
             raise unreachable(self._client, exc) from None
         except flight.FlightTimedOutError:
-            if self._client._deadline.at is None:
-                raise self._client._timed_out("send_batch") from None
-            raise SendTimedOut(f"broker at {self._client.service_url} did not answer") from None
+            raise self._client._unanswered("send_batch") from None
         except flight.FlightError as exc:
             raise protocol.from_flight_error(exc) from None
         out = json.loads(meta.to_pybytes())
