@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 from contextlib import contextmanager
 
@@ -126,3 +127,23 @@ def small_tmpfs(mnt, size: str):
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def free_ports(n: int) -> int:
+    """A port from which `n` ports in a row are free to bind on 127.0.0.1 (checked now: good
+    enough for a test)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n < 65536 and all(_bindable(base + i) for i in range(n)):
+            return base
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

@@ -5,7 +5,6 @@ of the client is left behind."""
 from __future__ import annotations
 
 import re
-import socket
 import threading
 import time
 import urllib.request
@@ -14,25 +13,7 @@ import uuid
 import pulsartxn
 from pulsartxn.cluster import LocalCluster
 from pulsartxn.errors import BrokerUnavailable
-
-
-def _free_ports(n: int) -> int:
-    """A base port with n free ports after it (checked now: good enough for a test)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n < 65536 and all(_free(base + i) for i in range(n)):
-            return base
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+from tests.helpers import free_ports
 
 
 def _sessions(url: str) -> float:
@@ -48,7 +29,7 @@ def test_close_with_a_broker_killed_is_prompt_and_releases_the_live_one(zookeepe
         zookeeper=zookeeper.address,
         root=f"t-{uuid.uuid4().hex[:8]}",
         sync=False,
-        metrics_base_port=_free_ports(2),
+        metrics_base_port=free_ports(2),
     )
     cluster.start()
     try:

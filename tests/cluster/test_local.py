@@ -18,6 +18,7 @@ import pytest
 import pulsartxn
 from pulsartxn.cluster import ClusterMetadata, LocalCluster
 from pulsartxn.errors import InvalidConfiguration, PulsarTxnError, TopicAlreadyExists
+from tests.helpers import free_ports
 
 
 def _until(check, seconds: float, what: str):
@@ -273,11 +274,7 @@ def test_each_broker_serves_its_own_metrics(local_cluster):
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from pulsartxn.cluster.local import pick_ports
-
-    base = pick_ports(1)[0]
-    while not all(_bindable_port(base + i) for i in range(2)):
-        base = pick_ports(1)[0]
+    base = free_ports(2)
     cluster = local_cluster(2, metrics_base_port=base, num_coordinators=4)
     root = cluster.zk_url.rsplit("/", 1)[1]
     client = pulsartxn.Client(cluster.service_url)
@@ -305,12 +302,3 @@ def test_each_broker_serves_its_own_metrics(local_cluster):
     assert {c for c, _ in both.values()} == {root}
     with pytest.raises(ValueError, match="metrics_base_port"):
         LocalCluster("unused", 2, metrics_base_port=65535)
-
-
-def _bindable_port(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
