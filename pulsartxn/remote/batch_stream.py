@@ -4,7 +4,7 @@ messages taking sequence ids the producer reserved (see RemoteProducer.batch_str
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -23,7 +23,23 @@ def first_sequence(seq: int) -> pa.Buffer:
     return pa.py_buffer(json.dumps({"first_sequence": seq}).encode())
 
 
-class BatchStream:
+_Stream = TypeVar("_Stream", bound="StreamContext")
+
+
+class StreamContext:
+    """``with`` a batch stream: closed when the block ends, cancelled when it raises."""
+
+    def __enter__(self: _Stream) -> _Stream:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.cancel()
+
+
+class BatchStream(StreamContext):
     """See ``RemoteProducer.batch_stream``."""
 
     def __init__(self, producer: RemoteProducer, txn) -> None:
@@ -106,15 +122,6 @@ class BatchStream:
         writer, self._writer = self._writer, None
         if writer is not None:
             drop_writer(writer)
-
-    def __enter__(self) -> BatchStream:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.cancel()
 
 
 def drop_writer(writer) -> None:

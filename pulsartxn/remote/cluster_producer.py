@@ -27,6 +27,7 @@ from ..messaging.message import MessageId
 from ..messaging.producer import check_sequence_id
 from ..messaging.send_options import check_callback
 from ..messaging.topic_name import TopicName
+from .batch_stream import StreamContext
 from .handles import RemoteTransaction
 from .placed import Placed, quietly
 from .producer import RemoteProducer
@@ -306,7 +307,7 @@ def _on_every(parts, call, caught) -> None:
         raise first
 
 
-class ClusterBatchStream:
+class ClusterBatchStream(StreamContext):
     """``batch_stream`` of a partitioned topic: each batch routed as a send_batch, onto a
     stream per partition opened at its first rows."""
 
@@ -335,15 +336,6 @@ class ClusterBatchStream:
         streams, self._streams = self._streams, {}
         for stream in streams.values():
             stream.cancel()
-
-    def __enter__(self) -> ClusterBatchStream:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.cancel()
 
 
 class _Call(threading.Thread):
