@@ -159,13 +159,10 @@ def serve(
     signal.signal(signal.SIGTERM, on_signal)
     scheme = "pulsartxn+ssl" if tls else "pulsartxn"
     if node is not None:
-        print(f"pulsartxn broker {broker.broker_id} of cluster {cluster}", flush=True)
-    print(f"pulsartxn serving {broker.data_dir} on {scheme}://{host}:{server.port}", flush=True)
+        _announce(f"pulsartxn broker {broker.broker_id} of cluster {cluster}")
+    _announce(f"pulsartxn serving {broker.data_dir} on {scheme}://{host}:{server.port}")
     if metrics is not None:
-        print(
-            f"pulsartxn metrics on http://{_url_host(metrics_host)}:{metrics.port}/metrics",
-            flush=True,
-        )
+        _announce(f"pulsartxn metrics on http://{_url_host(metrics_host)}:{metrics.port}/metrics")
     if token is None and admin_token is None:
         log.warning(
             "no token: every call is allowed to anyone who reaches %s:%s", host, server.port
@@ -185,7 +182,15 @@ def serve(
             broker.close()
             if node is not None:
                 node.close()
-        print("pulsartxn server stopped", flush=True)
+        _announce("pulsartxn server stopped")
+
+
+def _announce(line: str) -> None:
+    """A line on stdout in one write: what waits for it (LocalCluster, a supervisor) reads
+    a file that the log's lines (stderr, other threads) go to as well, and print() writes
+    the text and its newline apart when stdout is unbuffered (a log line got in between)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def stop_calls(server, grace_s: float) -> None:
