@@ -54,6 +54,7 @@ class Calls:
                 if self._closing.is_set():  # a closing client does not wait for the broker
                     raise unreachable(self, exc) from None
                 self._retries += 1
+                self._channel_lost()
                 send_by = self._deadline.at
                 if send_by is not None and send_by <= deadline:  # the send gives up first
                     left = send_by - time.monotonic()

@@ -56,8 +56,12 @@ from .options import (
 from .producer import RemoteProducer
 from .reader import RemoteReader, reader_options
 from .session import SessionGate
+from .spare import Spares
 
 __all__ = ["RemoteClient", "Shared", "parse_service_url"]
+
+# The least time between two new channels to one broker (RemoteClient._channel_lost).
+CHANNEL_RENEW_S = 0.05
 
 
 class Shared:
@@ -157,12 +161,9 @@ class RemoteClient(Calls, SessionGate):
         op_timeout_s,
     ) -> None:
         self.service_url = service_url
-        if roots is not None:
-            self._flight = flight.FlightClient(
-                f"grpc+tls://{address}", tls_root_certs=roots or None
-            )
-        else:
-            self._flight = flight.FlightClient(f"grpc://{address}")
+        self._address, self._roots = address, roots
+        self._channel_lock = threading.Lock()
+        self._flight = self._new_channel()
         headers = [(b"authorization", b"Bearer " + token.encode())] if token else []
         self._headers = headers
         self._options = flight.FlightCallOptions(headers=headers)
@@ -184,6 +185,7 @@ class RemoteClient(Calls, SessionGate):
         self._capabilities = shared.capabilities  # TxnID string -> its capability
         self._group_capabilities = shared.group_capabilities  # group label -> its capability
         self._in_cluster = False  # the broker said it is one of a cluster
+        self._spares = Spares()  # transactions begun with the last end, for the next begin
         try:
             self._hello()
         except BaseException:
@@ -195,6 +197,25 @@ class RemoteClient(Calls, SessionGate):
             target=self._keep_alive, args=(keepalive_s,), name="pulsartxn-keepalive", daemon=True
         )
         self._keepalive.start()
+
+    def _new_channel(self) -> flight.FlightClient:
+        self._channel_at = time.monotonic()
+        if self._roots is not None:
+            return flight.FlightClient(
+                f"grpc+tls://{self._address}", tls_root_certs=self._roots or None
+            )
+        return flight.FlightClient(f"grpc://{self._address}")
+
+    def _channel_lost(self) -> None:
+        """A call found the broker unreachable: the next calls go through a new channel. On
+        gRPC's older poller (server/protocol.py) a channel that failed waits out its reconnect
+        backoff, seconds after the broker is back; a new one connects at once. At most one a
+        CHANNEL_RENEW_S: the calls failing together renew it once."""
+        if self._closing.is_set() or time.monotonic() - self._channel_at < CHANNEL_RENEW_S:
+            return
+        with self._channel_lock:
+            if time.monotonic() - self._channel_at >= CHANNEL_RENEW_S:
+                self._flight = self._new_channel()  # the old one closes once no call holds it
 
     # -- calls -----------------------------------------------------------------------------
 
@@ -314,6 +335,11 @@ class RemoteClient(Calls, SessionGate):
         ``capability``; joining a group another session holds needs ``group_capability``."""
         if group_capability is None and group is not None:
             group_capability = self._group_capabilities.get(group)
+        stale: list[str] = []
+        if group is None:
+            spare, stale = self._spares.take((timeout_ms, coordinator_id), self._generation)
+            if spare is not None:
+                return RemoteTransaction(self, TxnID.parse(spare[0]), capability=spare[1])
         out = self._json(
             "new_transaction",
             {
@@ -321,6 +347,7 @@ class RemoteClient(Calls, SessionGate):
                 "coordinator_id": coordinator_id,
                 "group": group,
                 "group_capability": group_capability,
+                "drop": stale,
             },
         )
         if group is not None and out.get("group_capability"):

@@ -174,6 +174,8 @@ class _CoordinatorRoute:
     """Calls at the owner of one coordinator: what a RemoteTransaction's handle uses as its
     client (its state and its end go to the coordinator, wherever it is served)."""
 
+    _spares = None  # a cluster client's ends begin no spare transactions (remote/spare.py)
+
     def __init__(self, cluster: ClusterClient, coordinator_id: int) -> None:
         self._cluster = cluster
         self.coordinator_id = coordinator_id

@@ -94,6 +94,9 @@ class SendDeadline(threading.local):
 
 
 def unreachable(client, exc) -> Unreachable:
+    """The error of a call that found the broker unreachable; the client's next calls go
+    through a new channel."""
+    client._channel_lost()
     return Unreachable(f"broker at {client.service_url} unreachable: {exc}")
 
 
@@ -264,9 +267,13 @@ class RemoteTransaction(TransactionContext):
         retries = self._client._retries
         wait = None if timeout_ms is None else max(float(timeout_ms), 0.0) / 1000.0
         what = "commit" if commit else "abort"
+        spares = self._client._spares
+        kind = spares.wanted() if spares is not None else None
+        begin_next = None if kind is None else {"timeout_ms": kind[0], "coordinator_id": kind[1]}
+        out = None
         try:
             with self._client._wait.allow("decide", wait):
-                self._client._json(
+                out = self._client._json(
                     "end",
                     {
                         "txn": str(self.id),
@@ -276,6 +283,7 @@ class RemoteTransaction(TransactionContext):
                         "counted": self._counted,
                         "expected_acks": [[list(k), n] for k, n in self._ack_counts.items()],
                         "expected_sends": sorted(self._send_counts.items()),
+                        "next": begin_next,  # a spare transaction (remote/spare.py)
                     },
                 )
         except OperationTimedOut as exc:
@@ -293,6 +301,12 @@ class RemoteTransaction(TransactionContext):
                 raise
             if not self._settles_as(wanted):
                 raise
+        finally:
+            if spares is not None:
+                spare = None if out is None else out.get("next")
+                if spare is not None:
+                    self._client._capabilities[spare["txn"]] = spare["capability"]
+                spares.ended(kind, spare, self._client._generation)
         self._end_unknown = False
 
     def _settles_as(self, wanted: TxnState) -> bool:

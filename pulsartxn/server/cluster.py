@@ -389,6 +389,9 @@ class ClusterNode:
             results = client.do_action(flight.Action(action, frame(args)), self._options)
             out = [r.body.to_pybytes() for r in results]
         except (flight.FlightUnavailableError, flight.FlightTimedOutError) as exc:
+            with self._lock:  # the next call a new channel (RemoteClient._channel_lost)
+                if self._peers.get(address) is client:
+                    del self._peers[address]
             raise errors.BrokerUnavailable(f"broker at {address} unreachable: {exc}") from None
         except flight.FlightError as exc:
             raise protocol.from_flight_error(exc) from None

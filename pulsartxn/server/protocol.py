@@ -11,6 +11,7 @@ client.
 from __future__ import annotations
 
 import json
+import os
 import struct
 
 import numpy as np
@@ -21,6 +22,12 @@ import pyarrow.flight as flight
 from .. import errors
 from .._native import message_fields, messages_from_fields
 from ..messaging.message import Message, MessageId
+
+# gRPC's EventEngine client and listener cost a Flight call about twice the CPU of its older
+# poller (bench/RESULTS.md, "gRPC's poller"). gRPC reads this once, when its first client or
+# server starts, and every one of ours is made after this import; a value the user set stays.
+GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_listener"
+os.environ.setdefault("GRPC_EXPERIMENTS", GRPC_EXPERIMENTS)
 
 VERSION = 1
 # Admin calls served remotely (API.md, "Admin and stats").

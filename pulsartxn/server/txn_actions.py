@@ -16,25 +16,52 @@ class TxnActions:
 
     def _on_new_transaction(self, args, payload):
         s = self.sessions.get(args)
+        self._drop_spares(s, args.get("drop"))
+        self._room_for_one(s)
         label = args.get("group")
-        if len(s.txns) >= self.sessions.limits.transactions:
-            s.prune()  # those that ended through other handles or timed out go first
-            room(len(s.txns), self.sessions.limits.transactions, "open transactions")
         group_capability = None
         if label is not None:
             group_capability = self.sessions.group(
                 s, label, args.get("group_capability"), claim=True
             )
-        coordinator_id = args.get("coordinator_id")
+        out = self._begin(s, args.get("timeout_ms"), args.get("coordinator_id"), label)
+        return {**out, "group_capability": group_capability}
+
+    def _begin(self, s, timeout_ms, coordinator_id, label=None) -> dict:
+        """A new transaction of session `s`: its id and capability."""
+        self._room_for_one(s)
         if coordinator_id is None and self.cluster is not None:
             coordinator_id = self.cluster.local_coordinator()
-        txn = s.client.new_transaction(args.get("timeout_ms"), coordinator_id, label)
+        txn = s.client.new_transaction(timeout_ms, coordinator_id, label)
         s.remember(str(txn.id), txn)
         return {
             "txn": str(txn.id),
             "capability": self.sessions.capability(b"txn:" + str(txn.id).encode()),
-            "group_capability": group_capability,
         }
+
+    def _room_for_one(self, s) -> None:
+        if len(s.txns) >= self.sessions.limits.transactions:
+            s.prune()  # those that ended through other handles or timed out go first
+            room(len(s.txns), self.sessions.limits.transactions, "open transactions")
+
+    @staticmethod
+    def _drop_spares(s, drop) -> None:
+        """Abort the spare transactions the client began with an end and never handed out
+        (remote/spare.py): only the session's own, and those still open."""
+        if drop is None:
+            return
+        if not isinstance(drop, list) or not all(isinstance(t, str) for t in drop):
+            raise TypeError(f"drop must be a list of TxnID strings, not {errors.excerpt(drop)}")
+        for key in drop:
+            txn = s.txns.get(key)
+            if txn is None:
+                continue
+            try:
+                if txn.state not in FINAL:
+                    txn.abort()
+            except errors.PulsarTxnError:
+                pass  # it timed out or ended meanwhile: nothing to drop
+            s.forget(key)
 
     def _on_group_capability(self, args, payload):
         s = self.sessions.get(args)
@@ -54,6 +81,13 @@ class TxnActions:
 
     def _on_end(self, args, payload):
         s = self.sessions.get(args)
+        begin = args.get("next")  # the client's next transaction, begun after this end
+        if begin is not None and (
+            not isinstance(begin, dict) or set(begin) - {"timeout_ms", "coordinator_id"}
+        ):
+            raise TypeError(
+                f"next must name timeout_ms and coordinator_id only, not {errors.excerpt(begin)}"
+            )
         txn = self.sessions.txn(s, args["txn"], required=True, capability=args.get("capability"))
         if args.get("commit"):
             counts = None
@@ -67,7 +101,13 @@ class TxnActions:
         state = txn.state
         if state in FINAL:
             s.forget(args["txn"])
-        return {"state": state.value}
+        out = {"state": state.value}
+        if begin is not None:  # a spare (remote/spare.py)
+            try:
+                out["next"] = self._begin(s, begin.get("timeout_ms"), begin.get("coordinator_id"))
+            except (errors.PulsarTxnError, TypeError, ValueError):
+                pass  # the client begins it with a call of its own
+        return out
 
     def _on_commit_all(self, args, payload):
         s = self.sessions.get(args)

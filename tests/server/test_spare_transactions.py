@@ -1,0 +1,142 @@
+"""Spare transactions (remote/spare.py): a remote client running transactions in a loop has
+each end begin its next transaction, so new_transaction() makes no call; a spare is handed
+out only soon after its end and only for the same kind, a stale one is aborted by the next
+begin, one never handed out is aborted when the client closes, a restarted broker's is
+forgotten, and a bad request is refused with nothing ended or begun."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import pulsartxn
+from pulsartxn.remote import spare
+from pulsartxn.txn.state import TxnState
+from tests.helpers import scanned
+
+
+def open_ids(client) -> set[str]:
+    return {row["txn_id"] for row in client.admin.slow_transactions(0) if row["state"] == "OPEN"}
+
+
+def a_spare(client, producer, **kind) -> str:
+    """Run two transactions back to back (a loop), then return the spare the second one's end
+    began: the one transaction open once it has ended."""
+    client.new_transaction(**kind).commit()
+    t = client.new_transaction(**kind)
+    producer.send(b"loop", txn=t)
+    t.commit()
+    (held,) = open_ids(client)
+    return held
+
+
+@pytest.fixture
+def wide(monkeypatch):
+    """A spare window no busy test machine misses."""
+    monkeypatch.setattr(spare, "SPARE_WITHIN_S", 5.0)
+
+
+def test_a_loop_takes_each_transaction_begun_by_the_last_end(server, wide):
+    s = server()
+    with pulsartxn.Client(s.url) as c:
+        p = c.create_producer("loop")
+        held = a_spare(c, p)
+        t = c.new_transaction()
+        assert str(t.id) == held  # begun before new_transaction was called: no call of its own
+        p.send(b"next", txn=t)
+        t.commit()
+        again = open_ids(c)  # the loop goes on: this end began the next one
+        assert len(again) == 1 and again != {held}
+        assert c.new_transaction().id != t.id
+        assert scanned(c, "loop") == [b"loop", b"next"]
+
+
+def test_a_spare_is_only_for_a_transaction_of_its_kind(server, wide):
+    s = server()
+    with pulsartxn.Client(s.url) as c:
+        p = c.create_producer("kind")
+        held = a_spare(c, p)
+        other = c.new_transaction(timeout_ms=20_000)
+        grouped = c.new_transaction(group="g")
+        assert held not in {str(other.id), str(grouped.id)}
+        assert str(c.new_transaction().id) == held  # kept for one of its kind
+        meta = c.admin.transaction_metadata(other.id)
+        assert meta["timeout_ms"] == 20_000 and meta["state"] == "OPEN"
+
+
+def test_a_stale_spare_is_aborted_by_the_next_begin(server, monkeypatch):
+    s = server()
+    monkeypatch.setattr(spare, "SPARE_WITHIN_S", 0.3)
+    with pulsartxn.Client(s.url) as c:
+        p = c.create_producer("stale")
+        held = a_spare(c, p)
+        time.sleep(0.4)
+        t = c.new_transaction()
+        assert str(t.id) != held
+        assert c.admin.transaction_metadata(held)["state"] == TxnState.ABORTED.value
+        assert open_ids(c) == {str(t.id)}  # and no spare: the loop was broken
+        p.send(b"late", txn=t)
+        t.commit()
+        assert scanned(c, "stale") == [b"loop", b"late"]
+
+
+def test_a_spare_never_taken_is_aborted_when_its_client_closes(server, wide):
+    s = server()
+    with pulsartxn.Client(s.url) as admin:
+        c = pulsartxn.Client(s.url)
+        held = a_spare(c, c.create_producer("closed"))
+        c.close()
+        assert admin.admin.transaction_metadata(held)["state"] == TxnState.ABORTED.value
+
+
+def test_after_a_broker_restart_a_loop_begins_afresh(server):
+    s = server()
+    c = pulsartxn.Client(s.url, reconnect_timeout_s=30)
+    try:
+        p = c.create_producer("restart")
+        a_spare(c, p)
+        s.kill9()
+        s.start()
+        t = c.new_transaction()
+        p.send(b"after", txn=t)
+        t.commit()
+        assert scanned(c, "restart") == [b"loop", b"after"]
+    finally:
+        c.close()
+
+
+def test_a_bad_next_or_drop_is_refused_and_ends_or_begins_nothing(server):
+    s = server()
+    with pulsartxn.Client(s.url) as c:
+        t = c.new_transaction()
+        end = {"txn": str(t.id), "capability": t.capability, "commit": True}
+        for bad in ({"timeout_ms": None, "coordinator": 0}, [1, 2], "soon"):
+            with pytest.raises(TypeError, match="next must name"):
+                c._json("end", {**end, "next": bad})
+        assert t.state is TxnState.OPEN
+        for bad in ("x", [1], {"a": 1}):
+            with pytest.raises(TypeError, match="drop must be"):
+                c._json("new_transaction", {"drop": bad})
+        assert open_ids(c) == {str(t.id)}
+        t.commit()
+        assert t.state is TxnState.COMMITTED
+
+
+def test_a_spare_is_handed_out_once_across_threads(server, wide):
+    s = server()
+    with pulsartxn.Client(s.url) as c:
+        held = a_spare(c, c.create_producer("threads"))
+        got, start = [], threading.Barrier(4)
+
+        def take():
+            start.wait()
+            got.append(str(c.new_transaction().id))
+
+        threads = [threading.Thread(target=take) for _ in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert len(set(got)) == 4 and held in got  # the others begun by calls
