@@ -355,6 +355,12 @@ class RemoteClient(Calls, SessionGate):
         self._capabilities[out["txn"]] = out["capability"]
         return RemoteTransaction(self, TxnID.parse(out["txn"]), capability=out["capability"])
 
+    def _ended(self, kind: tuple | None, spare: dict | None) -> None:
+        """An end of a transaction returned, with the spare it began (remote/spare.py)."""
+        if spare is not None:
+            self._capabilities[spare["txn"]] = spare["capability"]
+        self._spares.ended(kind, spare, self._generation)
+
     def group_capability(self, group: str, capability: str | None = None) -> str:
         """The secret that lets a session decide group `group` (``commit_group``,
         ``abort_group``) and open transactions in it once others have: this session's if it

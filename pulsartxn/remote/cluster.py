@@ -57,6 +57,7 @@ from .options import (
     tls_roots,
 )
 from .reader import reader_options
+from .spare import Spares
 
 __all__ = ["ClusterAdmin", "ClusterClient", "connect"]
 
@@ -85,7 +86,6 @@ def connect(
         )
         if not client._in_cluster:
             return client
-        client._address = hosts[0]
         client._reconnect_s = min(reconnect_timeout_s, CONNECTION_RETRY_S)
         shared = Shared()
         shared.session = client._session
@@ -113,7 +113,6 @@ def connect(
                     shared,
                     op_timeout_s,
                 )
-                client._address = address
                 break
             except (Unreachable, OperationTimedOut) as exc:  # the next one may answer
                 last = exc
@@ -170,6 +169,7 @@ class ClusterClient(ClusterRouting):
         self._closing = False  # close() under way: nothing waits for a broker that is down
         self._retry_count = 0  # calls re-sent after a broker was down or not the owner
         self._round_robin = itertools.count()
+        self._spares = Spares()  # transactions begun with the last end, for the next begin
         self._objects: weakref.WeakSet = weakref.WeakSet()  # closed with the client
         try:
             info = first._json("cluster_info", {})
@@ -303,6 +303,14 @@ class ClusterClient(ClusterRouting):
         """A transaction of this session, on coordinator `coordinator_id`, else the group's
         (all of a group's transactions live on one coordinator), else the next in turn."""
         self._check_open()
+        if group is None:
+            spare, stale = self._spares.take((timeout_ms, coordinator_id), 0)
+            for key in stale:
+                self._drop_spare(key)
+            if spare is not None:
+                txn_id = TxnID.parse(spare[0])
+                route = self._coordinator(txn_id.coordinator_id)
+                return RemoteTransaction(route, txn_id, capability=spare[1])
         if coordinator_id is None:
             if group is not None:
                 coordinator_id = self._group_coordinator(group)
@@ -324,6 +332,25 @@ class ClusterClient(ClusterRouting):
             self._shared.group_capabilities[group] = out["group_capability"]
         self._shared.capabilities[out["txn"]] = out["capability"]
         return RemoteTransaction(route, TxnID.parse(out["txn"]), capability=out["capability"])
+
+    def _ended(self, kind: tuple | None, spare: dict | None) -> None:
+        """An end returned, with the spare it began at its coordinator's broker (one on that
+        broker: the next transaction's coordinator is the broker's own, not the next in turn;
+        the client's sessions at every broker are one, so a restarted broker's is kept, and
+        found unknown at its first use, as a begin made just before the restart)."""
+        if spare is not None:
+            self._shared.capabilities[spare["txn"]] = spare["capability"]
+        self._spares.ended(kind, spare, 0)
+
+    def _drop_spare(self, key: str) -> None:
+        """Abort a spare not taken in time, at its coordinator's owner (there is no begin
+        there to name it in)."""
+        route = self._coordinator(TxnID.parse(key).coordinator_id)
+        try:
+            args = {"txn": key, "capability": self._capability_of(key), "commit": False}
+            route._json("end", args)
+        except errors.PulsarTxnError:
+            pass  # it timed out, or its broker is away: its session's end aborts it
 
     def group_capability(self, group: str, capability: str | None = None) -> str:
         """As RemoteClient.group_capability, at the group's coordinator."""

@@ -174,11 +174,16 @@ class _CoordinatorRoute:
     """Calls at the owner of one coordinator: what a RemoteTransaction's handle uses as its
     client (its state and its end go to the coordinator, wherever it is served)."""
 
-    _spares = None  # a cluster client's ends begin no spare transactions (remote/spare.py)
-
     def __init__(self, cluster: ClusterClient, coordinator_id: int) -> None:
         self._cluster = cluster
         self.coordinator_id = coordinator_id
+
+    @property
+    def _spares(self):
+        return self._cluster._spares
+
+    def _ended(self, kind, spare) -> None:
+        self._cluster._ended(kind, spare)
 
     @property
     def _retries(self) -> int:

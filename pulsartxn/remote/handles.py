@@ -303,10 +303,7 @@ class RemoteTransaction(TransactionContext):
                 raise
         finally:
             if spares is not None:
-                spare = None if out is None else out.get("next")
-                if spare is not None:
-                    self._client._capabilities[spare["txn"]] = spare["capability"]
-                spares.ended(kind, spare, self._client._generation)
+                self._client._ended(kind, None if out is None else out.get("next"))
         self._end_unknown = False
 
     def _settles_as(self, wanted: TxnState) -> bool:

@@ -5,9 +5,9 @@ so that its new_transaction() makes no call of its own, as Kafka's beginTransact
 A spare is handed out only within SPARE_WITHIN_S of the end that began it (its timeout runs
 from that begin, so it starts at most that much early) and only for a new_transaction of the
 same kind (timeout and coordinator asked for). One gone stale is aborted by the next begin
-(named in that call); one never handed out is aborted with its session, when the client
-closes or its session expires; one of a session opened again (a restarted broker) is
-forgotten, as that broker forgot it."""
+(named in that call; a cluster client aborts it at its coordinator); one never handed out is
+aborted with its session, when the client closes or its session expires; one of a session
+opened again (a restarted broker) is forgotten, as that broker forgot it."""
 
 from __future__ import annotations
 

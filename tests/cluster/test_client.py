@@ -16,9 +16,11 @@ import pytest
 
 import pulsartxn
 from pulsartxn import errors
+from pulsartxn._native import TxnID
 from pulsartxn.cluster import LocalCluster
 from pulsartxn.messaging.consumer import ConsumerType
-from pulsartxn.remote import ClusterClient
+from pulsartxn.remote import ClusterClient, spare
+from tests.helpers import scanned
 
 PARTITIONS = 6
 
@@ -539,3 +541,33 @@ def test_a_transaction_outlives_its_participants_and_coordinators_restarts(clust
     values = Counter(v for b in client.scan(topic) for v in b.column("value").to_pylist())
     assert values[b"again-" + keys[0].encode()] == 1 and sum(values.values()) == 18
     producer.close()
+
+
+def test_a_loop_of_transactions_takes_spares_across_brokers(cluster, client, monkeypatch):
+    """Each end begins the loop's next transaction at its coordinator's broker (remote/spare.py);
+    a spare not taken in time is aborted at its own coordinator, wherever the next begin goes."""
+    monkeypatch.setattr(spare, "SPARE_WITHIN_S", 5.0)
+    topic = _topic(client)
+    keys = _keys_per_partition(client, topic)
+    producer = client.create_producer(topic)
+    client.new_transaction().commit()
+    ids = []
+    for k in keys:  # every partition, so the loop's ends are at several brokers' coordinators
+        t = client.new_transaction()
+        ids.append(t.id)
+        producer.send(k.encode(), partition_key=k, txn=t)
+        t.commit()
+    assert all(later != earlier for earlier, later in zip(ids, ids[1:]))
+    views = client.admin.cluster_transactions()
+    (held,) = [v["txn_id"] for v in views if v["state"] == "OPEN"]  # the next one, begun
+    taken = client.new_transaction()
+    assert str(taken.id) == held
+    monkeypatch.setattr(spare, "SPARE_WITHIN_S", 0.3)
+    taken.commit()  # begins a spare: the loop goes on
+    (stale,) = [v["txn_id"] for v in client.admin.cluster_transactions() if v["state"] == "OPEN"]
+    time.sleep(0.4)
+    fresh = client.new_transaction(coordinator_id=(TxnID.parse(stale).coordinator_id + 1) % 6)
+    assert str(fresh.id) != stale
+    assert client.transaction(stale).state is pulsartxn.TxnState.ABORTED
+    fresh.abort()
+    assert sorted(scanned(client, topic)) == sorted(k.encode() for k in keys)
