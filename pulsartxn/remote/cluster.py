@@ -61,6 +61,9 @@ from .spare import Spares
 
 __all__ = ["ClusterAdmin", "ClusterClient", "connect"]
 
+# The longest a new_transaction waits to abort a stale spare elsewhere (_drop_spare).
+DROP_SPARE_S = 1.0
+
 
 def connect(
     service_url: str,
@@ -344,13 +347,15 @@ class ClusterClient(ClusterRouting):
 
     def _drop_spare(self, key: str) -> None:
         """Abort a spare not taken in time, at its coordinator's owner (there is no begin
-        there to name it in)."""
+        there to name it in), waiting DROP_SPARE_S at most: if that broker is away, its own
+        timeout ends it, and the begin that follows does not wait for the broker."""
         route = self._coordinator(TxnID.parse(key).coordinator_id)
+        args = {"txn": key, "capability": self._capability_of(key), "commit": False}
         try:
-            args = {"txn": key, "capability": self._capability_of(key), "commit": False}
-            route._json("end", args)
+            with self._deadline.until(time.monotonic() + DROP_SPARE_S):
+                route._json("end", args)
         except errors.PulsarTxnError:
-            pass  # it timed out, or its broker is away: its session's end aborts it
+            pass  # it ended already, or its broker does not answer in time
 
     def group_capability(self, group: str, capability: str | None = None) -> str:
         """As RemoteClient.group_capability, at the group's coordinator."""

@@ -267,8 +267,7 @@ class RemoteTransaction(TransactionContext):
         retries = self._client._retries
         wait = None if timeout_ms is None else max(float(timeout_ms), 0.0) / 1000.0
         what = "commit" if commit else "abort"
-        spares = self._client._spares
-        kind = spares.wanted() if spares is not None else None
+        kind = self._client._spares.wanted()
         begin_next = None if kind is None else {"timeout_ms": kind[0], "coordinator_id": kind[1]}
         out = None
         try:
@@ -302,8 +301,7 @@ class RemoteTransaction(TransactionContext):
             if not self._settles_as(wanted):
                 raise
         finally:
-            if spares is not None:
-                self._client._ended(kind, None if out is None else out.get("next"))
+            self._client._ended(kind, None if out is None else out.get("next"))
         self._end_unknown = False
 
     def _settles_as(self, wanted: TxnState) -> bool:
