@@ -6,6 +6,7 @@ lost it), and the keep-alive."""
 from __future__ import annotations
 
 import time
+import uuid
 
 import pyarrow.flight as flight
 
@@ -71,6 +72,29 @@ class Calls:
                 raise self._unanswered(name) from None
             except flight.FlightError as exc:
                 raise protocol.from_flight_error(exc) from None
+
+    def _create(self, action: str, args: dict) -> dict:
+        """A create of a producer, consumer or reader, named by an id of its own. One the
+        broker did not answer in time may still be made once it gets on (a create held up in
+        the broker), holding its place (an Exclusive subscription, a producer's name) for as
+        long as the session lives: its id is cancelled with this client's next calls (a
+        create, the keep-alive), and the broker closes what it made, or never makes it."""
+        create_id = uuid.uuid4().hex
+        cancel = self._cancels[: protocol.MAX_CANCELS]
+        try:
+            out = self._raw(action, {**args, "create_id": create_id, "cancel": cancel})
+        except errors.Timeout:
+            with self._cancels_lock:
+                self._cancels.append(create_id)
+            raise
+        self._cancelled(cancel)
+        return unframe(out[0], 1 << 62)[0]
+
+    def _cancelled(self, sent: list[str]) -> None:
+        """The broker took these cancels (a call that carried them was answered)."""
+        if sent:
+            with self._cancels_lock:
+                self._cancels = [c for c in self._cancels if c not in sent]
 
     def _call_options(self) -> flight.FlightCallOptions:
         """A call's options: with the time left to the thread's send deadline, if any, else
@@ -138,7 +162,9 @@ class Calls:
                 # Bounded, so a paused broker holds neither this thread nor a reopen for ever.
                 with self._deadline.until(time.monotonic() + CLOSE_TIMEOUT_S):
                     try:
-                        self._raw("keepalive", {})
+                        cancel = self._cancels[: protocol.MAX_CANCELS]
+                        self._raw("keepalive", {"cancel": cancel})
+                        self._cancelled(cancel)
                     except SessionLost:
                         self._reopen(seen)
             except errors.PulsarTxnError:

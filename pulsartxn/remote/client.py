@@ -176,6 +176,8 @@ class RemoteClient(Calls, SessionGate):
         self._max_wait_s = SERVER_MAX_WAIT_MS / 1000.0
         self._decide_s = SERVER_OPERATION_TIMEOUT_MS / 1000.0
         self._retries = 0  # calls re-sent after the broker was unreachable
+        self._cancels: list[str] = []  # creates not answered in time, to cancel (Calls._create)
+        self._cancels_lock = threading.Lock()
         self._reconnect_s = reconnect_timeout_s
         self._closed = False
         self._closing = threading.Event()  # calls to the broker are no longer retried

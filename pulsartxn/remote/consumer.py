@@ -12,7 +12,7 @@ from ..messaging.message import Message, MessageId
 from ..messaging.positions import check_position
 from ..messaging.topic_name import TopicName
 from ..server import protocol
-from ..server.protocol import SessionLost, frame, unframe
+from ..server.protocol import SessionLost, frame
 from .handles import (
     Handle,
     OperationTimedOut,
@@ -37,11 +37,10 @@ class RemoteConsumer(Handle):
         self._ensure()
 
     def _create(self) -> int:
-        out = self._client._raw(
+        info = self._client._create(
             "subscribe",
             {"topic": self._topic, "subscription": self._subscription, "options": self._options},
         )
-        info = unframe(out[0], 1 << 62)[0]
         # A reconnect subscribes again under the same name.
         self._options = {**self._options, "consumer_name": info["name"]}
         return info["handle"]

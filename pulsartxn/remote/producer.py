@@ -26,7 +26,7 @@ from ..messaging.producer import check_sequence_id
 from ..messaging.send_options import check_callback, with_callback
 from ..messaging.topic_name import TopicName
 from ..server import protocol
-from ..server.protocol import frame, unframe
+from ..server.protocol import frame
 from .batch_stream import BatchStream, first_sequence
 from .handles import (
     CLOSE_TIMEOUT_S,
@@ -72,8 +72,7 @@ class RemoteProducer(Handle):
         opts = dict(self._options)
         if self.name is not None:
             opts["producer_name"] = self.name
-        out = self._client._raw("create_producer", {"topic": self._topic, "options": opts})
-        info = unframe(out[0], 1 << 62)[0]
+        info = self._client._create("create_producer", {"topic": self._topic, "options": opts})
         self.name = info["name"]
         with self._seq_lock:
             self._last_sequence = max(self._last_sequence, info["last_sequence"])

@@ -16,7 +16,6 @@ from ..messaging.message import Message, MessageId
 from ..messaging.reader import check_reader_args
 from ..messaging.topic_name import check_keyed_name
 from ..server import protocol
-from ..server.protocol import unframe
 from .handles import Handle
 
 
@@ -83,8 +82,7 @@ class RemoteReader(Handle):
             args["start"] = start.serialize().hex()
         else:
             args["start_time"] = start
-        out = self._client._raw("create_reader", args)
-        info = unframe(out[0], 1 << 62)[0]
+        info = self._client._create("create_reader", args)
         self._options = {**self._options, "reader_name": info["name"]}
         self._full_topic = info["topic"]
         return info["handle"]

@@ -30,6 +30,8 @@ GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_listener"
 os.environ.setdefault("GRPC_EXPERIMENTS", GRPC_EXPERIMENTS)
 
 VERSION = 1
+# The most creates one call cancels (Calls._create, Session.cancel).
+MAX_CANCELS = 64
 # Admin calls served remotely (API.md, "Admin and stats").
 ADMIN_METHODS = (
     "topic_stats",

@@ -12,7 +12,7 @@ from ..messaging.consumer import Isolation, check_count
 from ..messaging.message import MessageId
 from ..messaging.topic_name import check_keyed_name
 from . import protocol
-from .sessions import room
+from .sessions import create_id, room
 from .streams import capped_wait
 
 
@@ -74,6 +74,7 @@ class ReaderActions:
                 Isolation[isolation],
                 resume,
             ),
+            create_id(args),
         )
         return {"handle": handle, "name": r.reader_name(), "topic": r.topic()}
 

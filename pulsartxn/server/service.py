@@ -24,7 +24,16 @@ from ..messaging.message import MessageId
 from . import protocol
 from .protocol import SessionLost, frame, jsonable, unframe
 from .readers import ReaderActions, id_fields
-from .sessions import ADMIN, MAX_SESSIONS, AuthFactory, Session, SessionLimits, Sessions, room
+from .sessions import (
+    ADMIN,
+    MAX_SESSIONS,
+    AuthFactory,
+    Session,
+    SessionLimits,
+    Sessions,
+    create_id,
+    room,
+)
 from .streams import Streams, capped_wait
 from .txn_actions import TxnActions
 
@@ -213,7 +222,12 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
         self._serve_topic(args["topic"])
         opts = protocol.options(args, _PRODUCER_OPTIONS)
         handle = next(self._handles)
-        p = s.keep(s.producers, handle, lambda: s.client.create_producer(args["topic"], **opts))
+        p = s.keep(
+            s.producers,
+            handle,
+            lambda: s.client.create_producer(args["topic"], **opts),
+            create_id(args),
+        )
         return {"handle": handle, "name": p.producer_name(), "last_sequence": p.last_sequence_id()}
 
     def _producer(self, s: Session, args):
@@ -300,6 +314,7 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
             s.consumers,
             handle,
             lambda: s.client.subscribe(args["topic"], args["subscription"], **opts),
+            create_id(args),
         )
         return {"handle": handle, "name": c.consumer_name()}
 

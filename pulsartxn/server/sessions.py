@@ -17,6 +17,7 @@ import logging
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -26,7 +27,7 @@ import pyarrow.flight as flight
 from .. import errors
 from ..txn.log import IN_PROCESS
 from ..txn.state import FINAL
-from .protocol import SessionLost
+from .protocol import MAX_CANCELS, SessionLost
 
 T = TypeVar("T")
 
@@ -37,6 +38,11 @@ MAX_SESSIONS = 4096  # clients connected at once (each may hold SessionLimits)
 # what was left after the last pruning).
 _PRUNE_TXNS_AT = 1024
 CAPABILITY_KEY = b"server/capability-key"
+# Creates of handles a session remembers by their id, for a cancel from its client (the last
+# ones only: a cancel comes with the client's next calls); and how long a cancel waits for a
+# create of it still under way.
+_CREATES_KEPT = 1024
+_CANCEL_WAIT_S = 10.0
 ADMIN, CLIENT = "admin", "client"
 
 
@@ -49,6 +55,14 @@ class SessionLimits:
     producers: int = 1024
     transactions: int = 10_000  # open transactions it opened or holds
     waiting_receives: int = 256  # receives parked on the server, each holding a thread
+
+
+def create_id(args: dict) -> str | None:
+    """The client's id of a create call (Session.keep), if it names one."""
+    value = args.get("create_id")
+    if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 64):
+        raise TypeError(f"create_id must be a str of 1-64 characters, not {errors.excerpt(value)}")
+    return value
 
 
 def room(count: int, limit: int, what: str) -> None:
@@ -71,6 +85,9 @@ class Session:
         self.last_seen = time.monotonic()
         self.lock = threading.Lock()
         self.closed = False  # nothing is kept once set (under the lock)
+        # create id -> (table, handle) it made, or None: cancelled (a late create is refused)
+        self._creates: OrderedDict[str, tuple[dict, int] | None] = OrderedDict()
+        self._making: dict[str, threading.Event] = {}  # creates under way, by id
 
     def remember(self, key: str, txn) -> None:
         """Keep the handle of a transaction this session uses (its acks and pending sends are
@@ -93,22 +110,78 @@ class Session:
         with self.lock:
             self.txns.pop(key, None)
 
-    def keep(self, table: dict, handle: int, make: Callable[[], T]) -> T:
+    def keep(
+        self, table: dict, handle: int, make: Callable[[], T], create_id: str | None = None
+    ) -> T:
         """Make a producer, consumer or reader of this session and keep it in `table` under
         `handle`. One made while the session is being closed is closed again: SessionLost,
-        so its client makes it anew (else it would outlive its session, holding its place)."""
+        so its client makes it anew (else it would outlive its session, holding its place).
+        `create_id`: the client's name for this create, which it cancels if it gave up waiting
+        for the answer; a create cancelled before or while it is made keeps nothing."""
+        if create_id is not None:
+            with self.lock:
+                if create_id in self._creates:
+                    raise errors.PulsarTxnError(f"create {errors.excerpt(create_id)} was cancelled")
+                done = self._making[create_id] = threading.Event()
         try:
-            made = make()
-        except errors.AlreadyClosed:
-            if self.closed:
-                raise SessionLost("the session was closed") from None
-            raise
-        with self.lock:
-            if not self.closed:
-                table[handle] = made
-                return made
-        made.close()
-        raise SessionLost("the session was closed")
+            try:
+                made = make()
+            except errors.AlreadyClosed:
+                if self.closed:
+                    raise SessionLost("the session was closed") from None
+                raise
+            with self.lock:
+                cancelled = create_id is not None and create_id in self._creates
+                if not self.closed and not cancelled:
+                    table[handle] = made
+                    if create_id is not None:
+                        self._remember_create(create_id, (table, handle))
+                    return made
+            made.close()
+            if cancelled:  # nobody waits for this answer: its client gave up on it
+                raise errors.PulsarTxnError(f"create {errors.excerpt(create_id)} was cancelled")
+            raise SessionLost("the session was closed")
+        finally:
+            if create_id is not None:
+                with self.lock:
+                    self._making.pop(create_id, None)
+                done.set()
+
+    def cancel(self, create_ids) -> None:
+        """The client gave up on these creates (not answered in time): what they made is
+        closed, and one not yet made never will be (a create under way is waited for)."""
+        if (
+            not isinstance(create_ids, list)
+            or len(create_ids) > MAX_CANCELS
+            or not all(isinstance(c, str) for c in create_ids)
+        ):
+            raise TypeError(
+                f"cancel must be a list of at most {MAX_CANCELS} create ids (str), not "
+                f"{errors.excerpt(create_ids)}"
+            )
+        for create_id in create_ids:
+            with self.lock:
+                under_way = self._making.get(create_id)
+            if under_way is not None:
+                under_way.wait(_CANCEL_WAIT_S)
+            made = None
+            with self.lock:
+                kept = self._creates.get(create_id)
+                if kept is not None:
+                    table, handle = kept
+                    made = table.pop(handle, None)
+                self._remember_create(create_id, None)
+            if made is not None:
+                try:
+                    made.close()
+                except errors.PulsarTxnError:
+                    pass
+
+    def _remember_create(self, create_id: str, kept) -> None:
+        self._creates[create_id] = kept
+        self._creates.move_to_end(create_id)
+        while len(self._creates) > _CREATES_KEPT:
+            self._creates.popitem(last=False)
 
     def close(self) -> None:
         with self.lock:
@@ -211,6 +284,8 @@ class Sessions:
         if s is None:
             raise SessionLost(f"unknown session {errors.excerpt(sid)}")
         s.last_seen = time.monotonic()
+        if args.get("cancel"):  # creates its client gave up on (Session.cancel)
+            s.cancel(args["cancel"])
         return s
 
     def count(self) -> int:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 import pulsartxn
 from pulsartxn import errors
 from pulsartxn.server import sessions
@@ -120,3 +122,23 @@ def test_a_session_opened_again_while_it_is_closed_waits_for_its_consumers_to_go
         closer.join()
         _stop(broker, server, client)
     assert [e for e in busy if e is not None] == []
+
+
+def test_a_create_cancelled_first_is_never_made_and_bad_cancels_are_refused(server):
+    """Calls._create's cancels on the wire: a create whose id was cancelled before it arrived
+    makes nothing; a malformed cancel or create id is a TypeError and changes nothing."""
+    s = server()
+    with pulsartxn.Client(s.url) as c:
+        c._raw("keepalive", {"cancel": ["early"]})
+        create = {"topic": "cancelled", "subscription": "s", "options": {}}
+        with pytest.raises(errors.PulsarTxnError, match="was cancelled"):
+            c._raw("subscribe", {**create, "create_id": "early"})
+        for bad in ("early", [1], ["a"] * 65):
+            with pytest.raises(TypeError, match="cancel"):
+                c._raw("keepalive", {"cancel": bad})
+        for bad in (1, "", "x" * 65):
+            with pytest.raises(TypeError, match="create_id"):
+                c._raw("subscribe", {**create, "create_id": bad})
+        consumer = c.subscribe("cancelled", "s")  # Exclusive: nothing above holds it
+        assert c.admin.topic_stats("cancelled")["subscriptions"]["s"]["consumers"] == 1
+        consumer.close()
