@@ -117,13 +117,23 @@ class Session:
         `handle`. One made while the session is being closed is closed again: SessionLost,
         so its client makes it anew (else it would outlive its session, holding its place).
         `create_id`: the client's name for this create, which it cancels if it gave up waiting
-        for the answer; a create cancelled before or while it is made keeps nothing."""
+        for the answer; a create cancelled before or while it is made keeps nothing. The same
+        create sent again (its answer was lost with the connection) replaces what it made."""
+        earlier = None
         if create_id is not None:
             with self.lock:
                 if create_id in self._creates:
-                    raise errors.PulsarTxnError(f"create {errors.excerpt(create_id)} was cancelled")
+                    kept = self._creates.pop(create_id)
+                    if kept is None:
+                        raise errors.PulsarTxnError(
+                            f"create {errors.excerpt(create_id)} was cancelled"
+                        )
+                    earlier = kept[0].pop(kept[1], None)
                 done = self._making[create_id] = threading.Event()
         try:
+            if earlier is not None:
+                with contextlib.suppress(errors.PulsarTxnError):
+                    earlier.close()
             try:
                 made = make()
             except errors.AlreadyClosed:
@@ -172,10 +182,8 @@ class Session:
                     made = table.pop(handle, None)
                 self._remember_create(create_id, None)
             if made is not None:
-                try:
+                with contextlib.suppress(errors.PulsarTxnError):
                     made.close()
-                except errors.PulsarTxnError:
-                    pass
 
     def _remember_create(self, create_id: str, kept) -> None:
         self._creates[create_id] = kept

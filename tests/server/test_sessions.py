@@ -126,7 +126,8 @@ def test_a_session_opened_again_while_it_is_closed_waits_for_its_consumers_to_go
 
 def test_a_create_cancelled_first_is_never_made_and_bad_cancels_are_refused(server):
     """Calls._create's cancels on the wire: a create whose id was cancelled before it arrived
-    makes nothing; a malformed cancel or create id is a TypeError and changes nothing."""
+    makes nothing; a malformed cancel or create id is a TypeError and changes nothing; a
+    create sent again replaces what it made."""
     s = server()
     with pulsartxn.Client(s.url) as c:
         c._raw("keepalive", {"cancel": ["early"]})
@@ -142,3 +143,7 @@ def test_a_create_cancelled_first_is_never_made_and_bad_cancels_are_refused(serv
         consumer = c.subscribe("cancelled", "s")  # Exclusive: nothing above holds it
         assert c.admin.topic_stats("cancelled")["subscriptions"]["s"]["consumers"] == 1
         consumer.close()
+        # The same create sent twice (a retry after a lost answer) replaces what it made.
+        for _ in range(2):
+            c._raw("subscribe", {**create, "create_id": "twice"})
+        assert c.admin.topic_stats("cancelled")["subscriptions"]["s"]["consumers"] == 1
