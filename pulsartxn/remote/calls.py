@@ -80,21 +80,23 @@ class Calls:
         long as the session lives: its id is cancelled with this client's next calls (a
         create, the keep-alive), and the broker closes what it made, or never makes it."""
         create_id = uuid.uuid4().hex
-        cancel = self._cancels[: protocol.MAX_CANCELS]
         try:
-            out = self._raw(action, {**args, "create_id": create_id, "cancel": cancel})
+            out = self._raw_cancelling(action, {**args, "create_id": create_id})
         except errors.Timeout:
             with self._cancels_lock:
                 self._cancels.append(create_id)
             raise
-        self._cancelled(cancel)
         return unframe(out[0], 1 << 62)[0]
 
-    def _cancelled(self, sent: list[str]) -> None:
-        """The broker took these cancels (a call that carried them was answered)."""
-        if sent:
+    def _raw_cancelling(self, action: str, args: dict) -> list[bytes]:
+        """_raw, carrying the creates to cancel (at most MAX_CANCELS); the broker has taken
+        them once the call is answered."""
+        cancel = self._cancels[: protocol.MAX_CANCELS]
+        out = self._raw(action, {**args, "cancel": cancel})
+        if cancel:
             with self._cancels_lock:
-                self._cancels = [c for c in self._cancels if c not in sent]
+                self._cancels = [c for c in self._cancels if c not in cancel]
+        return out
 
     def _call_options(self) -> flight.FlightCallOptions:
         """A call's options: with the time left to the thread's send deadline, if any, else
@@ -162,9 +164,7 @@ class Calls:
                 # Bounded, so a paused broker holds neither this thread nor a reopen for ever.
                 with self._deadline.until(time.monotonic() + CLOSE_TIMEOUT_S):
                     try:
-                        cancel = self._cancels[: protocol.MAX_CANCELS]
-                        self._raw("keepalive", {"cancel": cancel})
-                        self._cancelled(cancel)
+                        self._raw_cancelling("keepalive", {})
                     except SessionLost:
                         self._reopen(seen)
             except errors.PulsarTxnError:

@@ -219,8 +219,6 @@ class RemoteClient(Calls, SessionGate):
             if time.monotonic() - self._channel_at >= CHANNEL_RENEW_S:
                 self._flight = self._new_channel()  # the old one closes once no call holds it
 
-    # -- calls -----------------------------------------------------------------------------
-
     # -- API.md ----------------------------------------------------------------------------
 
     def create_producer(

@@ -28,8 +28,7 @@ class TxnActions:
         return {**out, "group_capability": group_capability}
 
     def _begin(self, s, timeout_ms, coordinator_id, label=None) -> dict:
-        """A new transaction of session `s`: its id and capability."""
-        self._room_for_one(s)
+        """A new transaction of session `s` (its room checked): its id and capability."""
         if coordinator_id is None and self.cluster is not None:
             coordinator_id = self.cluster.local_coordinator()
         txn = s.client.new_transaction(timeout_ms, coordinator_id, label)
@@ -104,6 +103,7 @@ class TxnActions:
         out = {"state": state.value}
         if begin is not None:  # a spare (remote/spare.py)
             try:
+                self._room_for_one(s)
                 out["next"] = self._begin(s, begin.get("timeout_ms"), begin.get("coordinator_id"))
             except (errors.PulsarTxnError, TypeError, ValueError):
                 pass  # the client begins it with a call of its own
