@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, TypeVar
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from .. import errors
 from ..server import protocol
 from ..server.protocol import frame
-from .bounded import bounded_call
+from .bounded import Worker
 from .handles import OperationTimedOut, RemoteTransaction, txn_str, unreachable
 
 if TYPE_CHECKING:
@@ -48,48 +49,70 @@ class BatchStream(StreamContext):
         self._capability = producer._client._capability_of(self._txn)
         self._handle = txn if isinstance(txn, RemoteTransaction) else None
         self._writer = self._reader = None
+        self._worker: Worker | None = None  # the stream's calls run there, once it opens
+        self._failed: OperationTimedOut | None = None  # a call that timed out ended it
         self._schema = None
         self.count = 0  # messages stored, known once closed
 
     def write(self, values: pa.Array, keys: pa.Array | None = None) -> None:
         """Queue one batch (`values` binary, `keys` string or None; the first batch fixes
-        whether the stream has keys)."""
+        whether the stream has keys). A broker that does not take it within the operation
+        timeout (alive but silent: the stream's window is full) raises Timeout, and the stream
+        is over: what it sent may be stored or not, and its transaction can only abort."""
+        self._check_usable()
         cols, names = [values], ["value"]
         if keys is not None:
             cols.append(keys)
             names.append("key")
         batch = pa.RecordBatch.from_arrays(cols, names=names)
+        if self._schema is not None and batch.schema != self._schema:
+            raise ValueError(f"batch schema {batch.schema} differs from the stream's")
         try:
             if self._writer is None:
-                client = self._producer._client
-                command = frame(
-                    {
-                        "handle": self._producer._ensure(),
-                        "txn": self._txn,
-                        "capability": self._capability,
-                        "session": client._session,
-                    }
-                )
-                self._schema = batch.schema
-                self._writer, self._reader = client._flight.do_put(
-                    flight.FlightDescriptor.for_command(command), batch.schema, client._options
-                )
-            elif batch.schema != self._schema:
-                raise ValueError(f"batch schema {batch.schema} differs from the stream's")
+                self._open(batch.schema)
             with self._producer._on_the_wire():
                 first = self._producer._reserve(batch.num_rows)
-            self._writer.write_with_metadata(batch, first_sequence(first))
+            writer = self._writer
+            self._bounded(
+                lambda: writer.write_with_metadata(batch, first_sequence(first)),
+                "batch_stream write",
+            )
         except flight.FlightUnavailableError as exc:
             raise unreachable(self._producer._client, exc) from None
         except flight.FlightError as exc:
             raise protocol.from_flight_error(exc) from None
 
+    def _open(self, schema: pa.Schema) -> None:
+        client = self._producer._client
+        command = {
+            "handle": self._producer._ensure(),
+            "txn": self._txn,
+            "capability": self._capability,
+            "session": client._session,
+        }
+        descriptor = flight.FlightDescriptor.for_command(frame(command))
+        opened: list = []
+
+        def do_put() -> None:
+            opened.append(client._flight.do_put(descriptor, schema, client._options))
+
+        self._worker = Worker("pulsartxn-batch-stream")
+        try:
+            self._bounded(do_put, "batch_stream write")
+        except BaseException:
+            # A stream that opens after all (once the broker answers) is dropped then.
+            self._worker.stop(lambda: opened and drop_writer(opened[0][0]))
+            self._worker = None
+            raise
+        (self._writer, self._reader), self._schema = opened[0], schema
+
     def close(self) -> int:
         """End the stream; returns the messages stored once all of them are durable."""
+        self._check_usable()
         if self._writer is None:
             return self.count
-        writer, self._writer = self._writer, None
-        reader, client = self._reader, self._producer._client
+        writer, reader = self._writer, self._reader
+        client = self._producer._client
 
         def finish():
             writer.done_writing()
@@ -98,19 +121,15 @@ class BatchStream(StreamContext):
             return meta
 
         try:
-            meta = bounded_call(
-                finish, client._op_timeout_s, lambda: client._timed_out("batch_stream close")
-            )
-        except OperationTimedOut as exc:
-            if self._handle is not None:
-                self._handle._send_failed(exc)  # what it holds of them is unknown
-            raise
+            meta = self._bounded(finish, "batch_stream close")
         except flight.FlightUnavailableError as exc:
-            drop_writer(writer)
+            self.cancel()
             raise unreachable(client, exc) from None
         except flight.FlightError as exc:
-            drop_writer(writer)
+            self.cancel()
             raise protocol.from_flight_error(exc) from None
+        self._writer = None
+        self._worker.stop()
         out = json.loads(meta.to_pybytes())
         if self._handle is not None:
             self._handle._stored(out.get("partitions") or [])
@@ -120,8 +139,33 @@ class BatchStream(StreamContext):
     def cancel(self) -> None:
         """Drop the stream (after an error: what was sent stays in the transaction)."""
         writer, self._writer = self._writer, None
-        if writer is not None:
-            drop_writer(writer)
+        if writer is None:
+            return
+        if self._worker.stuck:
+            # After the call still running there: the writer is used by one thread at a time.
+            self._worker.stop(lambda: drop_writer(writer))
+        else:
+            drop_writer(writer)  # here: what was written reaches the broker before this returns
+            self._worker.stop()
+
+    def _bounded(self, fn, call: str):
+        """fn() on the stream's worker within the operation timeout. One that outlasts it
+        ends the stream (its writer is dropped once the call returns)."""
+        client = self._producer._client
+        try:
+            return self._worker.call(fn, client._op_timeout_s, lambda: client._timed_out(call))
+        except OperationTimedOut as exc:
+            self._failed = exc
+            if self._handle is not None:
+                self._handle._send_failed(exc)  # what it holds of the stream is unknown
+            self.cancel()
+            raise
+
+    def _check_usable(self) -> None:
+        if self._failed is not None:
+            raise errors.AlreadyClosed(
+                f"this batch stream ended when a call timed out: {self._failed}"
+            )
 
 
 def drop_writer(writer) -> None:

@@ -1,11 +1,14 @@
-"""A Flight stream read within the operation timeout between its chunks, however long the
-whole stream takes (a scan): a DoGet waits for the server's first answer and cannot be
-cancelled before it, so a worker thread reads the stream and the caller waits on it."""
+"""Flight calls bounded by the operation timeout though they cannot be cancelled: a worker
+thread makes them and the caller waits on it. A stream read within the timeout between its
+chunks, however long the whole stream takes (a scan: a DoGet waits for the server's first
+answer); a stream written one call at a time (a batch stream: a write waits while the
+server's window is full)."""
 
 from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -91,24 +94,52 @@ def bounded_chunks(
             opened[0].cancel()
 
 
-def bounded_call(fn: Callable[[], Any], limit_s: float, timed_out: Callable[[], BaseException]):
-    """fn() on a worker thread, waited for at most `limit_s` (then timed_out() is raised and
-    the worker ends with the call: when the server answers, or the client closes)."""
-    done = threading.Event()
-    out: list = []
+class Worker:
+    """One thread running a stream's calls in order, each waited for at most its limit. A
+    call that outlasts it keeps the thread (a Flight write cannot be cancelled: it ends when
+    the server reads again or the connection fails); the worker then runs only what
+    ``stop(last)`` hands it after that call, and ends."""
 
-    def work() -> None:
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.stuck = False
+        threading.Thread(target=_serve, args=(self._jobs,), name=name, daemon=True).start()
+        weakref.finalize(self, self._jobs.put, None)  # dropped unstopped: its thread ends
+
+    def call(self, fn: Callable[[], Any], limit_s: float, timed_out: Callable[[], BaseException]):
+        """fn() on the worker, waited for at most `limit_s` (then timed_out() is raised)."""
+        if self.stuck:
+            raise RuntimeError("a worker whose call outlasted its limit takes no more calls")
+        done = threading.Event()
+        out: list = []
+        self._jobs.put((fn, done, out))
+        if not done.wait(limit_s):
+            self.stuck = True
+            raise timed_out()
+        ok, value = out[0]
+        if not ok:
+            raise value
+        return value
+
+    def stop(self, last: Callable[[], Any] | None = None) -> None:
+        """End the worker once its calls are done, after running `last` (errors ignored)."""
+        if last is not None:
+            self._jobs.put((last, None, None))
+        self._jobs.put(None)
+
+
+def _serve(jobs: queue.SimpleQueue) -> None:
+    # Holds the queue alone, not the Worker, so that a Worker dropped without stop() is
+    # collected (and its finalizer ends this loop).
+    while (job := jobs.get()) is not None:
+        fn, done, out = job
         try:
-            out.append((True, fn()))
+            value = fn()
+            if out is not None:
+                out.append((True, value))
         except BaseException as exc:  # noqa: BLE001 - the caller raises it
-            out.append((False, exc))
+            if out is not None:
+                out.append((False, exc))
         finally:
-            done.set()
-
-    threading.Thread(target=work, name="pulsartxn-call", daemon=True).start()
-    if not done.wait(limit_s):
-        raise timed_out()
-    ok, value = out[0]
-    if not ok:
-        raise value
-    return value
+            if done is not None:
+                done.set()

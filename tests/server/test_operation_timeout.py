@@ -159,6 +159,69 @@ def test_calls_to_a_stopped_broker_time_out_and_the_client_goes_on(served):
     client.close()
 
 
+def _stream_threads() -> list:
+    return [t for t in threading.enumerate() if t.name == "pulsartxn-batch-stream"]
+
+
+def _until(predicate, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_a_batch_stream_write_a_silent_broker_does_not_take_times_out(served):
+    """A stream's write blocks once the broker stops reading (its window is full): it raises
+    Timeout at the operation timeout instead of waiting for ever, and the stream is over."""
+    topic = "optimeout-stream"
+    client = pulsartxn.Client(served.url, operation_timeout_seconds=OP_S)
+    producer = client.create_producer(topic, send_timeout_millis=0)
+    txn = client.new_transaction()
+    stream = producer.batch_stream(txn)
+    big = pa.array([b"x" * 1000] * 1000, pa.binary())
+    stream.write(big)
+    written = [1]
+
+    def fill():
+        while True:
+            stream.write(big)
+            written[0] += 1
+
+    with stopped(served):
+        raised, took = timed(fill)
+    assert isinstance(raised, Timeout), raised
+    assert str(raised).startswith("batch_stream write: broker at " + served.url), raised
+    assert EARLIEST <= took <= LATEST and written[0] >= 2, (took, written)
+    # Over: neither a write nor the close goes on with a stream that lost a batch's fate.
+    with pytest.raises(pulsartxn.AlreadyClosed, match="ended when a call timed out"):
+        stream.write(big)
+    with pytest.raises(pulsartxn.AlreadyClosed, match="ended when a call timed out"):
+        stream.close()
+    stream.cancel()  # nothing left to drop
+    # Its transaction holds an unknown part of the stream: it can only abort.
+    with pytest.raises(InvalidTxnStatus, match="cannot commit: an op of it failed"):
+        txn.commit()
+    assert txn.state in (TxnState.ABORTED, TxnState.ABORTING)
+    # The write left running ends once the broker reads again; its thread with it.
+    assert _until(lambda: not _stream_threads()), _stream_threads()
+    # The producer goes on: a new stream stores its batches, and only those are read.
+    with producer.batch_stream() as again:
+        again.write(pa.array([b"a", b"b"], pa.binary()))
+    assert again.count == 2
+    values = [v for b in client.scan(topic) for v in b.column("value").to_pylist()]
+    assert values == [b"a", b"b"], len(values)
+    client.close()
+
+
+def test_a_batch_stream_left_unclosed_ends_its_thread(served):
+    with pulsartxn.Client(served.url) as client:
+        stream = client.create_producer("optimeout-unclosed").batch_stream()
+        stream.write(pa.array([b"v"], pa.binary()))
+        assert len(_stream_threads()) == 1
+        del stream  # never closed: its worker ends with it
+        assert _until(lambda: not _stream_threads()), _stream_threads()
+
+
 def test_a_receive_waits_its_own_timeout_beyond_the_operation_timeout(served):
     with pulsartxn.Client(served.url, operation_timeout_seconds=OP_S) as client:
         consumer = client.subscribe("optimeout-empty", "sub")
