@@ -134,6 +134,7 @@ def _serve(args: argparse.Namespace) -> int:
             producers=args.session_max_producers,
             transactions=args.session_max_transactions,
             waiting_receives=args.session_max_waiting_receives,
+            streams=args.session_max_streams,
         ),
         sync=not args.no_sync,
         cluster=args.cluster,
@@ -226,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("producers", 1024),
         ("transactions", 10_000),
         ("waiting-receives", 256),
+        ("streams", 64),
     ):
         srv.add_argument(
             f"--session-max-{what}",

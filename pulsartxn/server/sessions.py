@@ -55,6 +55,12 @@ class SessionLimits:
     producers: int = 1024
     transactions: int = 10_000  # open transactions it opened or holds
     waiting_receives: int = 256  # receives parked on the server, each holding a thread
+    streams: int = 64  # bulk streams open (DoPut, a scan's DoGet), each holding a thread
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"the session limit {name} must be at least 1, not {value!r}")
 
 
 def create_id(args: dict) -> str | None:
@@ -81,6 +87,7 @@ class Session:
         self.txns: dict[str, object] = {}
         self.groups: set[str] = set()  # labels whose capability it holds
         self.waiting = 0  # receives parked on the server
+        self.streams = 0  # bulk streams open
         self._prune_at = _PRUNE_TXNS_AT
         self.last_seen = time.monotonic()
         self.lock = threading.Lock()
@@ -386,6 +393,22 @@ class Sessions:
         finally:
             with s.lock:
                 s.waiting -= 1
+
+    def stream(self, s: Session) -> Callable[[], None]:
+        """A bulk stream opened for `s` (a DoPut, a scan's DoGet: each holds a server thread
+        while its client writes or reads, however slowly); returns its release (once)."""
+        with s.lock:
+            room(s.streams, self.limits.streams, "streams open at once")
+            s.streams += 1
+        held = [True]
+
+        def release() -> None:
+            with s.lock:
+                if held[0]:
+                    held[0] = False
+                    s.streams -= 1
+
+        return release
 
     # -- roles and capabilities: a secret per transaction and per group label --------------
 

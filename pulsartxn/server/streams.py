@@ -4,6 +4,7 @@ dispatch and scans (DoGet: record batches of a bounded size). Part of ``BrokerSe
 from __future__ import annotations
 
 import json
+import weakref
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -28,47 +29,55 @@ class Streams:
             s = self.sessions.get(args)
             p = self._producer(s, args)
             txn = self.sessions.txn(s, args.get("txn"), capability=args.get("capability"))
-            total = 0
-            size = 0
-            stored: dict = {}
-            # A stream's batches are written as they come (the writer thread commits one while
-            # the next is read), and the answer waits until all are durable; a few in flight.
-            inflight: list = []
+            release = self.sessions.stream(s)
             try:
-                for chunk in reader:
-                    batch = chunk.data
-                    if batch.nbytes > self.max_request_bytes:
-                        raise ValueError(
-                            f"a send_batch batch of {batch.nbytes} bytes exceeds the limit of "
-                            f"{self.max_request_bytes}: send smaller batches"
-                        )
-                    size += batch.nbytes
-                    if size > self.max_request_bytes * 16:
-                        raise ValueError("send_batch stream exceeds the server's limit")
-                    if "value" not in batch.schema.names:
-                        raise ValueError("send_batch batches need a 'value' column")
-                    keys = batch.column("key") if "key" in batch.schema.names else None
-                    n, futures, t, parts = p._submit_batch(
-                        batch.column("value"), keys, txn, False, first_sequence=_first(chunk)
-                    )
-                    total += n
-                    for topic, k in parts.items():
-                        stored[topic] = stored.get(topic, 0) + k
-                    inflight.append((futures, t))
-                    while len(inflight) > STREAM_INFLIGHT:
-                        p._wait_batches(*inflight.pop(0))
+                out = self._stored(p, txn, reader, context)
             finally:
-                for futures, t in inflight:
-                    p._wait_batches(futures, t)
-            if context.is_cancelled():  # its connection was closed: the broker is stopping
-                raise flight.FlightUnavailableError("the broker is stopping")
-            self._settle(txn)
-            out = {"count": total, "partitions": sorted(stored.items()) if txn else []}
+                release()
             writer.write(pa.py_buffer(json.dumps(out).encode()))
         except flight.FlightError:
             raise
         except Exception as exc:  # noqa: BLE001
             raise protocol.to_flight_error(exc) from None
+
+    def _stored(self, p, txn, reader, context) -> dict:
+        """A DoPut's batches, each stored as one send_batch as it comes; the answer."""
+        total = 0
+        size = 0
+        stored: dict = {}
+        # A stream's batches are written as they come (the writer thread commits one while
+        # the next is read), and the answer waits until all are durable; a few in flight.
+        inflight: list = []
+        try:
+            for chunk in reader:
+                batch = chunk.data
+                if batch.nbytes > self.max_request_bytes:
+                    raise ValueError(
+                        f"a send_batch batch of {batch.nbytes} bytes exceeds the limit of "
+                        f"{self.max_request_bytes}: send smaller batches"
+                    )
+                size += batch.nbytes
+                if size > self.max_request_bytes * 16:
+                    raise ValueError("send_batch stream exceeds the server's limit")
+                if "value" not in batch.schema.names:
+                    raise ValueError("send_batch batches need a 'value' column")
+                keys = batch.column("key") if "key" in batch.schema.names else None
+                n, futures, t, parts = p._submit_batch(
+                    batch.column("value"), keys, txn, False, first_sequence=_first(chunk)
+                )
+                total += n
+                for topic, k in parts.items():
+                    stored[topic] = stored.get(topic, 0) + k
+                inflight.append((futures, t))
+                while len(inflight) > STREAM_INFLIGHT:
+                    p._wait_batches(*inflight.pop(0))
+        finally:
+            for futures, t in inflight:
+                p._wait_batches(futures, t)
+        if context.is_cancelled():  # its connection was closed: the broker is stopping
+            raise flight.FlightUnavailableError("the broker is stopping")
+        self._settle(txn)
+        return {"count": total, "partitions": sorted(stored.items()) if txn else []}
 
     def do_get(self, context, ticket):
         try:
@@ -94,13 +103,37 @@ class Streams:
                 start = MessageId.deserialize(bytes.fromhex(start))
             if isinstance(end, str):
                 end = MessageId.deserialize(bytes.fromhex(end))
-            self._serve_topic(args["topic"], create=False)
-            batches = s.client.scan(args["topic"], start, end)
-            return flight.GeneratorStream(READ_SCHEMA(), batches)
+            release = self.sessions.stream(s)
+            try:
+                self._serve_topic(args["topic"], create=False)
+                batches = s.client.scan(args["topic"], start, end)
+            except BaseException:
+                release()
+                raise
+            return flight.GeneratorStream(READ_SCHEMA(), _Releasing(batches, release))
         except flight.FlightError:
             raise
         except Exception as exc:  # noqa: BLE001
             raise protocol.to_flight_error(exc) from None
+
+
+class _Releasing:
+    """A stream's batches that release its slot once they end, fail, or are dropped unread
+    (a client that cancels before reading)."""
+
+    def __init__(self, batches, release) -> None:
+        self._batches = iter(batches)
+        self._done = weakref.finalize(self, release)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self._batches)
+        except BaseException:
+            self._done()
+            raise
 
 
 def _first(chunk):

@@ -306,6 +306,73 @@ def test_a_session_holds_at_most_its_limits(server):
     b.close()
 
 
+def test_a_session_holds_at_most_its_streams_open(server):
+    """Each bulk stream (a batch_stream or send_batch's DoPut, a scan's DoGet) holds a server
+    thread for as long as its client keeps it open: past the session's limit, QuotaExceeded,
+    and nothing of the refused stream is stored."""
+    import time
+
+    import pyarrow as pa
+
+    s = server("--session-max-streams", "2")
+    a = pulsartxn.Client(s.url)
+    producer = a.create_producer("t")
+    held = [producer.batch_stream() for _ in range(2)]
+    for stream in held:
+        stream.write(pa.array([b"held"], pa.binary()))
+    # The two are open once the server has begun reading them: then a scan is refused.
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            list(a.scan("t"))
+        except pulsartxn.QuotaExceeded as exc:
+            assert "2 streams open at once" in str(exc)
+            break
+        assert time.monotonic() < deadline, "two open streams never filled the quota"
+        time.sleep(0.05)
+    with pytest.raises(pulsartxn.QuotaExceeded, match="streams open at once"):
+        with producer.batch_stream() as third:
+            third.write(pa.array([b"refused"], pa.binary()))
+    with pytest.raises(pulsartxn.QuotaExceeded, match="streams open at once"):
+        producer.send_batch([b"refused"])
+    b = pulsartxn.Client(s.url)  # another session is not charged for a's
+    b.create_producer("t").send_batch([b"other"])
+
+    def values() -> list:
+        return sorted(v for x in a.scan("t") for v in x.column("value").to_pylist())
+
+    assert held[0].close() == 1  # a stream closed gives its slot back: a scan goes through
+    assert values() == [b"held", b"held", b"other"]  # stored as they came; none refused
+    assert held[1].close() == 1
+    producer.send_batch([b"again"])
+    assert values() == [b"again", b"held", b"held", b"other"]
+    a.close()
+    b.close()
+
+
+def test_a_scan_gives_its_stream_slot_back_however_it_ends():
+    """The server's scan stream releases its slot once: read to the end, failed, or dropped
+    unread (a client that cancels before reading)."""
+    from pulsartxn.server.streams import _Releasing
+
+    def failing():
+        yield 1
+        raise OSError("disk")
+
+    for batches, reads in (([1, 2], 3), (failing(), 2), ([1, 2], 0)):
+        released = []
+        stream = _Releasing(batches, lambda released=released: released.append(1))
+        for _ in range(reads):
+            try:
+                next(stream)
+            except (StopIteration, OSError):
+                pass
+        if reads == 0:
+            assert released == []
+            del stream
+        assert released == [1], (batches, reads)
+
+
 def test_a_server_holds_at_most_max_sessions(server):
     s = server("--max-sessions", "2")
     a, b = pulsartxn.Client(s.url), pulsartxn.Client(s.url)
