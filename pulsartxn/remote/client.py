@@ -348,6 +348,7 @@ class RemoteClient(Calls, SessionGate):
                 "group": group,
                 "group_capability": group_capability,
                 "drop": stale,
+                "lost": self._spares.lost(),
             },
         )
         if group is not None and out.get("group_capability"):
@@ -355,11 +356,12 @@ class RemoteClient(Calls, SessionGate):
         self._capabilities[out["txn"]] = out["capability"]
         return RemoteTransaction(self, TxnID.parse(out["txn"]), capability=out["capability"])
 
-    def _ended(self, kind: tuple | None, spare: dict | None) -> None:
-        """An end of a transaction returned, with the spare it began (remote/spare.py)."""
+    def _ended(self, kind: tuple | None, spare: dict | None, txn: str, answered: bool) -> None:
+        """An end of a transaction returned or failed, with the spare it began
+        (remote/spare.py)."""
         if spare is not None:
             self._capabilities[spare["txn"]] = spare["capability"]
-        self._spares.ended(kind, spare, self._generation)
+        self._spares.ended(kind, spare, self._generation, txn, answered)
 
     def group_capability(self, group: str, capability: str | None = None) -> str:
         """The secret that lets a session decide group `group` (``commit_group``,

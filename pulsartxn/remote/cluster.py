@@ -61,7 +61,7 @@ from .spare import Spares
 
 __all__ = ["ClusterAdmin", "ClusterClient", "connect"]
 
-# The longest a new_transaction waits to abort a stale spare elsewhere (_drop_spare).
+# The longest a new_transaction waits to abort a stale spare elsewhere (_drop_spares).
 DROP_SPARE_S = 1.0
 
 
@@ -308,8 +308,7 @@ class ClusterClient(ClusterRouting):
         self._check_open()
         if group is None:
             spare, stale = self._spares.take((timeout_ms, coordinator_id), 0)
-            for key in stale:
-                self._drop_spare(key)
+            self._drop_spares(stale, self._spares.lost())
             if spare is not None:
                 txn_id = TxnID.parse(spare[0])
                 route = self._coordinator(txn_id.coordinator_id)
@@ -336,26 +335,32 @@ class ClusterClient(ClusterRouting):
         self._shared.capabilities[out["txn"]] = out["capability"]
         return RemoteTransaction(route, TxnID.parse(out["txn"]), capability=out["capability"])
 
-    def _ended(self, kind: tuple | None, spare: dict | None) -> None:
-        """An end returned, with the spare it began at its coordinator's broker (one on that
-        broker: the next transaction's coordinator is the broker's own, not the next in turn;
-        the client's sessions at every broker are one, so a restarted broker's is kept, and
-        found unknown at its first use, as a begin made just before the restart)."""
+    def _ended(self, kind: tuple | None, spare: dict | None, txn: str, answered: bool) -> None:
+        """An end returned or failed, with the spare it began at its coordinator's broker (one
+        on that broker: the next transaction's coordinator is the broker's own, not the next
+        in turn; the client's sessions at every broker are one, so a restarted broker's is
+        kept, and found unknown at its first use, as a begin made just before the restart)."""
         if spare is not None:
             self._shared.capabilities[spare["txn"]] = spare["capability"]
-        self._spares.ended(kind, spare, 0)
+        self._spares.ended(kind, spare, 0, txn, answered)
 
-    def _drop_spare(self, key: str) -> None:
-        """Abort a spare not taken in time, at its coordinator's owner (there is no begin
-        there to name it in), waiting DROP_SPARE_S at most: if that broker is away, its own
-        timeout ends it, and the begin that follows does not wait for the broker."""
-        route = self._coordinator(TxnID.parse(key).coordinator_id)
-        args = {"txn": key, "capability": self._capability_of(key), "commit": False}
-        try:
-            with self._deadline.until(time.monotonic() + DROP_SPARE_S):
-                route._json("end", args)
-        except errors.PulsarTxnError:
-            pass  # it ended already, or its broker does not answer in time
+    def _drop_spares(self, stale: list[str], lost: list[str]) -> None:
+        """Abort the spares not taken in time (`stale`) and those begun with ends whose
+        answer never came (`lost`), at the broker that began each: its coordinator's owner,
+        or the ended transaction's (there is no begin there to name them in). One call per
+        coordinator, each waiting DROP_SPARE_S at most: if that broker is away, their own
+        timeout ends them, and the begin that follows does not wait for the broker."""
+        calls: dict[int, dict] = {}
+        for name, keys in (("drop", stale), ("lost", lost)):
+            for key in keys:
+                coordinator = TxnID.parse(key).coordinator_id
+                calls.setdefault(coordinator, {"drop": [], "lost": []})[name].append(key)
+        for coordinator, args in calls.items():
+            try:
+                with self._deadline.until(time.monotonic() + DROP_SPARE_S):
+                    self._coordinator(coordinator)._json("drop_spares", args)
+            except errors.PulsarTxnError:
+                pass  # they ended already, or their broker does not answer in time
 
     def group_capability(self, group: str, capability: str | None = None) -> str:
         """As RemoteClient.group_capability, at the group's coordinator."""

@@ -182,8 +182,8 @@ class _CoordinatorRoute:
     def _spares(self):
         return self._cluster._spares
 
-    def _ended(self, kind, spare) -> None:
-        self._cluster._ended(kind, spare)
+    def _ended(self, kind, spare, txn, answered) -> None:
+        self._cluster._ended(kind, spare, txn, answered)
 
     @property
     def _retries(self) -> int:

@@ -301,7 +301,8 @@ class RemoteTransaction(TransactionContext):
             if not self._settles_as(wanted):
                 raise
         finally:
-            self._client._ended(kind, None if out is None else out.get("next"))
+            spare = None if out is None else out.get("next")
+            self._client._ended(kind, spare, str(self.id), out is not None)
         self._end_unknown = False
 
     def _settles_as(self, wanted: TxnState) -> bool:

@@ -7,12 +7,16 @@ from that begin, so it starts at most that much early) and only for a new_transa
 same kind (timeout and coordinator asked for). One gone stale is aborted by the next begin
 (named in that call; a cluster client aborts it at its coordinator); one never handed out is
 aborted with its session, when the client closes or its session expires; one of a session
-opened again (a restarted broker) is forgotten, as that broker forgot it."""
+opened again (a restarted broker) is forgotten, as that broker forgot it. One begun with an
+end whose answer never came (the end timed out) is aborted by the next begin, which names
+that end (the broker remembers the spare of each end)."""
 
 from __future__ import annotations
 
 import threading
 import time
+
+from ..server.protocol import MAX_CANCELS
 
 # How soon after an end a new_transaction takes its spare; also how soon after an end a
 # new_transaction has to come for the next end to ask for one.
@@ -28,6 +32,7 @@ class Spares:
         self._held: list[tuple] = []  # (kind, txn, capability, generation, begun at)
         self._loop: tuple | None = None  # the kind of a new_transaction made soon after an end
         self._ended_at = float("-inf")
+        self._lost: list[str] = []  # ends that asked for a spare and got no answer
 
     def take(self, kind: tuple, generation: int) -> tuple[tuple[str, str] | None, list[str]]:
         """A fresh spare of `kind` as (txn, capability), or None; and the stale spares for the
@@ -58,10 +63,25 @@ class Spares:
                 return None
             return self._loop
 
-    def ended(self, kind: tuple | None, answer: dict | None, generation: int) -> None:
-        """An end returned, with the spare the broker began for it (`answer`), if any."""
+    def ended(
+        self, kind: tuple | None, answer: dict | None, generation: int, txn: str, answered: bool
+    ) -> None:
+        """The end of `txn` returned (`answered`) or failed, with the spare the broker began
+        for it (`answer`), if any; `kind`: the spare it asked for."""
         now = time.monotonic()
         with self._lock:
             self._ended_at = now
             if kind is not None and answer is not None:
                 self._held.append((kind, answer["txn"], answer["capability"], generation, now))
+            if answered:
+                if txn in self._lost:
+                    self._lost.remove(txn)  # sent again and answered: the spare is in it
+            elif kind is not None and txn not in self._lost:
+                self._lost.append(txn)  # the broker may have begun one: the next begin says
+                del self._lost[:-MAX_CANCELS]
+
+    def lost(self) -> list[str]:
+        """The ends whose spare the client never had, for a begin to name (taken out here)."""
+        with self._lock:
+            out, self._lost = self._lost, []
+        return out

@@ -43,6 +43,9 @@ CAPABILITY_KEY = b"server/capability-key"
 # create of it still under way.
 _CREATES_KEPT = 1024
 _CANCEL_WAIT_S = 10.0
+# The ends whose spare a session remembers (the last ones), for a client that lost an end's
+# answer and names that end in a later call.
+_REMEMBERED_SPARES = 1024
 ADMIN, CLIENT = "admin", "client"
 
 
@@ -95,6 +98,8 @@ class Session:
         # create id -> (table, handle) it made, or None: cancelled (a late create is refused)
         self._creates: OrderedDict[str, tuple[dict, int] | None] = OrderedDict()
         self._making: dict[str, threading.Event] = {}  # creates under way, by id
+        # ended transaction -> the spare begun with its end (remote/spare.py), the last ones
+        self._spares: OrderedDict[str, str] = OrderedDict()
 
     def remember(self, key: str, txn) -> None:
         """Keep the handle of a transaction this session uses (its acks and pending sends are
@@ -116,6 +121,17 @@ class Session:
     def forget(self, key: str) -> None:
         with self.lock:
             self.txns.pop(key, None)
+
+    def spare_of(self, ended: str, pop: bool = False) -> str | None:
+        """The spare begun with the end of `ended`, if one was (and is still remembered)."""
+        with self.lock:
+            return self._spares.pop(ended, None) if pop else self._spares.get(ended)
+
+    def spare_begun(self, ended: str, spare: str) -> None:
+        with self.lock:
+            self._spares[ended] = spare
+            if len(self._spares) > _REMEMBERED_SPARES:
+                self._spares.popitem(last=False)
 
     def keep(
         self, table: dict, handle: int, make: Callable[[], T], create_id: str | None = None

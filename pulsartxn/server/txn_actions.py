@@ -7,7 +7,7 @@ from __future__ import annotations
 from .. import errors
 from ..txn.state import FINAL
 from ..txn.transaction import as_txn_id
-from .protocol import jsonable
+from .protocol import MAX_CANCELS, jsonable
 from .sessions import room
 
 
@@ -16,7 +16,7 @@ class TxnActions:
 
     def _on_new_transaction(self, args, payload):
         s = self.sessions.get(args)
-        self._drop_spares(s, args.get("drop"))
+        self._drop_spares(s, args.get("drop"), args.get("lost"))
         self._room_for_one(s)
         label = args.get("group")
         group_capability = None
@@ -43,15 +43,20 @@ class TxnActions:
             s.prune()  # those that ended through other handles or timed out go first
             room(len(s.txns), self.sessions.limits.transactions, "open transactions")
 
+    def _on_drop_spares(self, args, payload):
+        """What a new_transaction's `drop` and `lost` do, for a client whose begin goes
+        elsewhere (a cluster client: the spare lives at the broker that ended the last one)."""
+        self._drop_spares(self.sessions.get(args), args.get("drop"), args.get("lost"))
+        return {}
+
     @staticmethod
-    def _drop_spares(s, drop) -> None:
+    def _drop_spares(s, drop, lost=None) -> None:
         """Abort the spare transactions the client began with an end and never handed out
-        (remote/spare.py): only the session's own, and those still open."""
-        if drop is None:
-            return
-        if not isinstance(drop, list) or not all(isinstance(t, str) for t in drop):
-            raise TypeError(f"drop must be a list of TxnID strings, not {errors.excerpt(drop)}")
-        for key in drop:
+        (remote/spare.py): those named in `drop`, and those begun with the ends named in
+        `lost` (ends whose answer, and the spare in it, never reached the client). Only the
+        session's own, and those still open."""
+        drop, lost = _txn_ids("drop", drop), _txn_ids("lost", lost)
+        for key in drop + [k for k in (s.spare_of(e, pop=True) for e in lost) if k is not None]:
             txn = s.txns.get(key)
             if txn is None:
                 continue
@@ -102,11 +107,18 @@ class TxnActions:
             s.forget(args["txn"])
         out = {"state": state.value}
         if begin is not None:  # a spare (remote/spare.py)
-            try:
-                self._room_for_one(s)
-                out["next"] = self._begin(s, begin.get("timeout_ms"), begin.get("coordinator_id"))
-            except (errors.PulsarTxnError, TypeError, ValueError):
-                pass  # the client begins it with a call of its own
+            out["next"] = self._spare(s, args["txn"], begin)
+        return out
+
+    def _spare(self, s, ended: str, begin: dict) -> dict | None:
+        """The spare begun with the end of `ended`, remembered by that end: a client that
+        never had the answer names the end in a later call (`lost`) for it to be aborted."""
+        try:
+            self._room_for_one(s)
+            out = self._begin(s, begin.get("timeout_ms"), begin.get("coordinator_id"))
+        except (errors.PulsarTxnError, TypeError, ValueError):
+            return None  # the client begins it with a call of its own
+        s.spare_begun(ended, out["txn"])
         return out
 
     def _on_commit_all(self, args, payload):
@@ -129,3 +141,18 @@ class TxnActions:
         s = self.sessions.get(args)
         self.sessions.group(s, args["group"], args.get("group_capability"), claim=False)
         return jsonable(s.client.abort_group(args["group"]))
+
+
+def _txn_ids(name: str, value) -> list[str]:
+    if value is None:
+        return []
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_CANCELS
+        or not all(isinstance(t, str) for t in value)
+    ):
+        raise TypeError(
+            f"{name} must be a list of at most {MAX_CANCELS} TxnID strings, not "
+            f"{errors.excerpt(value)}"
+        )
+    return value

@@ -124,6 +124,55 @@ def test_a_bad_next_or_drop_is_refused_and_ends_or_begins_nothing(server):
         assert t.state is TxnState.COMMITTED
 
 
+def test_an_end_whose_answer_was_lost_gets_its_spare_once_and_the_next_begin_drops_it(server):
+    """An end that asked for a spare and got no answer (it timed out) may have begun one the
+    client never had: the client's next begin names the end (`lost`) and the broker aborts
+    the spare. On the wire, as the client's calls are."""
+    s = server()
+    with pulsartxn.Client(s.url) as c:
+
+        def ended_with_spare() -> tuple[str, dict]:
+            t = c.new_transaction()
+            end = {"txn": str(t.id), "capability": t.capability, "commit": True}
+            end["next"] = {"timeout_ms": None, "coordinator_id": None}
+            return str(t.id), c._json("end", end)["next"]  # an answer never read
+
+        t, first = ended_with_spare()
+        assert open_ids(c) == {first["txn"]}
+        u = c._json("new_transaction", {"lost": [t]})["txn"]
+        assert open_ids(c) == {u}
+        spare_of_t = c.transaction(first["txn"], capability=first["capability"])
+        assert spare_of_t.state is TxnState.ABORTED
+        # Named again, or an end the session never made: nothing else is touched.
+        c._json("drop_spares", {"lost": [t, "9:999"], "drop": []})
+        assert open_ids(c) == {u}
+        # A cluster client's call of its own (its begin may go to another broker).
+        t2, second = ended_with_spare()
+        assert open_ids(c) == {u, second["txn"]}
+        c._json("drop_spares", {"lost": [t2]})
+        assert open_ids(c) == {u}
+        # Malformed: refused before anything is dropped.
+        _, third = ended_with_spare()
+        for bad in ("x", [1], [t2] * 65):
+            with pytest.raises(TypeError, match="lost must be a list of at most 64"):
+                c._json("drop_spares", {"drop": [third["txn"]], "lost": bad})
+        assert open_ids(c) == {u, third["txn"]}
+
+
+def test_the_client_names_each_unanswered_end_once():
+    """A client's record of the ends whose spare it may have missed: those that asked for one
+    and got no answer, not one answered when sent again, at most 64 (the newest)."""
+    spares, kind = spare.Spares(), (None, None)
+    spares.ended(kind, None, 0, "1:1", answered=False)
+    spares.ended(None, None, 0, "1:2", answered=False)  # it asked for no spare
+    spares.ended(kind, None, 0, "1:3", answered=False)
+    spares.ended(kind, {"txn": "1:9", "capability": "c"}, 0, "1:3", answered=True)
+    assert spares.lost() == ["1:1"] and spares.lost() == []
+    for i in range(100):
+        spares.ended(kind, None, 0, f"2:{i}", answered=False)
+    assert spares.lost() == [f"2:{i}" for i in range(36, 100)]
+
+
 def test_a_spare_is_handed_out_once_across_threads(server, wide):
     s = server()
     with pulsartxn.Client(s.url) as c:
