@@ -46,6 +46,11 @@ _CANCEL_WAIT_S = 10.0
 # The ends whose spare a session remembers (the last ones), for a client that lost an end's
 # answer and names that end in a later call.
 _REMEMBERED_SPARES = 1024
+# Group labels the server keeps as claimed (a claim is refused while its label is kept), the
+# newest; and those each session is known to hold. Bounded: a client claiming label after
+# label takes no more of the server's memory than this.
+RESERVED_LABELS = 65_536
+SESSION_LABELS = 1024
 ADMIN, CLIENT = "admin", "client"
 
 
@@ -88,7 +93,9 @@ class Session:
         self.producers: dict[int, object] = {}
         self.consumers: dict[int, object] = {}
         self.txns: dict[str, object] = {}
-        self.groups: set[str] = set()  # labels whose capability it holds
+        # Group labels it holds (claimed, or their capability presented), the last used
+        # SESSION_LABELS: past them it presents a label's capability again, as its client does.
+        self.groups: OrderedDict[str, None] = OrderedDict()
         self.waiting = 0  # receives parked on the server
         self.streams = 0  # bulk streams open
         self._prune_at = _PRUNE_TXNS_AT
@@ -121,6 +128,13 @@ class Session:
     def forget(self, key: str) -> None:
         with self.lock:
             self.txns.pop(key, None)
+
+    def holds_label(self, label: str) -> None:
+        with self.lock:
+            self.groups[label] = None
+            self.groups.move_to_end(label)
+            if len(self.groups) > SESSION_LABELS:
+                self.groups.popitem(last=False)
 
     def spare_of(self, ended: str, pop: bool = False) -> str | None:
         """The spare begun with the end of `ended`, if one was (and is still remembered)."""
@@ -274,7 +288,9 @@ class Sessions:
         self._lock = threading.Lock()
         self._local = threading.local()  # the call's role
         self._key = _capability_key(broker)
-        self._reserved: dict[str, float] = {}  # group label -> when its capability was given
+        # Group labels claimed (their capability given out), oldest first: RESERVED_LABELS.
+        self._reserved: OrderedDict[str, None] = OrderedDict()
+        self._claims = threading.Lock()  # a label is claimed by one session
         self._stopped = threading.Event()
         self._started = time.monotonic()
         self._swept = False  # the transactions of sessions gone with a previous server
@@ -463,17 +479,25 @@ class Sessions:
 
     def group(self, s: Session, label, capability, claim: bool) -> str | None:
         """The capability of group `label` for session `s`: it holds it, presents it, or (with
-        `claim`) takes it while nobody else does (no live member, not given out lately)."""
+        `claim`) takes it while nobody else does (no live member, not among the claims kept)."""
         if not isinstance(label, str):
             return None  # the call refuses the label itself
         what = b"group:" + label.encode()
         if self.admin() or label in s.groups or self._holds(what, capability):
-            s.groups.add(label)
+            s.holds_label(label)
             return self.capability(what)
-        if claim and not self.broker.txn.group_members(label) and label not in self._reserved:
-            s.groups.add(label)
-            self._reserved[label] = time.monotonic()
-            return self.capability(what)
+        if claim:
+            with self._claims:
+                free = label not in self._reserved and not self.broker.txn.group_members(label)
+                if free:
+                    self._reserved[label] = None
+                    if len(self._reserved) > RESERVED_LABELS:
+                        # The oldest claim goes: its holders keep their capability, and it
+                        # can be claimed again only while it has no live member.
+                        self._reserved.popitem(last=False)
+            if free:
+                s.holds_label(label)
+                return self.capability(what)
         raise errors.NotAuthorized(
             f"group {errors.excerpt(label)} belongs to another session: present its capability"
         )

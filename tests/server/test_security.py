@@ -373,6 +373,48 @@ def test_a_scan_gives_its_stream_slot_back_however_it_ends():
         assert released == [1], (batches, reads)
 
 
+def test_claimed_group_labels_take_bounded_memory(tmp_path, monkeypatch):
+    """A client claiming label after label: the server keeps the newest RESERVED_LABELS
+    claims (the oldest one can then be claimed again while it has no live member, and its
+    first holder keeps its capability), and each session the labels it used last."""
+    from pulsartxn.server import sessions
+    from pulsartxn.server.service import BrokerServer
+
+    monkeypatch.setattr(sessions, "RESERVED_LABELS", 3)
+    monkeypatch.setattr(sessions, "SESSION_LABELS", 2)
+    broker = pulsartxn.Broker(tmp_path / "data", sync=False)
+    server = BrokerServer(broker, "127.0.0.1", 0, token="secret")
+    url = f"pulsartxn://127.0.0.1:{server.port}"
+    a, b = pulsartxn.Client(url, token="secret"), pulsartxn.Client(url, token="secret")
+    try:
+        caps = {label: a.group_capability(label) for label in ("j0", "j1", "j2", "j3")}
+        assert list(server.sessions._reserved) == ["j1", "j2", "j3"]
+        session = server.sessions._sessions[a._session]
+        assert list(session.groups) == ["j2", "j3"]
+        with pytest.raises(NotAuthorized):
+            b.group_capability("j1")  # still claimed by a
+        # j0's claim is forgotten: another session takes it, as it has no live member ...
+        assert b.group_capability("j0") == caps["j0"]
+        # ... and a, which the server no longer lists for it, presents its capability.
+        t = a.new_transaction(group="j0")
+        assert "j0" in session.groups
+        assert a.commit_group("j0", [t.id])["committed"] == [t.id]
+        # A label with a live member is never claimed, forgotten or not.
+        live = a.new_transaction(group="j1")
+        for label in ("j4", "j5", "j6"):
+            a.group_capability(label)
+        assert "j1" not in server.sessions._reserved
+        with pytest.raises(NotAuthorized):
+            b.group_capability("j1")
+        live.abort()
+    finally:
+        a.close()
+        b.close()
+        server.shutdown_sessions()
+        server.shutdown()
+        broker.close()
+
+
 def test_a_server_holds_at_most_max_sessions(server):
     s = server("--max-sessions", "2")
     a, b = pulsartxn.Client(s.url), pulsartxn.Client(s.url)
