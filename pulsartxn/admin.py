@@ -156,6 +156,7 @@ class Admin:
                 raise SubscriptionAlreadyExists(
                     f"subscription {excerpt(subscription)} already exists on {full}"
                 )
+            topics.room_for_subscription(parts, subscription)
             named = None
             if not positions.is_everywhere(start):
                 named = positions.partition_of(start, parts, full)

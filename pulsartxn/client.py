@@ -237,6 +237,7 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
         earliest = initial_position is InitialPosition.Earliest
         topics = self.broker.topics
         with topics.lock:
+            topics.room_for_subscription(partitions, subscription_name)
             subs = [topics.subscription(p, subscription_name, earliest) for p in partitions]
             consumer = Consumer(
                 self,

@@ -29,6 +29,9 @@ class BrokerConfig:
     # a topic is created; what max_dbs leaves beside the coordinators bounds the partitions too.
     max_topics: int = 10_000
     max_partitions: int = 10_000
+    # Durable subscriptions on one topic (each partition's), checked when one is created:
+    # each holds memory and every send wakes each (Pulsar's maxSubscriptionsPerTopic).
+    max_subscriptions_per_topic: int = 10_000
     # What coordinators may hold (COORDINATOR_BYTES each, 264 KiB: about 990 by default);
     # scale_coordinators also leaves max_partitions of max_dbs to the partitions.
     max_coordinators_memory_bytes: int = 256 << 20
@@ -85,6 +88,7 @@ class BrokerConfig:
             "max_dbs",
             "max_topics",
             "max_partitions",
+            "max_subscriptions_per_topic",
             "max_coordinators_memory_bytes",
             "max_txn_timeout_ms",
             "max_active_txns_per_coordinator",

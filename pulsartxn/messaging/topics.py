@@ -185,6 +185,7 @@ class Topics:
             sub = part.subscriptions.get(name)
             if sub is not None:
                 return sub
+            self.room_for_subscription([part], name)
             start = part.first_entry_id - 1 if earliest else part.last_entry_id
             if at is not None:
                 start = at
@@ -196,6 +197,18 @@ class Topics:
             with part.lock:
                 part.subscriptions[name] = sub
             return sub
+
+    def room_for_subscription(self, parts, name: str) -> None:
+        """QuotaExceeded unless subscription `name` fits on each of `parts` that lacks it
+        (lock held): max_subscriptions_per_topic. A topic's partitions are checked together,
+        before any is made."""
+        limit = self.config.max_subscriptions_per_topic
+        for part in parts:
+            if name not in part.subscriptions and len(part.subscriptions) >= limit:
+                raise QuotaExceeded(
+                    f"{part.topic} holds {len(part.subscriptions)} subscriptions, its limit "
+                    f"(max_subscriptions_per_topic={limit}): delete unused ones"
+                )
 
     def delete(self, sub: Subscription) -> None:
         """The cursor and the pending-ack log of `sub` go in one write: a new subscription

@@ -169,6 +169,42 @@ def test_a_topic_quota_refuses_creation_and_auto_creation(tmp_path):
             b.create_topic("d")
 
 
+def test_a_subscription_quota_refuses_new_subscriptions_only(tmp_path):
+    """max_subscriptions_per_topic: a new durable subscription past it is refused on every
+    partition (none is half made); those that exist go on, also past a lowered limit."""
+    data = tmp_path / "d"
+    earliest = pulsartxn.InitialPosition.Earliest
+    with pulsartxn.Broker(data, sync=False, max_subscriptions_per_topic=2) as b:
+        client = b.client()
+        b.create_topic("p", 2)
+        client.subscribe("p", "s1", initial_position=earliest).close()
+        # Partition 1 alone gets a second one: it is full, partition 0 is not.
+        client.subscribe("p-partition-1", "one", initial_position=earliest).close()
+        with pytest.raises(pulsartxn.QuotaExceeded, match="max_subscriptions_per_topic=2"):
+            client.subscribe("p", "s2", initial_position=earliest)
+        with pytest.raises(pulsartxn.QuotaExceeded, match="max_subscriptions_per_topic"):
+            client.admin.create_subscription("p", "s3")
+        with pytest.raises(pulsartxn.SubscriptionAlreadyExists):
+            client.admin.create_subscription("p", "s1")
+        assert client.admin.list_subscriptions("p-partition-0") == ["s1"]  # no s2 half made
+        client.create_producer("p").send_batch([b"m0", b"m1"])
+        again = client.subscribe("p", "s1", initial_position=earliest)  # it exists: taken
+        assert sorted(m.data() for m in again.batch_receive(10, 1000)) == [b"m0", b"m1"]
+        again.close()
+        client.admin.delete_subscription("p-partition-1", "one")
+        client.subscribe("p", "s2", initial_position=earliest).close()  # room again
+    with pulsartxn.Broker(data, sync=False, max_subscriptions_per_topic=1) as b:
+        client = b.client()
+        assert client.admin.list_subscriptions("p") == ["s1", "s2"]  # past the lowered limit
+        with pytest.raises(pulsartxn.QuotaExceeded):
+            client.subscribe("p", "s4")
+        s2 = client.subscribe("p", "s2", initial_position=earliest)
+        assert sorted(m.data() for m in s2.batch_receive(10, 1000)) == [b"m0", b"m1"]
+    for bad, error in ((0, ValueError), (True, TypeError), ("9", TypeError)):
+        with pytest.raises(error, match="max_subscriptions_per_topic"):
+            pulsartxn.Broker(tmp_path / "bad", max_subscriptions_per_topic=bad)
+
+
 def test_a_partition_quota_counts_every_topic(tmp_path):
     """Before: a few create_topic(name, 4096) took every LMDB named database the store had;
     the defaults now stop them well before."""
