@@ -30,8 +30,27 @@ GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_listener"
 os.environ.setdefault("GRPC_EXPERIMENTS", GRPC_EXPERIMENTS)
 
 VERSION = 1
-# The most creates one call cancels (Calls._create, Session.cancel).
+# The most ids one call names to be undone: creates it cancels (Calls._create,
+# Session.cancel), spares it drops (remote/spare.py).
 MAX_CANCELS = 64
+
+
+def id_list(value, name: str, what: str) -> list[str]:
+    """An argument naming what a call undoes: a list of at most MAX_CANCELS strings (None:
+    none), else TypeError before anything is undone."""
+    if value is None:
+        return []
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_CANCELS
+        or not all(isinstance(v, str) for v in value)
+    ):
+        raise TypeError(
+            f"{name} must be a list of at most {MAX_CANCELS} {what}, not {errors.excerpt(value)}"
+        )
+    return value
+
+
 # Admin calls served remotely (API.md, "Admin and stats").
 ADMIN_METHODS = (
     "topic_stats",

@@ -27,7 +27,7 @@ import pyarrow.flight as flight
 from .. import errors
 from ..txn.log import IN_PROCESS
 from ..txn.state import FINAL
-from .protocol import MAX_CANCELS, SessionLost
+from .protocol import SessionLost, id_list
 
 T = TypeVar("T")
 
@@ -197,16 +197,7 @@ class Session:
     def cancel(self, create_ids) -> None:
         """The client gave up on these creates (not answered in time): what they made is
         closed, and one not yet made never will be (a create under way is waited for)."""
-        if (
-            not isinstance(create_ids, list)
-            or len(create_ids) > MAX_CANCELS
-            or not all(isinstance(c, str) for c in create_ids)
-        ):
-            raise TypeError(
-                f"cancel must be a list of at most {MAX_CANCELS} create ids (str), not "
-                f"{errors.excerpt(create_ids)}"
-            )
-        for create_id in create_ids:
+        for create_id in id_list(create_ids, "cancel", "create ids (str)"):
             with self.lock:
                 under_way = self._making.get(create_id)
             if under_way is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from .. import errors
 from ..txn.state import FINAL
 from ..txn.transaction import as_txn_id
-from .protocol import MAX_CANCELS, jsonable
+from .protocol import id_list, jsonable
 from .sessions import room
 
 
@@ -55,7 +55,7 @@ class TxnActions:
         (remote/spare.py): those named in `drop`, and those begun with the ends named in
         `lost` (ends whose answer, and the spare in it, never reached the client). Only the
         session's own, and those still open."""
-        drop, lost = _txn_ids("drop", drop), _txn_ids("lost", lost)
+        drop, lost = id_list(drop, "drop", "TxnID strings"), id_list(lost, "lost", "TxnID strings")
         for key in drop + [k for k in (s.spare_of(e, pop=True) for e in lost) if k is not None]:
             txn = s.txns.get(key)
             if txn is None:
@@ -141,18 +141,3 @@ class TxnActions:
         s = self.sessions.get(args)
         self.sessions.group(s, args["group"], args.get("group_capability"), claim=False)
         return jsonable(s.client.abort_group(args["group"]))
-
-
-def _txn_ids(name: str, value) -> list[str]:
-    if value is None:
-        return []
-    if (
-        not isinstance(value, list)
-        or len(value) > MAX_CANCELS
-        or not all(isinstance(t, str) for t in value)
-    ):
-        raise TypeError(
-            f"{name} must be a list of at most {MAX_CANCELS} TxnID strings, not "
-            f"{errors.excerpt(value)}"
-        )
-    return value
