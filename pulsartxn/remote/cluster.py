@@ -345,22 +345,27 @@ class ClusterClient(ClusterRouting):
         self._spares.ended(kind, spare, 0, txn, answered)
 
     def _drop_spares(self, stale: list[str], lost: list[str]) -> None:
-        """Abort the spares not taken in time (`stale`) and those begun with ends whose
-        answer never came (`lost`), at the broker that began each: its coordinator's owner,
-        or the ended transaction's (there is no begin there to name them in). One call per
-        coordinator, each waiting DROP_SPARE_S at most: if that broker is away, their own
-        timeout ends them, and the begin that follows does not wait for the broker."""
-        calls: dict[int, dict] = {}
-        for name, keys in (("drop", stale), ("lost", lost)):
-            for key in keys:
-                coordinator = TxnID.parse(key).coordinator_id
-                calls.setdefault(coordinator, {"drop": [], "lost": []})[name].append(key)
-        for coordinator, args in calls.items():
+        """Abort the spares not taken in time (`stale`), each at its coordinator's owner, and
+        those begun with ends whose answer never came (`lost`), at the broker that ran each
+        end: its transaction's coordinator's owner, which remembers the spare it began
+        (there is no begin there to name them in). Each call waits DROP_SPARE_S at most: if
+        that broker is away, their own timeout ends them, and the begin that follows does
+        not wait for the broker."""
+        calls = [
+            (key, "end", {"txn": key, "capability": self._capability_of(key), "commit": False})
+            for key in stale
+        ]
+        by_coordinator: dict[int, list[str]] = {}
+        for ended in lost:
+            by_coordinator.setdefault(TxnID.parse(ended).coordinator_id, []).append(ended)
+        calls += [(ends[0], "drop_spares", {"lost": ends}) for ends in by_coordinator.values()]
+        for key, action, args in calls:
+            route = self._coordinator(TxnID.parse(key).coordinator_id)
             try:
                 with self._deadline.until(time.monotonic() + DROP_SPARE_S):
-                    self._coordinator(coordinator)._json("drop_spares", args)
+                    route._json(action, args)
             except errors.PulsarTxnError:
-                pass  # they ended already, or their broker does not answer in time
+                pass  # it ended already, or its broker does not answer in time
 
     def group_capability(self, group: str, capability: str | None = None) -> str:
         """As RemoteClient.group_capability, at the group's coordinator."""

@@ -571,3 +571,18 @@ def test_a_loop_of_transactions_takes_spares_across_brokers(cluster, client, mon
     assert client.transaction(stale).state is pulsartxn.TxnState.ABORTED
     fresh.abort()
     assert sorted(scanned(client, topic)) == sorted(k.encode() for k in keys)
+
+
+def test_a_spare_whose_end_went_unanswered_is_aborted_where_the_end_ran(cluster, client):
+    """An end that asked for a spare and got no answer: the cluster client's next begin has
+    the broker that ran the end (its coordinator's owner) abort the spare it remembers."""
+    for coordinator in (1, 4):
+        t = client.new_transaction(coordinator_id=coordinator)
+        end = {"txn": str(t.id), "capability": t.capability, "commit": True}
+        end["next"] = {"timeout_ms": None, "coordinator_id": None}
+        route = client._coordinator(coordinator)
+        lost = route._json("end", end)["next"]["txn"]  # the answer, as if it never came
+        client._spares.ended((None, None), None, 0, str(t.id), answered=False)
+        assert client.transaction(lost).state is pulsartxn.TxnState.OPEN
+        client.new_transaction().abort()
+        assert client.transaction(lost).state is pulsartxn.TxnState.ABORTED
