@@ -80,6 +80,7 @@ class Partition:
         snapshots.recovered(replay_from > 0)
         self.subscriptions: dict[str, Subscription] = {}
         self.readers: dict[str, Subscription] = {}  # non-durable: no cursor stored, no stats
+        self.awaited: set[Subscription] = set()  # those with a consumer parked (Parked)
         self.producers: dict[str, object] = {}
         self.msg_in = 0
         self.bytes_in = 0
@@ -310,8 +311,8 @@ class Partition:
             self.next_entry_id = first + len(counts)
             self.msg_in += sum(counts)
             self.bytes_in += nbytes
-            subscriptions = [*self.subscriptions.values(), *self.readers.values()]
-        for sub in subscriptions:
+            awaited = list(self.awaited)  # a consumer parking after this polls once more
+        for sub in awaited:
             sub.notify()
 
     def dispatch_end(self, read_committed: bool = True) -> int:

@@ -54,7 +54,7 @@ class Subscription(CursorWrites, Redelivery):
         self.consumers: dict[Consumer, tuple | None] = {}
         self.active: Consumer | None = None  # the first: who receives unless Shared
         self.type: int | None = None
-        self.parked = Parked()
+        self.parked = Parked(self, partition.awaited)
         self.read_ahead = ReadAhead(partition, cursor, self._filter_out)
         self.delayed = DelayedDelivery()  # messages read before their delivery time
         # Past the read-ahead only positions are held: a message delivered and not yet
