@@ -30,7 +30,7 @@ class BrokerConfig:
     max_topics: int = 10_000
     max_partitions: int = 10_000
     # Durable subscriptions on one topic (each partition's), checked when one is created:
-    # each holds memory and every send wakes each (Pulsar's maxSubscriptionsPerTopic).
+    # each holds memory and a cursor (Pulsar's maxSubscriptionsPerTopic).
     max_subscriptions_per_topic: int = 10_000
     # What coordinators may hold (COORDINATOR_BYTES each, 264 KiB: about 990 by default);
     # scale_coordinators also leaves max_partitions of max_dbs to the partitions.
