@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("producers", 1024),
         ("transactions", 10_000),
         ("waiting-receives", 256),
-        ("streams", 64),
+        ("streams", 256),
     ):
         srv.add_argument(
             f"--session-max-{what}",

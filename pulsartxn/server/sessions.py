@@ -63,7 +63,7 @@ class SessionLimits:
     producers: int = 1024
     transactions: int = 10_000  # open transactions it opened or holds
     waiting_receives: int = 256  # receives parked on the server, each holding a thread
-    streams: int = 64  # bulk streams open (DoPut, a scan's DoGet), each holding a thread
+    streams: int = 256  # bulk streams open (DoPut, a scan's DoGet), each holding a thread
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
