@@ -240,8 +240,14 @@ class KeyShared:
         nbytes = delivered = 0
         full = False
         while len(out) < n:
-            if not buf and (len(kept) >= LOOKAHEAD or not ra.fill(sub.read_committed)):
-                break
+            if not buf:
+                if len(kept) >= LOOKAHEAD:
+                    # As far as a take reads ahead: the next take of another consumer (which
+                    # takes some of these) rouses this one, or it would wait for a publish.
+                    self.blocked = True
+                    break
+                if not ra.fill(sub.read_committed):
+                    break
             item = buf.popleft()
             key, payload = item
             if key in pending or cursor.is_acked(*key) or holds(*key):

@@ -231,6 +231,7 @@ class Subscription(CursorWrites, Redelivery):
         Returns (bytes taken, whether max_bytes stopped it)."""
         start = len(out)
         moved = dead_letter = None
+        drained = False
         with self.lock:
             if not self.may_receive(consumer):
                 return 0, False
@@ -241,6 +242,7 @@ class Subscription(CursorWrites, Redelivery):
             nbytes, full = 0, False
             if self.key_shared is not None:
                 nbytes, full = self.key_shared.take(self, consumer, out, n, max_bytes)
+                drained = len(out) > start and self.key_shared.unblocked()
             else:
                 if self._redeliver:
                     nbytes, full = self._take_redelivered(consumer, out, n, max_bytes)
@@ -261,6 +263,8 @@ class Subscription(CursorWrites, Redelivery):
             dead_letter.move(self, moved)
         if woke:
             self.notify()  # a delayed message due before what parked receives wait for
+        elif drained:
+            self.notify()  # what this take took may let a blocked consumer's take on
         return nbytes, full
 
     def _take_buffered(self, consumer, out: list, n: int, max_bytes: int) -> tuple[int, bool]:

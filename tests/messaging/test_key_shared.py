@@ -237,6 +237,42 @@ def test_has_message_available_counts_only_the_consumers_keys(client):
     assert {m.data() for m in drain(b)} == {m.data() for m in got_a}
 
 
+def test_a_receive_held_by_the_read_ahead_limit_wakes_when_the_others_take(
+    client, broker, monkeypatch
+):
+    """A take reads past at most LOOKAHEAD messages of other consumers' keys. A consumer whose
+    messages lie past that many of another's waits, and is woken by that other's take (it
+    waited for a publish, or its own timeout, before), without an ack."""
+    from pulsartxn.messaging import key_shared
+
+    monkeypatch.setattr(key_shared, "LOOKAHEAD", 50)
+    a, b = subscribe(client, consumer_name="a"), subscribe(client, consumer_name="b")
+    sub = broker.topics.resolve("ks")[1][0].subscriptions["s"]
+
+    def owner(key) -> str:
+        return sub.key_shared.selector.select(key_shared.key_hash(key.encode())).consumer_name()
+
+    keys = [f"k{i}" for i in range(200)]
+    of_a = [k for k in keys if owner(k) == "a"][:3]
+    of_b = [k for k in keys if owner(k) == "b"][:3]
+    send(client, [of_b[i % 3] for i in range(120)], tag="b")  # 120 of b's first
+    send(client, [of_a[i % 3] for i in range(5)], tag="a")
+    got: list = []
+    waiting = threading.Thread(target=lambda: got.append(a.receive(20_000)), daemon=True)
+    waiting.start()
+    deadline = time.monotonic() + 10
+    while not sub.parked and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sub.parked and not got  # held: its messages lie past 50 of b's
+    taken = b.batch_receive(100, 1000)  # no ack: the take alone frees the way
+    assert len(taken) == 100 and keys_of(taken) <= set(of_b)
+    waiting.join(5)
+    assert got and got[0].partition_key() in of_a
+    assert sorted(m.data() for m in drain(b)) == sorted(
+        f"{of_b[i % 3]}:b{i}".encode() for i in range(100, 120)
+    )
+
+
 def test_the_ring_moves_only_the_keys_of_a_consumer_that_comes_or_goes():
     from pulsartxn.messaging.key_shared import KeySelector, key_hash
 
