@@ -136,10 +136,10 @@ class Session:
             if len(self.groups) > SESSION_LABELS:
                 self.groups.popitem(last=False)
 
-    def spare_of(self, ended: str, pop: bool = False) -> str | None:
-        """The spare begun with the end of `ended`, if one was (and is still remembered)."""
+    def take_spare(self, ended: str) -> str | None:
+        """The spare begun with the end of `ended`, if one is remembered (forgotten here)."""
         with self.lock:
-            return self._spares.pop(ended, None) if pop else self._spares.get(ended)
+            return self._spares.pop(ended, None)
 
     def spare_begun(self, ended: str, spare: str) -> None:
         with self.lock:

@@ -56,7 +56,7 @@ class TxnActions:
         `lost` (ends whose answer, and the spare in it, never reached the client). Only the
         session's own, and those still open."""
         drop, lost = id_list(drop, "drop", "TxnID strings"), id_list(lost, "lost", "TxnID strings")
-        for key in drop + [k for k in (s.spare_of(e, pop=True) for e in lost) if k is not None]:
+        for key in drop + [k for k in map(s.take_spare, lost) if k is not None]:
             txn = s.txns.get(key)
             if txn is None:
                 continue
