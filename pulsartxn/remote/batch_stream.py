@@ -51,6 +51,7 @@ class BatchStream(StreamContext):
         self._writer = self._reader = None
         self._worker: Worker | None = None  # the stream's calls run there, once it opens
         self._failed: OperationTimedOut | None = None  # a call that timed out ended it
+        self._committed = False  # its transaction's commit closed it
         self._schema = None
         self.count = 0  # messages stored, known once closed
 
@@ -105,9 +106,13 @@ class BatchStream(StreamContext):
             self._worker = None
             raise
         (self._writer, self._reader), self._schema = opened[0], schema
+        if self._handle is not None:
+            self._handle._streams.add(self)  # its commit closes it first
 
     def close(self) -> int:
         """End the stream; returns the messages stored once all of them are durable."""
+        if self._committed:
+            return self.count  # its transaction's commit closed it
         self._check_usable()
         if self._writer is None:
             return self.count
@@ -130,6 +135,8 @@ class BatchStream(StreamContext):
             raise protocol.from_flight_error(exc) from None
         self._writer = None
         self._worker.stop()
+        if self._handle is not None:
+            self._handle._streams.discard(self)
         out = json.loads(meta.to_pybytes())
         if self._handle is not None:
             self._handle._stored(out.get("partitions") or [])
@@ -141,6 +148,8 @@ class BatchStream(StreamContext):
         writer, self._writer = self._writer, None
         if writer is None:
             return
+        if self._handle is not None:
+            self._handle._streams.discard(self)
         if self._worker.stuck:
             # After the call still running there: the writer is used by one thread at a time.
             self._worker.stop(lambda: drop_writer(writer))
@@ -161,7 +170,19 @@ class BatchStream(StreamContext):
             self.cancel()
             raise
 
+    def _close_for_commit(self) -> None:
+        """Its transaction commits while it is open: close it, so that every batch written
+        is in the transaction (as a commit waits for the sends before it); one that cannot
+        be closed fails the transaction, which then aborts."""
+        try:
+            self.close()
+        except errors.PulsarTxnError as exc:
+            self._handle._send_failed(exc)
+        self._committed = True
+
     def _check_usable(self) -> None:
+        if self._committed:
+            raise errors.AlreadyClosed("this batch stream was closed by its transaction's commit")
         if self._failed is not None:
             raise errors.AlreadyClosed(
                 f"this batch stream ended when a call timed out: {self._failed}"

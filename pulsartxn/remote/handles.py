@@ -225,6 +225,7 @@ class RemoteTransaction(TransactionContext):
         self._send_counts: dict = {}
         self._counted = counted
         self._producers: weakref.WeakSet = weakref.WeakSet()  # with queued sends of this txn
+        self._streams: weakref.WeakSet = weakref.WeakSet()  # its batch streams still open
         self._error: BaseException | None = None  # a send of it that timed out
         self._end_unknown = False  # an end of it was not answered: it may have gone through
 
@@ -251,8 +252,12 @@ class RemoteTransaction(TransactionContext):
         return TxnState(out["state"])
 
     def _flush_for_commit(self) -> None:
+        # Everything sent in the transaction lands (or fails) first: its batch streams are
+        # closed (what was written to them is in it), its producers' queued sends answered.
+        for stream in list(self._streams):
+            stream._close_for_commit()
         for producer in list(self._producers):
-            producer._answered()  # everything sent in the transaction lands (or fails) first
+            producer._answered()
 
     def _end(self, commit: bool, timeout_ms) -> None:
         if commit:

@@ -255,6 +255,39 @@ def test_batch_stream_sends_many_batches_in_one_transaction(server):
     client.close()
 
 
+def test_a_commit_closes_its_open_batch_streams_first(server):
+    """A transaction committed while a batch stream of it is open: the stream is closed
+    first, so every batch written before the commit is in it (its last one was lost: the
+    commit raced it and the stream's close then failed on the ended transaction)."""
+    s = server()
+    client = pulsartxn.Client(s.url)
+    producer = client.create_producer("open-stream")
+    for round_ in range(10):  # the race it had was lost in some rounds only
+        txn = client.new_transaction()
+        stream = producer.batch_stream(txn)
+        stream.write(pa.array([b"%d-a" % round_, b"%d-b" % round_], pa.binary()))
+        stream.write(pa.array([b"%d-c" % round_], pa.binary()))
+        if round_ % 2:
+            txn.commit()
+        else:
+            with txn:
+                pass  # the block's commit closes it the same way
+        assert txn.state is TxnState.COMMITTED
+        assert stream.close() == stream.count == 3  # closed already: its count
+        with pytest.raises(pulsartxn.AlreadyClosed, match="closed by its transaction's commit"):
+            stream.write(pa.array([b"late"], pa.binary()))
+    values = [v for b in client.scan("open-stream") for v in b.column("value").to_pylist()]
+    assert values == [b"%d-%s" % (r, c) for r in range(10) for c in (b"a", b"b", b"c")]
+    # One that cannot be closed fails its transaction: the commit aborts it and raises.
+    txn = client.new_transaction()
+    stream = producer.batch_stream(txn)
+    stream.write(pa.array([b"x"], pa.binary()))
+    client.transaction(txn.id, capability=txn.capability).abort()  # ended elsewhere
+    with pytest.raises(InvalidTxnStatus):
+        txn.commit()
+    client.close()
+
+
 def test_sends_of_every_kind_land_in_the_order_they_were_made(server):
     """send_async batches, a sync send, a send_batch and a batch stream from one producer,
     in and out of a transaction: each lands after everything sent before it (a sync send
