@@ -214,6 +214,7 @@ def test_a_batch_stream_write_a_silent_broker_does_not_take_times_out(served):
 
 
 def test_a_batch_stream_left_unclosed_ends_its_thread(served):
+    assert _until(lambda: not _stream_threads())  # those of closed streams have ended
     with pulsartxn.Client(served.url) as client:
         stream = client.create_producer("optimeout-unclosed").batch_stream()
         stream.write(pa.array([b"v"], pa.binary()))
