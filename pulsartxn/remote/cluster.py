@@ -351,19 +351,24 @@ class ClusterClient(ClusterRouting):
         (there is no begin there to name them in). Each call waits DROP_SPARE_S at most: if
         that broker is away, their own timeout ends them, and the begin that follows does
         not wait for the broker."""
+        lost_at: dict[int, list[str]] = {}  # coordinator -> the ends it ran
+        for ended in lost:
+            lost_at.setdefault(TxnID.parse(ended).coordinator_id, []).append(ended)
         calls = [
-            (key, "end", {"txn": key, "capability": self._capability_of(key), "commit": False})
+            (
+                TxnID.parse(key).coordinator_id,
+                "end",
+                {"txn": key, "capability": self._capability_of(key), "commit": False},
+            )
             for key in stale
         ]
-        by_coordinator: dict[int, list[str]] = {}
-        for ended in lost:
-            by_coordinator.setdefault(TxnID.parse(ended).coordinator_id, []).append(ended)
-        calls += [(ends[0], "drop_spares", {"lost": ends}) for ends in by_coordinator.values()]
-        for key, action, args in calls:
-            route = self._coordinator(TxnID.parse(key).coordinator_id)
+        calls += [
+            (coordinator, "drop_spares", {"lost": ends}) for coordinator, ends in lost_at.items()
+        ]
+        for coordinator, action, args in calls:
             try:
                 with self._deadline.until(time.monotonic() + DROP_SPARE_S):
-                    route._json(action, args)
+                    self._coordinator(coordinator)._json(action, args)
             except errors.PulsarTxnError:
                 pass  # it ended already, or its broker does not answer in time
 

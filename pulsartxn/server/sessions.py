@@ -79,6 +79,23 @@ def create_id(args: dict) -> str | None:
     return value
 
 
+def _hold(s: Session, count: str, limit: int, what: str) -> Callable[[], None]:
+    """One more of what session `s` counts in its attribute `count`, within `limit`
+    (QuotaExceeded past it); returns the release, which takes it back once."""
+    with s.lock:
+        room(getattr(s, count), limit, what)
+        setattr(s, count, getattr(s, count) + 1)
+    held = [True]
+
+    def release() -> None:
+        with s.lock:
+            if held[0]:
+                held[0] = False
+                setattr(s, count, getattr(s, count) - 1)
+
+    return release
+
+
 def room(count: int, limit: int, what: str) -> None:
     if count >= limit:
         raise errors.QuotaExceeded(f"a session may hold at most {limit} {what}")
@@ -408,30 +425,16 @@ class Sessions:
     @contextlib.contextmanager
     def waiting(self, s: Session):
         """A receive parked on the server for `s` (each holds a server thread)."""
-        with s.lock:
-            room(s.waiting, self.limits.waiting_receives, "receives waiting at once")
-            s.waiting += 1
+        release = _hold(s, "waiting", self.limits.waiting_receives, "receives waiting at once")
         try:
             yield
         finally:
-            with s.lock:
-                s.waiting -= 1
+            release()
 
     def stream(self, s: Session) -> Callable[[], None]:
         """A bulk stream opened for `s` (a DoPut, a scan's DoGet: each holds a server thread
-        while its client writes or reads, however slowly); returns its release (once)."""
-        with s.lock:
-            room(s.streams, self.limits.streams, "streams open at once")
-            s.streams += 1
-        held = [True]
-
-        def release() -> None:
-            with s.lock:
-                if held[0]:
-                    held[0] = False
-                    s.streams -= 1
-
-        return release
+        while its client writes or reads, however slowly); returns its release."""
+        return _hold(s, "streams", self.limits.streams, "streams open at once")
 
     # -- roles and capabilities: a secret per transaction and per group label --------------
 
