@@ -468,6 +468,21 @@ def test_the_merged_consumer(cluster, client):
     producer.close()
 
 
+def test_a_commit_closes_its_open_batch_streams_on_every_broker_first(cluster, client):
+    """A cluster client's stream of a partitioned topic is one stream per partition, on
+    their owners: a commit while it is open closes each first, so every batch is in it."""
+    topic = _topic(client)
+    keys = _keys_per_partition(client, topic)
+    producer = client.create_producer(topic)
+    txn = client.new_transaction()
+    stream = producer.batch_stream(txn=txn)
+    values = [f"v{i}".encode() for i in range(40)]
+    stream.write(pa.array(values, pa.binary()), pa.array([keys[i % len(keys)] for i in range(40)]))
+    txn.commit()
+    assert stream.close() == 40  # closed by the commit: its count
+    assert sorted(scanned(client, topic)) == sorted(values)
+
+
 def test_bulk_sends_route_as_the_embedded_producer(cluster, client, tmp_path):
     topic = _topic(client)
     producer = client.create_producer(topic, batching_max_messages=10)

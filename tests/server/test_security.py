@@ -413,6 +413,27 @@ def test_claimed_group_labels_take_bounded_memory(tmp_path, monkeypatch):
         broker.close()
 
 
+def test_a_remote_subscribe_past_the_subscription_quota_is_refused(tmp_path):
+    """max_subscriptions_per_topic over the network: QuotaExceeded, typed, nothing made."""
+    from pulsartxn.server.service import BrokerServer
+
+    broker = pulsartxn.Broker(tmp_path / "data", sync=False, max_subscriptions_per_topic=2)
+    server = BrokerServer(broker, "127.0.0.1", 0)
+    client = pulsartxn.Client(f"pulsartxn://127.0.0.1:{server.port}")
+    try:
+        for name in ("s1", "s2"):
+            client.subscribe("t", name).close()
+        with pytest.raises(pulsartxn.QuotaExceeded, match="max_subscriptions_per_topic=2"):
+            client.subscribe("t", "s3")
+        client.subscribe("t", "s1").close()  # one that exists is taken
+        assert client.admin.list_subscriptions("t") == ["s1", "s2"]
+    finally:
+        client.close()
+        server.shutdown_sessions()
+        server.shutdown()
+        broker.close()
+
+
 def test_a_server_holds_at_most_max_sessions(server):
     s = server("--max-sessions", "2")
     a, b = pulsartxn.Client(s.url), pulsartxn.Client(s.url)
