@@ -244,13 +244,15 @@ cdef class PartitionProducer:
             self.txn_batch = None
             self.txn_last = None
 
-    def add(self, bytes content not None, properties, key, sequence_id):
+    def add(self, bytes content not None, properties, key, sequence_id, bint now=False):
+        """Queue one message; `now`: its batch is sent at once and quietly, for a caller that
+        commits it and waits itself (a synchronous send: no other thread is woken)."""
         if sequence_id is None:
-            return self._add(content, properties, key, -1, False)
-        return self._add(content, properties, key, sequence_id, True)
+            return self._add(content, properties, key, -1, False, now)
+        return self._add(content, properties, key, sequence_id, True, now)
 
     cdef object _add(self, bytes content, object properties, object key, int64_t sequence_id,
-                     bint explicit):
+                     bint explicit, bint now=False):
         cdef Batch batch
         cdef MessageFuture fut
         cdef Py_ssize_t n, size = PyBytes_GET_SIZE(content)
@@ -279,17 +281,18 @@ cdef class PartitionProducer:
             if batch is None:
                 batch = Batch(sequence_id)
                 self.batch = batch
-                if not self.watched:
-                    self.watched = True
-                    self.flusher.watch(self)
             n = batch.append(content, properties, key)
             fut = _future(batch.outcome, n)
             if resent:
                 batch.resent = True  # last_sequence stays: it never goes down
             else:
                 self.last_sequence = sequence_id
-            if not self.batching or n + 1 >= self.max_messages:
-                self._flush()
+            if now or not self.batching or n + 1 >= self.max_messages:
+                self._flush(now)
+            elif not self.watched:
+                # Only a batch left open waits for the flusher (its publish delay).
+                self.watched = True
+                self.flusher.watch(self)
             return fut
         finally:
             self.lock.give()

@@ -271,9 +271,10 @@ class Producer(TransactionBatches, BatchSends, metaclass=abc.ABCMeta):  # noqa: 
                 self._parts[0].partition.storage.wait(fut)
             return fut.result()
         part = self._part_for(partition_key)
-        fut = part.add(content, properties, partition_key, sequence_id)
+        # Sent at once, as Pulsar's client does for a synchronous send, and committed here.
+        fut = part.add(content, properties, partition_key, sequence_id, True)
         if not fut.done():
-            part.flush(True)  # as Pulsar's client does for a synchronous send; committed here
+            part.flush(True)  # a resend's original may wait in the open batch
             part.partition.storage.wait(fut)
         return fut.result()
 

@@ -208,7 +208,9 @@ class PartitionProducer:
             self._txn_batch = None
             self._txn_last = None
 
-    def add(self, content: bytes, properties, key, sequence_id) -> Future:
+    def add(self, content: bytes, properties, key, sequence_id, now: bool = False) -> Future:
+        """Queue one message; `now`: its batch is sent at once and quietly, for a caller that
+        commits it and waits itself (a synchronous send: no other thread is woken)."""
         producer = self.producer
         resent = False
         with self.lock:
@@ -231,17 +233,22 @@ class PartitionProducer:
                 batch = None
             if batch is None:
                 batch = self.batch = Batch(sequence_id)
-                if not self.watched:
-                    self.watched = True
-                    self._flusher.watch(self)
             n = batch.append(content, properties, key)
             fut = MessageFuture(batch.outcome, n)
             if resent:
                 batch.resent = True  # last_sequence stays: it never goes down
             else:
                 self.last_sequence = sequence_id
-            if not producer.batching_enabled or n + 1 >= producer.batching_max_messages:
-                self._flush_locked()
+            if (
+                now
+                or not producer.batching_enabled
+                or n + 1 >= producer.batching_max_messages
+            ):
+                self._flush_locked(now)
+            elif not self.watched:
+                # Only a batch left open waits for the flusher (its publish delay).
+                self.watched = True
+                self._flusher.watch(self)
             return fut
 
     def waiting(self, sequence_id: int) -> MessageFuture | None:
