@@ -1,3 +1,5 @@
+from cpython.bool cimport PyBool_Check
+from cpython.long cimport PyLong_Check
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
 
@@ -98,6 +100,24 @@ cdef class Messages:
         if self.mptr != NULL:
             s += self.mlen[i]
         return s
+
+
+# Header fields that are plain ints in range: checked here without a Python call; anything
+# else goes to entryformat.check_header_ints, which accepts numpy ints and raises the errors.
+cdef inline bint _int(object v):
+    return PyLong_Check(v) and not PyBool_Check(v)  # IntEnum members count, bools do not
+
+
+cdef inline bint _u64_int(object v):
+    return _int(v) and 0 <= v <= 0xFFFFFFFFFFFFFFFF
+
+
+cdef inline bint header_ints_plain(object txn_msb, object txn_lsb, object producer_id,
+                                   object sequence_id, object publish_time, object marker_type):
+    return (_u64_int(txn_msb) and _u64_int(txn_lsb) and _u64_int(producer_id)
+            and _u64_int(sequence_id) and _int(publish_time)
+            and -0x8000000000000000 <= publish_time <= 0x7FFFFFFFFFFFFFFF
+            and _int(marker_type) and 0 <= marker_type <= 255)
 
 
 cdef Messages gather(values, keys, properties, metadata=*)

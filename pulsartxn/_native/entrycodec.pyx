@@ -85,7 +85,8 @@ cdef Messages gather(values, keys, properties, metadata=None):
     cdef object v
     cdef size_t count
     m.keep = []
-    arrow = arrow_binary(values)
+    # A list or tuple is never an Arrow array: only other types are asked.
+    arrow = None if type(values) is list or type(values) is tuple else arrow_binary(values)
     if arrow is not None:
         offsets_arr, data_arr = arrow
         n = len(offsets_arr) - 1
@@ -249,7 +250,8 @@ def value_sizes(values):
 def encode_entry(values, keys=None, properties=None, *, txn_msb=0, txn_lsb=0, producer_id=0,
                  sequence_id=0, publish_time=0, marker_type=0, metadata=None) -> bytes:
     """One entry holding every message of `values` (a marker entry holds zero or one)."""
-    check_header_ints(txn_msb, txn_lsb, producer_id, sequence_id, publish_time, marker_type)
+    if not header_ints_plain(txn_msb, txn_lsb, producer_id, sequence_id, publish_time, marker_type):
+        check_header_ints(txn_msb, txn_lsb, producer_id, sequence_id, publish_time, marker_type)
     cdef Messages m = gather(values, keys, properties, metadata)
     if m.n > 0xFFFFFFFF:
         raise ValueError(f"{m.n} messages do not fit one entry")
@@ -262,7 +264,8 @@ def encode_entries(values, keys=None, properties=None, *, batch_size=1000,
                    first_sequence_id=0, publish_time=0, metadata=None) -> list:
     """Split a bulk of messages into consecutive entries of at most batch_size messages and
     (unless one message alone is larger) max_entry_bytes bytes; sequence ids run on."""
-    check_header_ints(txn_msb, txn_lsb, producer_id, first_sequence_id, publish_time, 0)
+    if not header_ints_plain(txn_msb, txn_lsb, producer_id, first_sequence_id, publish_time, 0):
+        check_header_ints(txn_msb, txn_lsb, producer_id, first_sequence_id, publish_time, 0)
     check_bulk(batch_size, max_entry_bytes, first_sequence_id, 1)
     cdef Messages m = gather(values, keys, properties, metadata)
     check_bulk(batch_size, max_entry_bytes, first_sequence_id, m.n)

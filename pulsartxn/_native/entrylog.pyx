@@ -9,7 +9,7 @@ from cpython.bytes cimport PyBytes_Check
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
 
-from .entrycodec cimport Messages, entry_end, gather, write_entry
+from .entrycodec cimport Messages, entry_end, gather, header_ints_plain, write_entry
 
 import struct
 import threading
@@ -144,6 +144,10 @@ cdef class EntryLog:
         if n == 0:
             return first
         pack = _BE64.pack
+        if n == 1:  # one put, no row list (a single send, a marker)
+            if not txn.put(pack(first), entries[0], db=self.db, append=True):
+                raise RuntimeError(f"{self.name!r}: appended 0 of 1 entries")
+            return first
         rows = [(pack(first + i), entries[i]) for i in range(n)]
         consumed, added = txn.cursor(db=self.db).putmulti(rows, append=True)
         if added != n:
@@ -158,7 +162,8 @@ cdef class EntryLog:
         Returns (first entry id, messages per entry). The entries are written from a reused
         per-thread arena, never materialised as bytes objects.
         """
-        check_header_ints(txn_msb, txn_lsb, producer_id, first_sequence_id, publish_time, 0)
+        if not header_ints_plain(txn_msb, txn_lsb, producer_id, first_sequence_id, publish_time, 0):
+            check_header_ints(txn_msb, txn_lsb, producer_id, first_sequence_id, publish_time, 0)
         check_bulk(batch_size, max_entry_bytes, first_sequence_id, 1)
         cdef Messages m = gather(values, keys, properties, metadata)
         check_bulk(batch_size, max_entry_bytes, first_sequence_id, m.n)

@@ -263,6 +263,15 @@ class Partition:
         if producer is None or first_sequence < 0 or not counts:
             return
         key = self._dedup_prefix + producer.encode()
+        if len(counts) == 1 and not resend:  # one entry: two puts
+            n = counts[0]
+            lmdb_txn.put(key, _DEDUP.pack(first_sequence + n - 1), db=self._dedup_db)
+            lmdb_txn.put(
+                key + b"\0" + _U64.pack(first_sequence),
+                _DEDUP_INDEX.pack(first, n, first_sequence),
+                db=self._dedup_index_db,
+            )
+            return
         end = first_sequence + sum(counts)
         highest = end - 1
         if resend:
@@ -306,12 +315,17 @@ class Partition:
             while self.next_entry_id < first:
                 self._push_count(0)
                 self.next_entry_id += 1
+            cumulative = self._cumulative
+            total = before = cumulative[-1]
             for n in counts:
-                self._push_count(n)
+                self._counts.append(n)
+                total += n
+                cumulative.append(total)
             self.next_entry_id = first + len(counts)
-            self.msg_in += sum(counts)
+            self.msg_in += total - before
             self.bytes_in += nbytes
-            awaited = list(self.awaited)  # a consumer parking after this polls once more
+            # A consumer parking after this polls once more.
+            awaited = list(self.awaited) if self.awaited else ()
         for sub in awaited:
             sub.notify()
 

@@ -420,33 +420,42 @@ class GroupCommit:
     def _commit(self, group: list[WriteOp]) -> list[Any]:
         started = time.monotonic()
         journal = self._journal
+        # Ops that are durable only by a later flush (durable=False) alone: their record is
+        # written, not flushed; the next flushed record covers it. Held ones alone: their
+        # changes wait for the next record, which carries them first (CARRY_MAX at most).
+        nbytes = 0
+        flush = False
+        hold = True
+        for op in group:
+            nbytes += op.nbytes
+            if op.durable:
+                flush = True
+            if not op.held:
+                hold = False
+        hold = hold and not flush
         if journal is not None:
             journal.check()
         lmdb_txn = self._env.begin(write=True)
         view = lmdb_txn
         rec = None
-        if journal is not None and sum(op.nbytes for op in group) < self._direct_bytes:
+        if journal is not None and nbytes < self._direct_bytes:
             rec = Recorder(self._names)
             view = RecordingTxn(lmdb_txn, rec)
-        # Ops that are durable only by a later flush (durable=False) alone: their record is
-        # written, not flushed; the next flushed record covers it. Held ones alone: their
-        # changes wait for the next record, which carries them first (CARRY_MAX at most).
-        flush = any(op.durable for op in group)
-        hold = not flush and all(op.held for op in group)
-        results = []
+        results: list = []
+        append = results.append
         try:
-            for op in group:
-                try:
-                    results.append(op.apply(view))
-                except BaseException as exc:
-                    lmdb_txn.abort()
-                    lmdb_txn = None
-                    for other in group:
-                        if other.on_abort is not None:
-                            other.on_abort()
-                    if len(group) == 1:
-                        op.future.set_exception(storage_error(exc, self._path))
-                    raise _OpFailed() from exc
+            try:
+                for op in group:
+                    append(op.apply(view))
+            except BaseException as exc:
+                lmdb_txn.abort()
+                lmdb_txn = None
+                for other in group:
+                    if other.on_abort is not None:
+                        other.on_abort()
+                if len(group) == 1:
+                    op.future.set_exception(storage_error(exc, self._path))
+                raise _OpFailed() from exc
             if journal is None or (rec is not None and not rec.size):
                 lmdb_txn.commit()
             elif rec is not None and hold and journal.carried + rec.size <= CARRY_MAX:

@@ -148,6 +148,15 @@ def combine(ops: list[WriteOp]) -> WriteOp:
     """One operation applying `ops` in order in one LMDB transaction: all of them land, or
     none. Each op's on_commit runs and its future is answered after the commit; if the
     combined op fails, every op's on_abort runs and its future gets the error."""
+    nbytes = records = 0
+    durable, held = False, True
+    for op in ops:
+        nbytes += op.nbytes
+        records += op.records
+        if op.durable:
+            durable = True
+        if not op.held:
+            held = False
 
     def apply(lmdb_txn):
         return [op.apply(lmdb_txn) for op in ops]
@@ -167,18 +176,10 @@ def combine(ops: list[WriteOp]) -> WriteOp:
             if op.on_abort is not None:
                 op.on_abort()
 
-    combined = WriteOp(
-        apply,
-        nbytes=sum(op.nbytes for op in ops),
-        records=sum(op.records for op in ops),
-        on_commit=on_commit,
-        on_abort=on_abort,
-        durable=any(op.durable for op in ops),
-        held=all(op.held for op in ops),
-    )
+    combined = WriteOp(apply, nbytes, records, on_commit, on_abort, durable=durable, held=held)
 
     def answer(fut):
-        exc = fut.exception()
+        exc = fut._error
         if exc is not None:
             for op in ops:
                 if not op.future.done():
