@@ -6,7 +6,6 @@ docs/internals.md, "Markers: what readers see"."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import OrderedDict
 
@@ -15,6 +14,7 @@ import numpy as np
 from .._native import AbortSet, TxnID, encode_entry, header_columns
 from .._native.types import MarkerType
 from ..errors import InvalidTxnStatus
+from .quiet import QuietCondition
 from .watermark import BySequence
 
 # Ended transactions remembered per partition above their coordinator's low watermark (below
@@ -27,7 +27,7 @@ class TransactionBuffer:
     def __init__(self, partition) -> None:
         self.partition = partition
         self.lock = partition.lock
-        self.cond = threading.Condition(partition.lock)
+        self.cond = QuietCondition(partition.lock)
         self.ongoing: OrderedDict[TxnID, int] = OrderedDict()  # txn -> its first entry id
         self.inflight: dict[TxnID, int] = {}  # appends submitted, not yet published or failed
         self.ended: dict[TxnID, bool] = {}  # ended here (late appends refused), until below lwm

@@ -36,6 +36,7 @@ from .meta import (
     TxnMeta,
     status_error,
 )
+from .quiet import QuietCondition
 from .state import CoordinatorStatus, EndReason, TxnState
 
 _LOG = logging.getLogger("pulsartxn.txn")
@@ -51,7 +52,7 @@ class Coordinator(TransactionEnd):
         self.db = self.storage.open_db(log.log_db_name(coordinator_id))
         # Never held while waiting for a write: the group commit's callbacks take it.
         self.lock = threading.Lock()
-        self.cond = threading.Condition(self.lock)
+        self.cond = QuietCondition(self.lock)
         self._alloc_lock = threading.Lock()  # the allocator (its reservations write)
         self.txns: dict[int, TxnMeta] = {}
         self.finished = Outcomes()  # seq -> (state, reason, timeout_ms) once finished
@@ -266,24 +267,24 @@ class Coordinator(TransactionEnd):
             seq = txn_id.sequence
             deadline = now + timeout_ms / 1000.0
             meta = TxnMeta(txn_id, seq, timeout_ms, open_ms, deadline, group, owner)
-            record = log.encode_new(timeout_ms, open_ms, group, owner)
-            key = log.record_key(seq, 0)
             if staged:
                 # The record rides with the transaction's first write: until then there is
                 # nothing a crash could leave half done (the sequence is reserved already).
-                meta.new_record = (key, record)
+                meta.new_record = log.StagedNew(seq, timeout_ms, open_ms, group, owner)
                 meta.durable = True
             with self.lock:
                 self.finished.begun(seq)
                 self.txns[seq] = meta
                 self._order.append(seq)
                 self._next_live = seq + 1
-                heapq.heappush(self._deadlines, (meta.deadline, seq))
+                heapq.heappush(self._deadlines, (deadline, seq))
                 if staged:
                     self.created += 1
                     self.log_appends += 1  # rides with the transaction's first write
         if staged:
             return meta
+        record = log.encode_new(timeout_ms, open_ms, group, owner)
+        key = log.record_key(seq, 0)
         try:
             self._write(lambda t: t.put(key, record, db=self.db), len(record))
         except BaseException:
@@ -299,7 +300,8 @@ class Coordinator(TransactionEnd):
     def _check_room(self) -> None:
         """Under _alloc_lock: only new() adds live transactions, so the count read here can
         only have gone down by the time this one is added (no need for self.lock)."""
-        self.check_ready()
+        if self.status is not CoordinatorStatus.READY:
+            self.check_ready()
         limit = self.service.max_active
         if len(self.txns) >= limit:
             raise TooManyTransactions(
@@ -364,7 +366,7 @@ class Coordinator(TransactionEnd):
                 # deleted already: a record now would outlive the transaction.
                 return
             if first is not None:
-                lmdb_txn.put(first[0], first[1], db=db)  # the same bytes whoever writes it
+                lmdb_txn.put(first.key, first.value, db=db)  # the same bytes whoever writes it
             lmdb_txn.put(key, record, db=db)
 
         def done(landed: bool) -> None:

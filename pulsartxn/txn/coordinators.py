@@ -199,7 +199,9 @@ class Coordinators(CoordinatorScaling, CleanClose):
         return coords[coordinator_id]
 
     def of(self, txn_id) -> Coordinator:
-        return self.coordinator(txn_id.coordinator_id)
+        cid = txn_id.coordinator_id  # a TxnID's: an int >= 0
+        coords = self.coordinators
+        return coords[cid] if cid < len(coords) else self.coordinator(cid)
 
     # -- single transactions ---------------------------------------------------------------
 
@@ -210,15 +212,16 @@ class Coordinators(CoordinatorScaling, CleanClose):
         the id of the network session that opened it."""
         if timeout_ms is None:
             timeout_ms = self.default_timeout_ms
-        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int):
+        elif isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int):
             raise TypeError(f"timeout_ms must be an int, not {excerpt(timeout_ms)}")
         if not 1 <= timeout_ms <= MAX_TIMEOUT_MS:
             raise ValueError(f"timeout_ms {timeout_ms} out of range 1..{MAX_TIMEOUT_MS}")
         timeout_ms = min(timeout_ms, self.max_timeout_ms)  # capped by the broker's maximum
-        if group is not None and (not isinstance(group, str) or not group):
-            raise ValueError(f"group must be a non-empty str, not {excerpt(group)}")
-        if group is not None and len(group.encode()) > log.MAX_NAME_BYTES:
-            raise ValueError(f"group label of {len(group.encode())} bytes is too long")
+        if group is not None:
+            if not isinstance(group, str) or not group:
+                raise ValueError(f"group must be a non-empty str, not {excerpt(group)}")
+            if len(group.encode()) > log.MAX_NAME_BYTES:
+                raise ValueError(f"group label of {len(group.encode())} bytes is too long")
         if coordinator_id is not None:
             coordinator = self.serve(coordinator_id)
         else:
@@ -231,9 +234,11 @@ class Coordinators(CoordinatorScaling, CleanClose):
     def _pick(self) -> Coordinator:
         coords = self.coordinators
         n = len(coords)
+        turn = self._round_robin
+        ready = CoordinatorStatus.READY
         for _ in range(n):
-            c = coords[next(self._round_robin) % n]
-            if c.status is CoordinatorStatus.READY:
+            c = coords[next(turn) % n]
+            if c.status is ready:
                 return c
         raise CoordinatorUnavailable("no transaction coordinator is available")
 

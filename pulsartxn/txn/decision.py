@@ -150,7 +150,7 @@ class TransactionEnd(Finalize):
             ops.insert(end_at, self._end_op(meta, index))
         ops[:0] = taken
         if first is not None and not atomic:
-            ops.insert(0, self._put_op(first[0], first[1]))
+            ops.insert(0, self._put_op(first.key, first.value))
         try:
             decision = combine(ops)
         except BaseException as exc:
@@ -279,7 +279,7 @@ class TransactionEnd(Finalize):
             self.prepare(meta, expected_acks)
         ops = [self._end_op(meta, index)]
         if first is not None:
-            ops.insert(0, self._put_op(first[0], first[1]))
+            ops.insert(0, self._put_op(first.key, first.value))
         self.storage.run(combine(ops))
 
     def _decision_ops(self, meta: TxnMeta, expected_acks, lwm: int, done: set, riding=None):
@@ -294,18 +294,21 @@ class TransactionEnd(Finalize):
         told: list = []  # (participant, its op) of the subscriptions in an atomic end
         commit = meta.commit
         expected_acks = expected_acks or {}
+        partitions, subscriptions = _in_order(meta.partitions), _in_order(meta.subscriptions)
+        find = self.service.participants.find
         local = {}
-        for part in meta.participants():
-            try:
-                participant, here = self.service.participants.find(*part)
-            except Exception:  # noqa: BLE001 - finalize retries it
-                continue
-            if here:
-                local[part] = participant
-        atomic = len(local) == len(meta.partitions) + len(meta.subscriptions)
+        for kind, names in ((PARTITION, partitions), (SUBSCRIPTION, subscriptions)):
+            for name in names:
+                try:
+                    participant, here = find(kind, name)
+                except Exception:  # noqa: BLE001 - finalize retries it
+                    continue
+                if here:
+                    local[kind, name] = participant
+        atomic = len(local) == len(partitions) + len(subscriptions)
         try:
             if atomic:
-                for name in sorted(meta.subscriptions):
+                for name in subscriptions:
                     expected = expected_acks.get(tuple(name)) if commit else None
                     o = local[SUBSCRIPTION, name].end_op(meta.txn_id, commit, lwm, expected)
                     if o is None:  # it cannot take part: the logged way for all
@@ -318,7 +321,7 @@ class TransactionEnd(Finalize):
                     told.append(((SUBSCRIPTION, name), o))
                     done.add((SUBSCRIPTION, name))
             if not atomic and commit:
-                for name in sorted(meta.subscriptions):
+                for name in subscriptions:
                     expected = expected_acks.get(tuple(name))
                     participant = local.get((SUBSCRIPTION, name))
                     if participant is not None:
@@ -326,11 +329,12 @@ class TransactionEnd(Finalize):
                         if o is not None:
                             ops.append(o)
             end_at = len(ops)
-            for name in sorted(meta.partitions):
+            riding = riding or {}
+            for name in partitions:
                 participant = local.get((PARTITION, name))
                 if participant is None:
                     continue
-                o = participant.end_op(meta.txn_id, commit, lwm, (riding or {}).get(name, 0))
+                o = participant.end_op(meta.txn_id, commit, lwm, riding.get(name, 0))
                 if o is not None:
                     ops.append(o)
                 done.add((PARTITION, name))
@@ -363,6 +367,11 @@ class TransactionEnd(Finalize):
 
     def _write(self, apply, nbytes: int, durable: bool = True) -> None:
         self.storage.write(apply, nbytes=nbytes, durable=durable)
+
+
+def _in_order(names) -> list:
+    """A transaction's participants of one kind, sorted (the order its end writes them)."""
+    return sorted(names) if len(names) > 1 else list(names)
 
 
 def _fail_ops(ops, exc) -> None:

@@ -95,7 +95,10 @@ class Finalize:
         with the decision); retry failures with backoff until they succeed. One failing
         participant does not hold back the others."""
         with self.lock:
-            parts = [p for p in meta.participants() if p not in done]
+            if len(done) == len(meta.partitions) + len(meta.subscriptions):
+                parts = []  # every part was in the decision's write (done holds only those)
+            else:
+                parts = [p for p in meta.participants() if p not in done]
             meta.pending = set(parts)
         if not parts:
             self._complete(meta)
@@ -229,6 +232,9 @@ class Finalize:
     def wait_settled(self, meta: TxnMeta, deadline: float | None) -> bool:
         """Until the transaction is COMMITTED or ABORTED, or one of its participants has
         failed its part (retried in the background from then on); False at the deadline."""
+        state = meta.state
+        if state is COMMITTED or state is ABORTED:
+            return True  # the usual case: the end finished in the caller's thread
         timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         with self.lock:
             return self.cond.wait_for(

@@ -120,6 +120,36 @@ def encode_new(timeout_ms: int, open_ms: int, group: str | None, owner: str | No
     return _seal(b"".join(parts))
 
 
+class StagedNew:
+    """A transaction's NEW record while it rides with the transaction's first write
+    (Coordinator.new): keyed and encoded only when a write puts it, since most in-process
+    transactions end in one write that needs none. Unpacks as ``(key, value)``."""
+
+    __slots__ = ("_seq", "_fields", "_key", "_value")
+
+    def __init__(self, seq: int, timeout_ms: int, open_ms: int, group, owner) -> None:
+        self._seq = seq
+        self._fields = (timeout_ms, open_ms, group, owner)
+        self._key: bytes | None = None
+        self._value: bytes | None = None
+
+    @property
+    def key(self) -> bytes:
+        if self._key is None:
+            self._key = record_key(self._seq, 0)
+        return self._key
+
+    @property
+    def value(self) -> bytes:
+        if self._value is None:
+            self._value = encode_new(*self._fields)
+        return self._value
+
+    def __iter__(self):
+        yield self.key
+        yield self.value
+
+
 def encode_names(kind: int, names) -> bytes:
     """PARTITIONS: partition names; SUBSCRIPTIONS: (partition, subscription) pairs."""
     return _encode_names(kind, tuple(names))

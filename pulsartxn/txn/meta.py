@@ -72,9 +72,9 @@ class TxnMeta:
         self.retries = 0
         self.last_error: str | None = None
         self.writes: list | None = None  # participants' deferred writes (futures)
-        # (key, value) of the NEW record while it is not known to be in the log: every write
-        # of the transaction carries it until one has landed (Coordinator.stage).
-        self.new_record: tuple | None = None
+        # The NEW record (a log.StagedNew) while it is not known to be in the log: every
+        # write of the transaction carries it until one has landed (Coordinator.stage).
+        self.new_record = None
         # Ended in one write with every participant's part: its staged records are not put.
         self.atomic_end = False
         self.owner = owner  # log.IN_PROCESS, a session id, or None (not recorded)
