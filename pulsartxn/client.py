@@ -83,6 +83,10 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
         self._closed = False
         self._producers: weakref.WeakSet = weakref.WeakSet()
         self._consumers: weakref.WeakSet = weakref.WeakSet()
+        # The in-process transactions it began outside a group: its close aborts those still
+        # open (nobody else holds them). Pruned of ended ones when it doubles past _PRUNE_AT.
+        self._began: set = set()
+        self._prune_at = _PRUNE_AT
         return self
 
     @property
@@ -355,7 +359,20 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
         group another holds; an in-process client is trusted and needs none.)"""
         self._check_open()
         meta = self.broker.txn.new_transaction(timeout_ms, coordinator_id, group, self._owner)
+        if group is None and self._owner == IN_PROCESS:
+            began = self._began
+            began.add(meta.txn_id)
+            if len(began) >= self._prune_at:
+                self._prune_began()
         return Transaction(self, self.broker.txn, meta.txn_id, counted=True)
+
+    def _prune_began(self) -> None:
+        """Forget the transactions this client began that have ended; the next pruning
+        comes when what is left has doubled (at least _PRUNE_AT)."""
+        with self._lock:
+            live = self.broker.txn.live(self._began)
+            self._began = live
+            self._prune_at = max(_PRUNE_AT, 2 * len(live))
 
     def transaction(self, txn_id: TxnID | str | int, capability: str | None = None) -> Transaction:
         """A handle on an existing transaction by id (TxnID, its str or its int). (An
@@ -433,6 +450,10 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
         return self.broker.topic_partitions(topic)
 
     def close(self) -> None:
+        """Close its producers (what they hold is sent) and consumers, then abort the
+        transactions it began that are still open (as a network client's close does for its
+        session's): nobody else holds them, and each holds its partitions' readers back until
+        its timeout. Transactions of a group are left to their group's decision."""
         if self._closed:
             return
         self._closed = True
@@ -443,12 +464,19 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
                 pass
         for consumer in list(self._consumers):
             consumer.close()
+        began, self._began = self._began, set()
+        service = self.broker.txn
+        if began and not service.closed:
+            service.abort_orphans(service.owned(lambda m: m.txn_id in began))
 
     def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_PRUNE_AT = 1024  # transactions an in-process client remembers before it forgets ended ones
 
 
 def check_ack_timeout(value, least: int) -> None:

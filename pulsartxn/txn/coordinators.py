@@ -404,6 +404,16 @@ class Coordinators(CoordinatorScaling, CleanClose):
                 )
         return out
 
+    def live(self, txn_ids) -> set:
+        """Those of `txn_ids` that are still live (not COMMITTED or ABORTED) here."""
+        out = set()
+        coords = self.coordinators
+        for txn_id in txn_ids:
+            cid = txn_id.coordinator_id
+            if cid < len(coords) and txn_id.sequence in coords[cid].txns:
+                out.add(txn_id)
+        return out
+
     def abort_orphans(self, metas) -> int:
         """Abort these transactions: their client is gone, nobody else can end them. Returns
         how many were aborted here (others ended meanwhile)."""

@@ -197,3 +197,50 @@ def test_the_timer_lets_buffers_forget_ended_transactions(tmp_path):
         wait_for(lambda: broker.admin.transaction_buffer_stats("t")["ended_remembered"] == 0)
         stats = broker.admin.transaction_buffer_stats("t")
         assert int(stats["low_watermarks"]["0"]) > txn.id.sequence
+
+
+def test_a_closed_client_aborts_the_transactions_it_left_open(env):
+    """A client's close aborts the open transactions it began: nobody else holds them, and
+    each would hold its partitions' readers back until its timeout. A group's is left to its
+    group's decision; one that ended before the close stays as it ended."""
+    broker = env()
+    client = broker.client()
+    producer = client.create_producer("t", batching_enabled=False)
+    committed = client.new_transaction(timeout_ms=600_000)
+    producer.send(b"committed", txn=committed)
+    committed.commit()
+    left_open = client.new_transaction(timeout_ms=600_000)
+    producer.send(b"left open", txn=left_open)
+    grouped = client.new_transaction(timeout_ms=600_000, group="g")
+    producer.send(b"grouped", txn=grouped)
+    capability = client.group_capability("g")
+    producer.send(b"plain")  # behind the open transactions: unreadable until they end
+    ids = {t: t.id for t in (committed, left_open, grouped)}
+    client.close()
+    service = broker.txn
+    assert service.state_of(ids[committed]) is TxnState.COMMITTED
+    assert service.state_of(ids[left_open]) is TxnState.ABORTED
+    assert service.state_of(ids[grouped]) is TxnState.OPEN
+    with pytest.raises(InvalidTxnStatus, match="client went away"):
+        broker.client().transaction(ids[left_open]).commit()
+    other = broker.client()
+    other.abort_group("g", group_capability=capability)
+    assert helpers.scanned(other, "t") == [b"committed", b"plain"]
+
+
+def test_an_in_process_client_forgets_the_transactions_that_ended(tmp_path):
+    """What an in-process client remembers to abort at its close stays bounded: ended
+    transactions are forgotten as it goes, and the open one among thousands is aborted."""
+    with pulsartxn.Broker(tmp_path / "d", sync=False) as broker:
+        client = broker.client()
+        producer = client.create_producer("t", batching_enabled=False)
+        left_open = client.new_transaction(timeout_ms=600_000)
+        producer.send(b"left open", txn=left_open)
+        for i in range(3000):
+            txn = client.new_transaction()
+            producer.send(b"%d" % i, txn=txn)
+            txn.commit()
+        assert len(client._began) < 1100  # the open one, and those since the last pruning
+        client.close()
+        assert broker.txn.state_of(left_open.id) is TxnState.ABORTED
+        assert len(helpers.scanned(broker.client(), "t")) == 3000
