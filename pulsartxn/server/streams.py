@@ -48,6 +48,7 @@ class Streams:
         # A stream's batches are written as they come (the writer thread commits one while
         # the next is read), and the answer waits until all are durable; a few in flight.
         inflight: list = []
+        _check_columns(reader.schema.names)  # before anything of the stream is stored
         try:
             for chunk in reader:
                 batch = chunk.data
@@ -59,8 +60,6 @@ class Streams:
                 size += batch.nbytes
                 if size > self.max_request_bytes * 16:
                     raise ValueError("send_batch stream exceeds the server's limit")
-                if "value" not in batch.schema.names:
-                    raise ValueError("send_batch batches need a 'value' column")
                 keys = batch.column("key") if "key" in batch.schema.names else None
                 n, futures, t, parts = p._submit_batch(
                     batch.column("value"), keys, txn, False, first_sequence=_first(chunk)
@@ -134,6 +133,20 @@ class _Releasing:
         except BaseException:
             self._done()
             raise
+
+
+SEND_BATCH_COLUMNS = ("value", "key")
+
+
+def _check_columns(names) -> None:
+    """A send_batch stream's columns: 'value', and 'key' or not; any other (a misspelt
+    'keys', say) is refused rather than dropped without a word."""
+    unknown = [n for n in names if n not in SEND_BATCH_COLUMNS]
+    if unknown or "value" not in names or len(set(names)) != len(names):
+        raise ValueError(
+            f"send_batch batches take the columns 'value' (binary) and optionally 'key' "
+            f"(string), not {list(names)}"
+        )
 
 
 def _first(chunk):

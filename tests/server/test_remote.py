@@ -100,6 +100,22 @@ def test_garbage_and_oversized_requests_change_nothing(server):
             reader.read()
             writer.close()  # where the broker's answer (its error) is raised
     assert client.admin.topic_stats("t")["messages"] == 1
+    # Columns other than 'value' and 'key' (an extra one, a misspelt 'keys', a missing
+    # 'value', a doubled one) are refused before anything of the stream is stored.
+    for cols, names in (
+        ([pa.array([b"x"]), pa.array([b"y"])], ["value", "extra"]),
+        ([pa.array([b"x"]), pa.array(["k"])], ["value", "keys"]),
+        ([pa.array(["k"])], ["key"]),
+        ([pa.array([b"x"]), pa.array([b"y"])], ["value", "value"]),
+    ):
+        batch = pa.RecordBatch.from_arrays(cols, names=names)
+        writer, reader = raw.do_put(flight.FlightDescriptor.for_command(command), batch.schema)
+        with pytest.raises(flight.FlightError, match="columns"):
+            writer.write_with_metadata(batch, pa.py_buffer(b'{"first_sequence": 100}'))
+            writer.done_writing()
+            reader.read()
+            writer.close()
+    assert client.admin.topic_stats("t")["messages"] == 1
     client.close()
 
 
