@@ -86,6 +86,82 @@ CLUSTER_ADMIN_METHODS = ("cluster", "cluster_transactions", "cluster_coordinator
 _LEN = struct.Struct("<I")
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
+# The arguments each call takes (the keys of its JSON): any other is refused before the call
+# runs, as an unknown keyword is in Python. SESSION: what naming the caller's session reads.
+SESSION = frozenset({"session", "cancel"})
+_HANDLE = SESSION | {"handle"}
+_CREATE = SESSION | {"topic", "create_id", "options"}
+ACTION_ARGS: dict[str, frozenset] = {
+    "hello": frozenset({"session", "version"}),
+    "close_session": frozenset({"session"}),
+    "keepalive": SESSION,
+    "cluster_info": SESSION,
+    "lookup": SESSION | {"kind", "name"},
+    "admin": SESSION | {"method", "args"},
+    "create_topic": SESSION | {"topic", "partitions"},
+    "topic_partitions": SESSION | {"topic"},
+    "create_producer": _CREATE,
+    "subscribe": _CREATE | {"subscription"},
+    "create_reader": _CREATE | {"start", "start_time", "resume"},
+    "close_producer": _HANDLE,
+    "close_consumer": _HANDLE,
+    "unsubscribe": _HANDLE,
+    "send_many": _HANDLE | {"messages", "txn", "capability"},
+    "flush": _HANDLE,
+    "receive": _HANDLE | {"timeout_millis"},
+    "ack": _HANDLE | {"id", "txn", "capability", "cumulative"},
+    "nack": _HANDLE | {"id"},
+    "redeliver": _HANDLE,
+    "seek": _HANDLE | {"id", "timestamp"},
+    "get_last_message_id": _HANDLE,
+    "get_last_message_ids": _HANDLE,
+    "has_message_available": _HANDLE,
+    "read_next": _HANDLE | {"timeout_millis"},
+    "read_many": _HANDLE | {"max_num_messages"},
+    "new_transaction": SESSION
+    | {"timeout_ms", "coordinator_id", "group", "group_capability", "drop", "lost"},
+    "drop_spares": SESSION | {"drop", "lost"},
+    "group_capability": SESSION | {"group", "capability"},
+    "txn_state": SESSION | {"txn", "capability"},
+    "end": SESSION
+    | {
+        "txn",
+        "capability",
+        "commit",
+        "counted",
+        "expected_acks",
+        "expected_sends",
+        "timeout_ms",
+        "next",
+    },
+    "commit_all": SESSION | {"txns", "capabilities"},
+    "commit_group": SESSION | {"group", "group_capability", "idempotency_key", "winners"},
+    "abort_group": SESSION | {"group", "group_capability"},
+    # Between the brokers of a cluster (server/cluster.py), with the admin token.
+    "peer_register": frozenset({"txn", "partitions", "subscriptions"}),
+    "peer_state": frozenset({"txn"}),
+    "peer_fail": frozenset({"txn", "error"}),
+    "peer_end": frozenset({"txn", "commit", "lwm", "kind", "name"}),
+    "peer_admin": frozenset({"method", "args"}),
+}
+# A send_many message; a bulk stream's command (DoPut); a dispatch or scan stream (DoGet).
+MESSAGE_ARGS = frozenset({"n", "meta", "props", "key", "seq"})
+PUT_ARGS = _HANDLE | {"txn", "capability"}
+GET_ARGS = {
+    "receive": _HANDLE | {"op", "max_num_messages", "timeout_millis"},
+    "scan": SESSION | {"op", "topic", "start", "end"},
+}
+
+
+def check_args(call: str, args: dict, known: frozenset) -> None:
+    """TypeError naming the first argument of `args` that `call` does not take."""
+    for key in args:
+        if key not in known:
+            raise TypeError(
+                f"{call}: unknown argument {errors.excerpt(key)} (it takes "
+                f"{', '.join(sorted(known))})"
+            )
+
 
 class SessionLost(errors.PulsarTxnError):
     """The session named by a call is unknown here (expired, or the server restarted)."""

@@ -86,6 +86,9 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
             peers = cluster.peer_actions()  # between brokers: the admin token's
             self._actions.update(peers)
             self._admin_actions.update(peers.values())
+        untabled = set(self._actions) - set(protocol.ACTION_ARGS)
+        if untabled:  # every call's arguments are checked (protocol.ACTION_ARGS)
+            raise RuntimeError(f"actions without a table of arguments: {sorted(untabled)}")
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -111,6 +114,7 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
                 self._admin_only(context, f"{action.type}")
             # The body is checked where gRPC left it (a copy would double what a client sends).
             args, payload = unframe(action.body, self.max_request_bytes)
+            protocol.check_args(action.type, args, protocol.ACTION_ARGS[action.type])
             try:
                 out = handler(args, payload)
             except KeyError as exc:
@@ -244,7 +248,12 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
         txn = self.sessions.txn(s, args.get("txn"), capability=args.get("capability"))
         futures, off = [], 0
         topics = {part.partition.index: part.partition.topic for part in p._parts}
-        for m in args["messages"]:
+        messages = args["messages"]
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise TypeError(f"messages must be a list of maps, not {errors.excerpt(messages)}")
+        for m in messages:
+            protocol.check_args("send_many message", m, protocol.MESSAGE_ARGS)
+        for m in messages:
             n = m["n"]
             if not isinstance(n, int) or n < 0 or off + n > len(payload):
                 raise ValueError("malformed send: message lengths past the payload")

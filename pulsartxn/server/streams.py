@@ -26,6 +26,7 @@ class Streams:
         try:
             self._role(context)
             args, _ = unframe(descriptor.command, self.max_request_bytes)
+            protocol.check_args("send_batch stream", args, protocol.PUT_ARGS)
             s = self.sessions.get(args)
             p = self._producer(s, args)
             txn = self.sessions.txn(s, args.get("txn"), capability=args.get("capability"))
@@ -82,8 +83,12 @@ class Streams:
         try:
             self._role(context)
             args, _ = unframe(ticket.ticket, self.max_request_bytes)
+            op = args.get("op")
+            if op not in protocol.GET_ARGS:
+                raise ValueError(f"unknown stream {errors.excerpt(op)}")
+            protocol.check_args(f"{op} stream", args, protocol.GET_ARGS[op])
             s = self.sessions.get(args)
-            if args.get("op") == "receive":
+            if op == "receive":
                 # Dispatch to a consumer: what batch_receive gives, as one record batch.
                 consumer = self._consumer(s, args)
                 with self.sessions.waiting(s):
@@ -95,8 +100,6 @@ class Streams:
                 return flight.GeneratorStream(
                     protocol.dispatch_schema(), protocol.message_batches(msgs, STREAM_BATCH_BYTES)
                 )
-            if args.get("op") != "scan":
-                raise ValueError(f"unknown stream {errors.excerpt(args.get('op'))}")
             start, end = args.get("start"), args.get("end")
             if isinstance(start, str):
                 start = MessageId.deserialize(bytes.fromhex(start))

@@ -196,3 +196,61 @@ def test_a_consumer_keeps_its_name_across_a_server_restart(server):
     assert given.receive(10_000).data() == b"after"  # re-subscribed
     assert given.consumer_name() == name and asked.consumer_name() == "mine"
     client.close()
+
+
+def test_every_call_refuses_an_argument_it_does_not_take(server):
+    """Unknown arguments are errors on the wire too: every action, the bulk stream's
+    command, the dispatch and scan streams and a send's messages refuse a key they do not
+    take before anything runs (a typo such as 'timeout' for 'timeout_ms' began a
+    transaction with the default timeout)."""
+    import pyarrow as pa
+    import pyarrow.flight as flight
+
+    from pulsartxn.server import protocol
+    from pulsartxn.server.protocol import frame
+
+    s = server()
+    client = pulsartxn.Client(s.url)
+    producer = client.create_producer("t")
+    producer.send(b"one")
+    consumer = client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest)
+    session = client._session
+    raw = flight.FlightClient(f"grpc://127.0.0.1:{s.port}")
+    created = client.admin.coordinator_stats(0)["created"]
+    served = set(dict(raw.list_actions()))
+    assert served <= set(protocol.ACTION_ARGS)  # every one has its table
+    for action in sorted(served):
+        body = frame({"session": session, "bogus": 1})
+        with pytest.raises(flight.FlightError, match=f"{action}: unknown argument 'bogus'"):
+            list(raw.do_action(flight.Action(action, body)))
+    typo = frame({"session": session, "timeout": 100})
+    with pytest.raises(flight.FlightError, match="unknown argument 'timeout'"):
+        list(raw.do_action(flight.Action("new_transaction", typo)))
+    message = frame(
+        {"session": session, "handle": producer._ensure(), "messages": [{"n": 1, "prop": {}}]},
+        b"x",
+    )
+    with pytest.raises(flight.FlightError, match="send_many message: unknown argument 'prop'"):
+        list(raw.do_action(flight.Action("send_many", message)))
+    command = frame({"session": session, "handle": producer._ensure(), "txns": None})
+    batch = pa.RecordBatch.from_arrays([pa.array([b"x"])], names=["value"])
+    writer, reader = raw.do_put(flight.FlightDescriptor.for_command(command), batch.schema)
+    with pytest.raises(flight.FlightError, match="unknown argument 'txns'"):
+        writer.write_batch(batch)
+        writer.done_writing()
+        reader.read()
+        writer.close()
+    for ticket in (
+        {"session": session, "op": "scan", "topic": "t", "limit": 1},
+        {"session": session, "op": "receive", "handle": consumer._ensure(), "timeout": 1},
+    ):
+        with pytest.raises(flight.FlightError, match="unknown argument"):
+            raw.do_get(flight.Ticket(frame(ticket))).read_all()
+    assert client.admin.coordinator_stats(0)["created"] == created
+    assert client.admin.topic_stats("t")["messages"] == 1
+    producer.send(b"two")  # the client's own calls take only what their tables name
+    assert [m.data() for m in (consumer.receive(5000), consumer.receive(5000))] == [
+        b"one",
+        b"two",
+    ]
+    client.close()
