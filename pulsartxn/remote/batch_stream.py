@@ -3,7 +3,11 @@ messages taking sequence ids the producer reserved (see RemoteProducer.batch_str
 
 from __future__ import annotations
 
+import copy
 import json
+import threading
+import weakref
+from collections import OrderedDict
 from typing import TYPE_CHECKING, TypeVar
 
 import pyarrow as pa
@@ -13,7 +17,7 @@ from .. import errors
 from ..server import protocol
 from ..server.protocol import frame
 from .bounded import Worker
-from .handles import OperationTimedOut, RemoteTransaction, txn_str, unreachable
+from .handles import RemoteTransaction, txn_str, unreachable
 
 if TYPE_CHECKING:
     from .producer import RemoteProducer
@@ -40,18 +44,67 @@ class StreamContext:
             self.cancel()
 
 
+class OpenStreams:
+    """The batch streams a client has open, by transaction (every connection's: a cluster
+    client's streams to each broker too), and the transactions one of whose streams failed. A
+    commit of a transaction, through any handle or by its id, closes its open streams first
+    (every batch written is then in it) and refuses it when one failed: what the broker holds
+    of that stream is unknown to the client, as of a send that timed out."""
+
+    MAX_FAILED = 1024  # failures remembered (a transaction left to its timeout is not ended)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, weakref.WeakSet] = {}
+        self._failed: OrderedDict[str, BaseException] = OrderedDict()
+
+    def add(self, txn: str, stream: BatchStream) -> None:
+        with self._lock:
+            self._open.setdefault(txn, weakref.WeakSet()).add(stream)
+
+    def discard(self, txn: str, stream: BatchStream) -> None:
+        with self._lock:
+            streams = self._open.get(txn)
+            if streams is not None:
+                streams.discard(stream)
+                if not streams:
+                    del self._open[txn]
+
+    def failed(self, txn: str, error: BaseException) -> None:
+        with self._lock:
+            self._failed.setdefault(txn, error)
+            while len(self._failed) > self.MAX_FAILED:
+                self._failed.popitem(last=False)
+
+    def close_for_commit(self, txn: str) -> BaseException | None:
+        """Close `txn`'s open streams; the failure of one of its streams, if any."""
+        with self._lock:
+            streams = list(self._open.get(txn, ()))
+        for stream in streams:
+            stream._close_for("its transaction's commit")
+        with self._lock:
+            return self._failed.get(txn)
+
+    def ended(self, txn: str) -> None:
+        """`txn` ended: nothing of it is remembered."""
+        with self._lock:
+            self._failed.pop(txn, None)
+
+
 class BatchStream(StreamContext):
-    """See ``RemoteProducer.batch_stream``."""
+    """See ``RemoteProducer.batch_stream``. Any call of it that fails ends it: later calls
+    raise AlreadyClosed naming the failure, and its transaction can only abort."""
 
     def __init__(self, producer: RemoteProducer, txn) -> None:
         self._producer = producer
         self._txn = txn_str(txn)
         self._capability = producer._client._capability_of(self._txn)
         self._handle = txn if isinstance(txn, RemoteTransaction) else None
+        self._registry = producer._client._streams
         self._writer = self._reader = None
         self._worker: Worker | None = None  # the stream's calls run there, once it opens
-        self._failed: OperationTimedOut | None = None  # a call that timed out ended it
-        self._committed = False  # its transaction's commit closed it
+        self._error: BaseException | None = None  # the failure that ended it
+        self._closed_by: str | None = None  # a commit or its producer's close closed it
         self._schema = None
         self.count = 0  # messages stored, known once closed
 
@@ -68,20 +121,15 @@ class BatchStream(StreamContext):
         batch = pa.RecordBatch.from_arrays(cols, names=names)
         if self._schema is not None and batch.schema != self._schema:
             raise ValueError(f"batch schema {batch.schema} differs from the stream's")
-        try:
-            if self._writer is None:
-                self._open(batch.schema)
-            with self._producer._on_the_wire():
-                first = self._producer._reserve(batch.num_rows)
-            writer = self._writer
-            self._bounded(
-                lambda: writer.write_with_metadata(batch, first_sequence(first)),
-                "batch_stream write",
-            )
-        except flight.FlightUnavailableError as exc:
-            raise unreachable(self._producer._client, exc) from None
-        except flight.FlightError as exc:
-            raise protocol.from_flight_error(exc) from None
+        if self._writer is None:
+            self._open(batch.schema)
+        with self._producer._on_the_wire():
+            first = self._producer._reserve(batch.num_rows)
+        writer = self._writer
+        self._bounded(
+            lambda: writer.write_with_metadata(batch, first_sequence(first)),
+            "batch_stream write",
+        )
 
     def _open(self, schema: pa.Schema) -> None:
         client = self._producer._client
@@ -102,22 +150,23 @@ class BatchStream(StreamContext):
             self._bounded(do_put, "batch_stream write")
         except BaseException:
             # A stream that opens after all (once the broker answers) is dropped then.
-            self._worker.stop(lambda: opened and drop_writer(opened[0][0]))
-            self._worker = None
+            worker, self._worker = self._worker, None
+            if worker is not None:
+                worker.stop(lambda: opened and drop_writer(opened[0][0]))
             raise
         (self._writer, self._reader), self._schema = opened[0], schema
-        if self._handle is not None:
-            self._handle._streams.add(self)  # its commit closes it first
+        self._producer._streams.add(self)  # its close closes it first
+        if self._txn is not None:
+            self._registry.add(self._txn, self)  # its transaction's commit closes it first
 
     def close(self) -> int:
         """End the stream; returns the messages stored once all of them are durable."""
-        if self._committed:
-            return self.count  # its transaction's commit closed it
+        if self._closed_by is not None:
+            return self.count  # its transaction's commit or its producer's close closed it
         self._check_usable()
         if self._writer is None:
             return self.count
         writer, reader = self._writer, self._reader
-        client = self._producer._client
 
         def finish():
             writer.done_writing()
@@ -125,18 +174,10 @@ class BatchStream(StreamContext):
             writer.close()
             return meta
 
-        try:
-            meta = self._bounded(finish, "batch_stream close")
-        except flight.FlightUnavailableError as exc:
-            self.cancel()
-            raise unreachable(client, exc) from None
-        except flight.FlightError as exc:
-            self.cancel()
-            raise protocol.from_flight_error(exc) from None
-        self._writer = None
-        self._worker.stop()
-        if self._handle is not None:
-            self._handle._streams.discard(self)
+        meta = self._bounded(finish, "batch_stream close")
+        worker = self._worker
+        self._let_go()
+        worker.stop()
         out = json.loads(meta.to_pybytes())
         if self._handle is not None:
             self._handle._stored(out.get("partitions") or [])
@@ -145,48 +186,88 @@ class BatchStream(StreamContext):
 
     def cancel(self) -> None:
         """Drop the stream (after an error: what was sent stays in the transaction)."""
-        writer, self._writer = self._writer, None
+        writer, worker = self._writer, self._worker
         if writer is None:
             return
-        if self._handle is not None:
-            self._handle._streams.discard(self)
-        if self._worker.stuck:
+        self._let_go()
+        if worker.stuck:
             # After the call still running there: the writer is used by one thread at a time.
-            self._worker.stop(lambda: drop_writer(writer))
+            worker.stop(lambda: drop_writer(writer))
         else:
             drop_writer(writer)  # here: what was written reaches the broker before this returns
-            self._worker.stop()
+            worker.stop()
+
+    def _let_go(self) -> None:
+        """Forget the open stream: nothing here keeps its writer or reader (a DoPut a
+        server's stop waits for) alive, and no registry holds it (writer open)."""
+        self._writer = self._reader = self._worker = None
+        self._producer._streams.discard(self)
+        if self._txn is not None:
+            self._registry.discard(self._txn, self)
 
     def _bounded(self, fn, call: str):
-        """fn() on the stream's worker within the operation timeout. One that outlasts it
-        ends the stream (its writer is dropped once the call returns)."""
+        """fn() on the stream's worker within the operation timeout (and the thread's send
+        deadline: a producer's close). A call that fails or outlasts it ends the stream (its
+        writer is dropped once the call returns) and fails its transaction."""
         client = self._producer._client
+        limit = client._op_timeout_s
         try:
-            return self._worker.call(fn, client._op_timeout_s, lambda: client._timed_out(call))
-        except OperationTimedOut as exc:
-            self._failed = exc
-            if self._handle is not None:
-                self._handle._send_failed(exc)  # what it holds of the stream is unknown
-            self.cancel()
-            raise
+            left = client._deadline.left()
+            if left is not None:
+                limit = min(limit, left)
+            return self._worker.call(fn, limit, lambda: client._timed_out(call))
+        except flight.FlightUnavailableError as exc:
+            error: BaseException = unreachable(client, exc)
+        except flight.FlightError as exc:
+            error = protocol.from_flight_error(exc)
+        except errors.PulsarTxnError as exc:
+            error = exc
+        # Raised out here, not in an except block: it then holds no chain back to the call.
+        if self._writer is not None:  # the open stream's call failed (an open that failed
+            self._fail(error)  # sent nothing: a later write opens it again)
+        raise error
 
-    def _close_for_commit(self) -> None:
-        """Its transaction commits while it is open: close it, so that every batch written
-        is in the transaction (as a commit waits for the sends before it); one that cannot
-        be closed fails the transaction, which then aborts."""
+    def _fail(self, error: BaseException) -> None:
+        """A call failed: the stream is over, and its transaction can only abort."""
+        text = str(error)
+        self._error = detached(
+            error, text if text.startswith("batch_stream") else f"batch_stream: {text}"
+        )
+        if self._txn is not None:
+            self._registry.failed(self._txn, self._error)
+        if self._handle is not None:
+            self._handle._send_failed(self._error)  # what it holds of the stream is unknown
+        self.cancel()
+
+    def _close_for(self, why: str) -> None:
+        """Its transaction commits or its producer closes while it is open: close it, so
+        that every batch written is stored (as a commit and a close wait for the sends before
+        them). One that cannot be closed has failed its transaction (_fail)."""
         try:
             self.close()
-        except errors.PulsarTxnError as exc:
-            self._handle._send_failed(exc)
-        self._committed = True
+        except errors.PulsarTxnError:
+            return
+        self._closed_by = why
 
     def _check_usable(self) -> None:
-        if self._committed:
-            raise errors.AlreadyClosed("this batch stream was closed by its transaction's commit")
-        if self._failed is not None:
-            raise errors.AlreadyClosed(
-                f"this batch stream ended when a call timed out: {self._failed}"
-            )
+        if self._closed_by is not None:
+            raise errors.AlreadyClosed(f"this batch stream was closed by {self._closed_by}")
+        if self._error is not None:
+            raise errors.AlreadyClosed(f"this batch stream ended when a call failed: {self._error}")
+        if self._producer._closed:
+            raise errors.AlreadyClosed("this batch stream's producer is closed")
+
+
+def detached(error: BaseException, text: str) -> BaseException:
+    """A copy of `error` saying `text`, without its traceback: kept, it keeps no frame alive
+    (nor, through them, a stream's writer and the call at the broker)."""
+    try:
+        out = copy.copy(error)
+        out.args = (text,)
+    except Exception:  # noqa: BLE001 - one that cannot be copied is told by its message
+        out = errors.PulsarTxnError(text)
+    out.__traceback__ = out.__context__ = out.__cause__ = None
+    return out
 
 
 def drop_writer(writer) -> None:

@@ -35,6 +35,7 @@ from ..messaging.send_options import BatchingType, CompressionType, check_produc
 from ..server import protocol
 from ..server.protocol import frame
 from .admin import RemoteAdmin
+from .batch_stream import OpenStreams
 from .bounded import bounded_chunks
 from .calls import SERVER_MAX_WAIT_MS, SERVER_OPERATION_TIMEOUT_MS, Calls
 from .consumer import RemoteConsumer
@@ -76,15 +77,25 @@ class Shared:
         self.group_capabilities: dict[str, str] = {}
         self.deadline = SendDeadline()
         self.wait = ServerWait()
+        self.streams = OpenStreams()
 
 
-def _flush_handles(txns) -> None:
-    """Handles' messages still batched client-side land before a decision commits them; a
-    handle with a send that timed out refuses it (InvalidTxnStatus, nothing decided)."""
+def _flush_handles(txns, streams: OpenStreams) -> None:
+    """What the client still holds of each transaction lands before a decision commits them
+    (handles' queued sends, the open batch streams of any, named by handle or by id); one
+    with a send that timed out or a stream that failed refuses it (InvalidTxnStatus, nothing
+    decided)."""
     for t in txns:
         if isinstance(t, RemoteTransaction):
             t._flush_for_commit()
             t._check_committable()
+            continue
+        error = streams.close_for_commit(txn_str(t))
+        if error is not None:
+            raise errors.InvalidTxnStatus(
+                f"transaction {txn_str(t)} cannot commit: a batch stream of it failed "
+                f"({error}); abort it"
+            ) from error
 
 
 @strict_class
@@ -168,6 +179,7 @@ class RemoteClient(Calls, SessionGate):
         self._headers = headers
         self._options = flight.FlightCallOptions(headers=headers)
         self._session = shared.session
+        self._streams = shared.streams
         self._deadline = shared.deadline
         self._wait = shared.wait
         self._op_timeout_s = op_timeout_s
@@ -388,7 +400,7 @@ class RemoteClient(Calls, SessionGate):
 
     def commit_all(self, txns: Iterable[RemoteTransaction | TxnID]) -> None:
         txns = list(txns)
-        _flush_handles(txns)
+        _flush_handles(txns, self._streams)
         keys = [txn_str(t) for t in txns]
         with self._wait.allow("decide", None):
             self._json(
@@ -404,7 +416,7 @@ class RemoteClient(Calls, SessionGate):
         group_capability: str | None = None,
     ) -> dict:
         winners = list(winners)
-        _flush_handles(winners)
+        _flush_handles(winners, self._streams)
         with self._wait.allow("decide", None):
             out = self._json(
                 "commit_group",

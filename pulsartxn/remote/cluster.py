@@ -414,7 +414,7 @@ class ClusterClient(ClusterRouting):
                 "be atomic: open them on one coordinator (coordinator_id=, or one group), or "
                 "commit them one by one"
             )
-        _flush_handles(txns)
+        _flush_handles(txns, self._shared.streams)
         route = self._coordinator(coordinators[0])
         with self._wait.allow("decide", None):
             route._json(

@@ -182,6 +182,10 @@ class _CoordinatorRoute:
     def _spares(self):
         return self._cluster._spares
 
+    @property
+    def _streams(self):
+        return self._cluster._shared.streams
+
     def _ended(self, kind, spare, txn, answered) -> None:
         self._cluster._ended(kind, spare, txn, answered)
 

@@ -225,7 +225,6 @@ class RemoteTransaction(TransactionContext):
         self._send_counts: dict = {}
         self._counted = counted
         self._producers: weakref.WeakSet = weakref.WeakSet()  # with queued sends of this txn
-        self._streams: weakref.WeakSet = weakref.WeakSet()  # its batch streams still open
         self._error: BaseException | None = None  # a send of it that timed out
         self._end_unknown = False  # an end of it was not answered: it may have gone through
 
@@ -253,9 +252,11 @@ class RemoteTransaction(TransactionContext):
 
     def _flush_for_commit(self) -> None:
         # Everything sent in the transaction lands (or fails) first: its batch streams are
-        # closed (what was written to them is in it), its producers' queued sends answered.
-        for stream in list(self._streams):
-            stream._close_for_commit()
+        # closed, whatever handle or id they were opened with (what was written to them is in
+        # it; one that failed fails it), its producers' queued sends answered.
+        error = self._client._streams.close_for_commit(str(self.id))
+        if error is not None:
+            self._send_failed(error)
         for producer in list(self._producers):
             producer._answered()
 
@@ -309,6 +310,7 @@ class RemoteTransaction(TransactionContext):
             spare = None if out is None else out.get("next")
             self._client._ended(kind, spare, str(self.id), out is not None)
         self._end_unknown = False
+        self._client._streams.ended(str(self.id))
 
     def _settles_as(self, wanted: TxnState) -> bool:
         """Whether the transaction ends `wanted` (an end still finishing is waited for, up to

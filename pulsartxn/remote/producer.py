@@ -8,6 +8,7 @@ import contextlib
 import json
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from datetime import timedelta
@@ -58,6 +59,7 @@ class RemoteProducer(Handle):
         self._inflight = 0
         self._flushing = 0
         self._worker: threading.Thread | None = None
+        self._streams: weakref.WeakSet = weakref.WeakSet()  # its batch streams still open
         # Client-side batching, as the embedded producer batches: a batch is one call (and one
         # entry on the broker), sent when full, after the publish delay, or on flush().
         self._batching = options.get("batching_enabled", True)
@@ -454,12 +456,15 @@ class RemoteProducer(Handle):
                 self._flushing -= 1
 
     def close(self) -> None:
-        """Send what is queued and close, within CLOSE_TIMEOUT_S: what the broker did not
-        take by then fails (AlreadyClosed; a call on the wire ends with its own outcome)."""
+        """Close its open batch streams (what was written to them is stored), send what is
+        queued and close, within CLOSE_TIMEOUT_S: what the broker did not take by then fails
+        (AlreadyClosed; a call on the wire ends with its own outcome)."""
         if self._closed:
             return
         try:
             with self._deadline().until(time.monotonic() + CLOSE_TIMEOUT_S):
+                for stream in list(self._streams):
+                    stream._close_for("its producer's close")
                 self._flush()
         except errors.PulsarTxnError:
             pass  # the broker is down or silent: closed here, its session expires there

@@ -304,6 +304,103 @@ def test_a_commit_closes_its_open_batch_streams_first(server):
     client.close()
 
 
+def test_a_commit_closes_the_streams_of_its_transaction_whatever_opened_them(server):
+    """Every open batch stream of the client's that names the transaction is closed by its
+    commit first: one opened with the bare TxnID, one through another handle, and those of a
+    commit_all or commit_group naming it by handle or by id (all of it is then in it)."""
+    s = server()
+    client = pulsartxn.Client(s.url)
+    producer = client.create_producer("any-stream")
+    group = "streams"
+    for end in ("commit", "other-handle", "commit_all-id", "commit_group-id"):
+        txn = client.new_transaction(group=group if end == "commit_group-id" else None)
+        other = client.transaction(txn.id, capability=txn.capability)
+        by_id = producer.batch_stream(txn.id)
+        by_other = producer.batch_stream(other)
+        by_id.write(pa.array([b"%s-id" % end.encode()], pa.binary()))
+        by_other.write(pa.array([b"%s-other" % end.encode()], pa.binary()))
+        if end == "commit":
+            txn.commit()
+        elif end == "other-handle":
+            other.commit()
+        elif end == "commit_all-id":
+            client.commit_all([txn.id])
+        else:
+            client.commit_group(group, [txn.id])
+        assert txn.state is TxnState.COMMITTED
+        assert by_id.close() == by_other.close() == 1  # closed already: their counts
+        with pytest.raises(pulsartxn.AlreadyClosed, match="closed by its transaction's commit"):
+            by_id.write(pa.array([b"late"], pa.binary()))
+    values = sorted(v for b in client.scan("any-stream") for v in b.column("value").to_pylist())
+    assert values == sorted(
+        b"%s-%s" % (e, w)
+        for e in (b"commit", b"other-handle", b"commit_all-id", b"commit_group-id")
+        for w in (b"id", b"other")
+    )
+    client.close()
+
+
+def test_a_failed_stream_named_by_id_fails_its_transaction(server):
+    """A stream of the transaction whose call failed (here the broker refused a batch past
+    its request limit) fails the transaction for this client, whatever named it: what the
+    broker holds of the stream is unknown, so a commit aborts it, and commit_all refuses it
+    before deciding anything. The stream is over: its calls raise AlreadyClosed naming why."""
+    s = server("--max-request-bytes", str(1 << 20))
+    client = pulsartxn.Client(s.url)
+    producer = client.create_producer("failed-stream")
+    big = pa.array([b"x" * (2 << 20)], pa.binary())
+    for end in ("commit", "commit_all"):
+        txn = client.new_transaction()
+        stream = producer.batch_stream(txn.id)
+        stream.write(pa.array([b"kept"], pa.binary()))
+        with pytest.raises(ValueError, match="exceeds the limit"):
+            stream.write(big)
+            stream.close()
+        with pytest.raises(pulsartxn.AlreadyClosed, match="call failed: batch_stream: "):
+            stream.write(pa.array([b"more"], pa.binary()))
+        with pytest.raises(pulsartxn.AlreadyClosed, match="call failed: batch_stream: "):
+            stream.close()
+        if end == "commit":
+            with pytest.raises(InvalidTxnStatus, match="cannot commit.*batch_stream"):
+                txn.commit()
+            assert txn.state is TxnState.ABORTED
+        else:
+            with pytest.raises(InvalidTxnStatus, match="a batch stream of it failed"):
+                client.commit_all([txn.id])
+            assert txn.state is TxnState.OPEN  # nothing was decided
+            txn.abort()
+    assert client.admin.topic_stats("failed-stream")["messages"] >= 1  # stored, never read
+    assert scanned(client, "failed-stream") == []
+    client.close()
+
+
+def test_a_producers_close_closes_its_open_streams_first(server):
+    """Closing a producer, or its client, under an open batch stream stores what was written
+    (as Pulsar's close waits for the sends before it); the stream is then over."""
+    s = server()
+    client = pulsartxn.Client(s.url)
+    producer = client.create_producer("closing")
+    plain = producer.batch_stream()
+    plain.write(pa.array([b"plain"], pa.binary()))
+    txn = client.new_transaction()
+    in_txn = producer.batch_stream(txn)
+    in_txn.write(pa.array([b"in-txn"], pa.binary()))
+    producer.close()
+    assert plain.close() == in_txn.close() == 1
+    with pytest.raises(pulsartxn.AlreadyClosed, match="closed by its producer's close"):
+        plain.write(pa.array([b"late"], pa.binary()))
+    txn.commit()
+    other = client.create_producer("closing")
+    stream = other.batch_stream()
+    stream.write(pa.array([b"client-close"], pa.binary()))
+    client.close()
+    with pytest.raises(pulsartxn.AlreadyClosed):
+        stream.write(pa.array([b"after"], pa.binary()))  # never went through
+    reader = pulsartxn.Client(s.url)
+    assert sorted(scanned(reader, "closing")) == [b"client-close", b"in-txn", b"plain"]
+    reader.close()
+
+
 def test_sends_of_every_kind_land_in_the_order_they_were_made(server):
     """send_async batches, a sync send, a send_batch and a batch stream from one producer,
     in and out of a transaction: each lands after everything sent before it (a sync send

@@ -60,14 +60,19 @@ def test_a_stop_ends_open_streams_and_receives_after_the_grace(server):
     assert "Traceback" not in log
     with pytest.raises(errors.BrokerUnavailable, match="unreachable"):
         stream.write(values(b"d"))
-    with pytest.raises(errors.BrokerUnavailable, match="unreachable"):
+    # The stream is over: the client cannot know what the broker took of it.
+    with pytest.raises(errors.AlreadyClosed, match="call failed: batch_stream: .*unreachable"):
         stream.close()
     assert waiting.is_alive()  # its client retries while the broker is away
 
     srv.start()  # the same data directory: what was stored is there, once
     assert "(clean start)" in srv.log()  # the stop closed the store
-    txn.commit()  # the transaction outlived the stop, as its session did
-    assert scanned(writer, "t") == [b"a", b"b", b"c"]
+    # The transaction outlived the stop, as its session did, but a stream of it failed: its
+    # commit aborts it, and none of the stream's batches is ever read.
+    with pytest.raises(errors.InvalidTxnStatus, match="failed \\(batch_stream: .*aborted"):
+        txn.commit()
+    assert txn.state is pulsartxn.TxnState.ABORTED
+    assert scanned(writer, "t") == []
     writer.create_producer("r").send(b"after")
     waiting.join(15)
     assert [m.data() for m in got] == [b"after"]

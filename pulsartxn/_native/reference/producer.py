@@ -239,11 +239,7 @@ class PartitionProducer:
                 batch.resent = True  # last_sequence stays: it never goes down
             else:
                 self.last_sequence = sequence_id
-            if (
-                now
-                or not producer.batching_enabled
-                or n + 1 >= producer.batching_max_messages
-            ):
+            if now or not producer.batching_enabled or n + 1 >= producer.batching_max_messages:
                 self._flush_locked(now)
             elif not self.watched:
                 # Only a batch left open waits for the flusher (its publish delay).
