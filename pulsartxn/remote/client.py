@@ -351,18 +351,26 @@ class RemoteClient(Calls, SessionGate):
         if group is None:
             spare, stale = self._spares.take((timeout_ms, coordinator_id), self._generation)
             if spare is not None:
+                self._spares.unsent(stale, [])  # no call: the next begin names them
                 return RemoteTransaction(self, TxnID.parse(spare[0]), capability=spare[1])
-        out = self._json(
-            "new_transaction",
-            {
-                "timeout_ms": timeout_ms,
-                "coordinator_id": coordinator_id,
-                "group": group,
-                "group_capability": group_capability,
-                "drop": stale,
-                "lost": self._spares.lost(),
-            },
-        )
+        else:
+            stale = self._spares.dropped()
+        lost = self._spares.lost()
+        try:
+            out = self._json(
+                "new_transaction",
+                {
+                    "timeout_ms": timeout_ms,
+                    "coordinator_id": coordinator_id,
+                    "group": group,
+                    "group_capability": group_capability,
+                    "drop": stale,
+                    "lost": lost,
+                },
+            )
+        except BaseException:
+            self._spares.unsent(stale, lost)  # named again (a repeat drops nothing twice)
+            raise
         if group is not None and out.get("group_capability"):
             self._group_capabilities[group] = out["group_capability"]
         self._capabilities[out["txn"]] = out["capability"]

@@ -33,13 +33,16 @@ class Spares:
         self._loop: tuple | None = None  # the kind of a new_transaction made soon after an end
         self._ended_at = float("-inf")
         self._lost: list[str] = []  # ends that asked for a spare and got no answer
+        self._drop: list[str] = []  # stale spares a begin took out and did not name
 
     def take(self, kind: tuple, generation: int) -> tuple[tuple[str, str] | None, list[str]]:
         """A fresh spare of `kind` as (txn, capability), or None; and the stale spares for the
-        begin to abort (their TxnID strings)."""
+        begin to abort (their TxnID strings; a begin that makes no call, or whose call fails,
+        hands them back with ``unsent``)."""
         now = time.monotonic()
-        found, stale = None, []
+        found = None
         with self._lock:
+            stale, self._drop = self._drop, []
             self._loop = kind if now - self._ended_at < SPARE_WITHIN_S else None
             keep = []
             for held in self._held:
@@ -53,7 +56,14 @@ class Spares:
                 else:
                     keep.append(held)
             self._held = keep
-        return found, stale
+        return found, stale[-MAX_CANCELS:]  # more (never seen) end with the session
+
+    def dropped(self) -> list[str]:
+        """The stale spares earlier begins left to name (for a begin that takes no spare: a
+        group's), taken out here."""
+        with self._lock:
+            out, self._drop = self._drop, []
+        return out
 
     def wanted(self) -> tuple | None:
         """The kind of spare an end is to ask for: that of the loop this client runs, while it
@@ -85,3 +95,14 @@ class Spares:
         with self._lock:
             out, self._lost = self._lost, []
         return out
+
+    def unsent(self, drop: list[str], lost: list[str]) -> None:
+        """What a begin took to name and did not send (it took a fresh spare, or its call
+        failed): the next begin names it. At most MAX_CANCELS of each, the newest (those left
+        out end with their timeout or the session)."""
+        if not drop and not lost:
+            return
+        with self._lock:
+            self._drop = (drop + self._drop)[-MAX_CANCELS:]
+            self._lost = [e for e in lost if e not in self._lost] + self._lost
+            del self._lost[:-MAX_CANCELS]

@@ -189,3 +189,44 @@ def test_a_spare_is_handed_out_once_across_threads(server, wide):
         for th in threads:
             th.join()
         assert len(set(got)) == 4 and held in got  # the others begun by calls
+
+
+def test_what_a_begin_did_not_send_goes_to_the_next():
+    """The stale spares a begin took out are named by the next begin that makes a call when
+    this one made none (it took a fresh spare) or its call failed, and so are the unanswered
+    ends it took; at most 64 of each."""
+    spares, a, b = spare.Spares(), (None, None), (20_000, None)
+    spares.ended(a, {"txn": "1:1", "capability": "c"}, 0, "1:0", answered=True)
+    spares._held[0] = (*spares._held[0][:4], time.monotonic() - 1.0)  # gone stale
+    spares.ended(b, {"txn": "1:2", "capability": "c"}, 0, "1:9", answered=True)
+    found, stale = spares.take(b, 0)
+    assert found == ("1:2", "c") and stale == ["1:1"]
+    spares.unsent(stale, [])
+    assert spares.take(a, 0) == (None, ["1:1"])  # named by the next begin
+    spares.ended(a, None, 0, "2:0", answered=False)
+    lost = spares.lost()
+    spares.unsent(["1:5"], lost)  # that begin's call failed
+    assert spares.dropped() == ["1:5"] and spares.lost() == ["2:0"]
+    spares.unsent([f"3:{i}" for i in range(100)], [f"4:{i}" for i in range(100)])
+    assert spares.dropped() == [f"3:{i}" for i in range(36, 100)]
+    assert len(spares.lost()) == 64
+
+
+def test_a_stale_spare_met_by_a_begin_that_takes_another_is_aborted_by_the_next_call(server, wide):
+    s = server()
+    with pulsartxn.Client(s.url) as c:
+        p = c.create_producer("kinds")
+        held_a = a_spare(c, p)  # a spare of the default kind
+        t = c.new_transaction(timeout_ms=20_000)  # soon after: a loop of another kind
+        t.commit()  # ... whose end begins a spare of that kind
+        (held_b,) = open_ids(c) - {held_a}
+        # The default kind's spare has gone stale (its window passed), the other's has not.
+        c._spares._held = [
+            (*h[:4], h[4] - 10.0 if h[1] == held_a else h[4]) for h in c._spares._held
+        ]
+        taken = c.new_transaction(timeout_ms=20_000)
+        assert str(taken.id) == held_b  # no call: the stale one is left to the next call
+        assert c.admin.transaction_metadata(held_a)["state"] == TxnState.OPEN.value
+        c.new_transaction(group="g").abort()  # the next call names it
+        assert c.admin.transaction_metadata(held_a)["state"] == TxnState.ABORTED.value
+        taken.abort()
