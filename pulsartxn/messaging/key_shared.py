@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import time
 
 from .._native import Pending, crc32c
 from .message import Message, MessageId
@@ -15,6 +16,9 @@ from .message import Message, MessageId
 NONE_KEY = b"NONE_KEY"  # the one key of messages that have none, as Pulsar's
 POINTS = 100  # points per consumer on the ring (Pulsar's keySharedConsistentHashingReplicaPoints)
 LOOKAHEAD = 10_000  # messages of other consumers' keys a take may read past in the read-ahead
+# A consumer whose take stopped at LOOKAHEAD reads that far again only once something moved
+# (a take delivered, the ring or the read-ahead changed), or after this long.
+HELD_RETRY_S = 0.1
 HASHES = 65_536  # keys whose hash is kept (then forgotten all at once)
 
 
@@ -84,6 +88,11 @@ class KeyShared:
         # A take passed over a key draining elsewhere since the last `unblocked()`: the next
         # ack, nack or transactional hold here rouses every parked consumer.
         self.blocked = False
+        # A take stopped at LOOKAHEAD since: the next take that delivers rouses them (an ack
+        # does not: only a take moves the messages it stopped behind).
+        self.held_back = False
+        self.moves = 0  # bumped when a take delivers or the ring changes
+        self._held: dict = {}  # consumer -> (moves, read-ahead position, when) it stopped at
 
     def _hash(self, payload) -> int:
         key = _key_of(payload)
@@ -94,17 +103,24 @@ class KeyShared:
             h = self._hashes[key] = key_hash(sticky_key(payload))
         return h
 
-    def unblocked(self) -> bool:
-        """Whether a take was blocked since the last call (lock held): a message just left
-        its consumer, so the blocked consumers should look again."""
-        was, self.blocked = self.blocked, False
+    def unblocked(self, by_take: bool = False) -> bool:
+        """Whether the consumers parked should look again (lock held): a message just left
+        its consumer, and a take was blocked by a key draining since the last call; or a take
+        delivered (`by_take`), and one stopped at LOOKAHEAD since."""
+        was = self.blocked or (by_take and self.held_back)
+        self.blocked = False
+        if by_take:
+            self.held_back = False
         return was
 
     def joined(self, consumer) -> None:
         self.selector.add(consumer, consumer.consumer_name())
+        self.moves += 1
 
     def left(self, consumer) -> None:
         self.selector.remove(consumer)
+        self._held.pop(consumer, None)
+        self.moves += 1
         for by in self._sent.values():
             by.pop(consumer, None)
 
@@ -178,10 +194,24 @@ class KeyShared:
         key's in position order: a key passed over once in a take waits for the next."""
         passed: set[int] = set()
         nbytes, full = self._take_redelivered(sub, consumer, out, n, max_bytes, passed)
-        if not full and len(out) < n:
-            taken, full = self._take_buffered(sub, consumer, out, n, max_bytes - nbytes, passed)
-            nbytes += taken
-        return nbytes, full
+        if full or len(out) >= n:
+            return nbytes, full
+        position, held = sub.read_ahead.position, self._held.get(consumer)
+        if (
+            held is not None
+            and held[0] == self.moves
+            and held[1] == position
+            and time.monotonic() - held[2] < HELD_RETRY_S
+        ):
+            return nbytes, full  # it would read the same LOOKAHEAD messages again, in vain
+        taken, full, stopped = self._take_buffered(
+            sub, consumer, out, n, max_bytes - nbytes, passed
+        )
+        if stopped:
+            self._held[consumer] = (self.moves, sub.read_ahead.position, time.monotonic())
+        elif held is not None:
+            del self._held[consumer]
+        return nbytes + taken, full
 
     def _take_redelivered(self, sub, consumer, out, n, max_bytes, passed) -> tuple[int, bool]:
         heap = sub._redeliver
@@ -230,21 +260,22 @@ class KeyShared:
             sub.read_ahead.forget_reread()
         return nbytes, full
 
-    def _take_buffered(self, sub, consumer, out, n, max_bytes, passed) -> tuple[int, bool]:
+    def _take_buffered(self, sub, consumer, out, n, max_bytes, passed) -> tuple[int, bool, bool]:
         """The read-ahead's messages of `consumer`'s keys; the others stay, in order, for
-        their consumers (reading on past them up to LOOKAHEAD of them)."""
+        their consumers (reading on past them up to LOOKAHEAD of them). Returns (bytes taken,
+        whether max_bytes stopped it, whether LOOKAHEAD did)."""
         ra, p = sub.read_ahead, sub.partition
         buf, kept = ra.buffer, []
         pending, counts, cursor = sub._pending, sub._redelivery_counts, sub.cursor
         holds, is_aborted = sub.pending_ack.holds, p.buffer.is_aborted
         nbytes = delivered = 0
-        full = False
+        full = stopped = False
         while len(out) < n:
             if not buf:
                 if len(kept) >= LOOKAHEAD:
                     # As far as a take reads ahead: the next take of another consumer (which
                     # takes some of these) rouses this one, or it would wait for a publish.
-                    self.blocked = True
+                    self.held_back = stopped = True
                     break
                 if not ra.fill(sub.read_committed):
                     break
@@ -276,11 +307,13 @@ class KeyShared:
             delivered += 1
             nbytes += len(data)
         buf.extendleft(reversed(kept))
+        if delivered:
+            self.moves += 1
         sub.msg_out += delivered
         sub.bytes_out += nbytes
         p.msg_out += delivered
         p.bytes_out += nbytes
-        return nbytes, full
+        return nbytes, full, stopped
 
 
 def _holder(pending: dict, key):

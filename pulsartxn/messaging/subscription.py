@@ -242,7 +242,7 @@ class Subscription(CursorWrites, Redelivery):
             nbytes, full = 0, False
             if self.key_shared is not None:
                 nbytes, full = self.key_shared.take(self, consumer, out, n, max_bytes)
-                drained = len(out) > start and self.key_shared.unblocked()
+                drained = len(out) > start and self.key_shared.unblocked(by_take=True)
             else:
                 if self._redeliver:
                     nbytes, full = self._take_redelivered(consumer, out, n, max_bytes)
