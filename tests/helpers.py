@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 from contextlib import contextmanager
@@ -13,6 +14,7 @@ from contextlib import contextmanager
 import pytest
 
 import pulsartxn
+from pulsartxn.cluster.local import wait_stopped
 from pulsartxn.errors import Timeout
 
 
@@ -73,6 +75,19 @@ class Served:
 
     def __getattr__(self, name):
         return getattr(self._broker, name)
+
+
+@contextmanager
+def paused(proc):
+    """`proc` (a Popen) stopped with SIGSTOP for the block, once every thread of it is: the
+    signal reaches each thread in its own time, and one running on another core may serve a
+    call first (a send made right after SIGSTOP was answered, once, under load)."""
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        assert wait_stopped(proc.pid), f"process {proc.pid} still runs after SIGSTOP"
+        yield
+    finally:
+        proc.send_signal(signal.SIGCONT)
 
 
 def drain(consumer, timeout_ms: int = 200, acknowledge: bool = False) -> list:

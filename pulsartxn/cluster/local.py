@@ -336,8 +336,11 @@ class LocalCluster:
 
     def pause(self, i: int) -> None:
         """SIGSTOP broker i: a process that is alive but silent (a long GC pause, a stopped
-        VM); its ZooKeeper session expires past its timeout."""
-        self._brokers[i].proc.send_signal(signal.SIGSTOP)
+        VM); its ZooKeeper session expires past its timeout. Returns once every thread of it
+        is stopped (where /proc tells): one on another core may still answer a call first."""
+        proc = self._brokers[i].proc
+        proc.send_signal(signal.SIGSTOP)
+        wait_stopped(proc.pid)
 
     def resume(self, i: int) -> None:
         """SIGCONT broker i."""
@@ -413,3 +416,24 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def wait_stopped(pid: int, timeout_s: float = 10.0) -> bool:
+    """Until every thread of process `pid` shows stopped (T) in /proc; False if one still
+    ran at the timeout (True at once where there is no /proc to tell)."""
+    tasks = f"/proc/{pid}/task"
+    if not os.path.isdir(tasks):
+        return True
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = []
+        for task in os.listdir(tasks):
+            try:
+                with open(f"{tasks}/{task}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except (OSError, IndexError):
+                continue  # a thread that ended meanwhile
+        if all(state in "Tt" for state in states):
+            return True
+        time.sleep(0.001)
+    return False

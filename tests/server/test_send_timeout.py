@@ -8,7 +8,6 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from contextlib import contextmanager
 
 import pyarrow as pa
 import pytest
@@ -16,7 +15,7 @@ import pytest
 import pulsartxn
 from pulsartxn import TxnState
 from pulsartxn.errors import BrokerUnavailable, InvalidTxnStatus, Timeout
-from tests.helpers import scanned
+from tests.helpers import paused, scanned
 
 from .conftest import Server
 
@@ -36,13 +35,9 @@ def served(tmp_path_factory):
     s.stop()
 
 
-@contextmanager
 def stopped(server: Server):
-    server.proc.send_signal(signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        server.proc.send_signal(signal.SIGCONT)
+    """The server stopped (SIGSTOP) for the block, every thread of it."""
+    return paused(server.proc)
 
 
 def timed(fn, wait_s: float = 10.0):
