@@ -61,9 +61,9 @@ class Calls:
                     left = send_by - time.monotonic()
                     self._closing.wait(max(min(delay, left), 0.0))
                     if left <= delay:
-                        raise SendTimedOut(str(unreachable(self, exc))) from None
+                        raise SendTimedOut(str(unreachable(self, exc, False))) from None
                 elif time.monotonic() + delay > deadline:
-                    raise unreachable(self, exc) from None
+                    raise unreachable(self, exc, False) from None  # renewed above
                 else:
                     self._closing.wait(delay)
                 delay = min(delay * 2, 1.0)

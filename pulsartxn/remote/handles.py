@@ -93,10 +93,11 @@ class SendDeadline(threading.local):
         return left
 
 
-def unreachable(client, exc) -> Unreachable:
+def unreachable(client, exc, renew: bool = True) -> Unreachable:
     """The error of a call that found the broker unreachable; the client's next calls go
-    through a new channel."""
-    client._channel_lost()
+    through a new channel (`renew`: not renewed here, by a caller that renewed it already)."""
+    if renew:
+        client._channel_lost()
     return Unreachable(f"broker at {client.service_url} unreachable: {exc}")
 
 
