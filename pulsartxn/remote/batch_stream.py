@@ -126,10 +126,13 @@ class BatchStream(StreamContext):
         with self._producer._on_the_wire():
             first = self._producer._reserve(batch.num_rows)
         writer = self._writer
-        self._bounded(
+        _, error = self._bounded(
             lambda: writer.write_with_metadata(batch, first_sequence(first)),
             "batch_stream write",
         )
+        if error is not None:
+            del writer, batch  # what is raised keeps this frame: not the call's writer
+            raise error
 
     def _open(self, schema: pa.Schema) -> None:
         client = self._producer._client
@@ -146,14 +149,12 @@ class BatchStream(StreamContext):
             opened.append(client._flight.do_put(descriptor, schema, client._options))
 
         self._worker = Worker("pulsartxn-batch-stream")
-        try:
-            self._bounded(do_put, "batch_stream write")
-        except BaseException:
+        _, error = self._bounded(do_put, "batch_stream write")
+        if error is not None:
             # A stream that opens after all (once the broker answers) is dropped then.
             worker, self._worker = self._worker, None
-            if worker is not None:
-                worker.stop(lambda: opened and drop_writer(opened[0][0]))
-            raise
+            worker.stop(lambda: opened and drop_writer(opened[0][0]))
+            raise error
         (self._writer, self._reader), self._schema = opened[0], schema
         self._producer._streams.add(self)  # its close closes it first
         if self._txn is not None:
@@ -174,7 +175,10 @@ class BatchStream(StreamContext):
             writer.close()
             return meta
 
-        meta = self._bounded(finish, "batch_stream close")
+        meta, error = self._bounded(finish, "batch_stream close")
+        if error is not None:
+            del writer, reader  # what is raised keeps this frame: not the call's writer
+            raise error
         worker = self._worker
         self._let_go()
         worker.stop()
@@ -205,27 +209,31 @@ class BatchStream(StreamContext):
         if self._txn is not None:
             self._registry.discard(self._txn, self)
 
-    def _bounded(self, fn, call: str):
-        """fn() on the stream's worker within the operation timeout (and the thread's send
-        deadline: a producer's close). A call that fails or outlasts it ends the stream (its
-        writer is dropped once the call returns) and fails its transaction."""
+    def _bounded(self, fn, call: str) -> tuple:
+        """(fn()'s value, None), fn() run on the stream's worker within the operation timeout
+        (and the thread's send deadline: a producer's close); else (None, the error for the
+        caller to raise). A call that fails or outlasts its limit ends the stream (its writer
+        is dropped once the call returns) and fails its transaction.
+
+        The error is made here, out of every except block, and returned rather than raised:
+        raised from this frame, it would keep `fn` (and the writer it holds) alive until the
+        garbage collector broke the cycle, and the broker's stop waited for that call."""
         client = self._producer._client
         limit = client._op_timeout_s
         try:
             left = client._deadline.left()
             if left is not None:
                 limit = min(limit, left)
-            return self._worker.call(fn, limit, lambda: client._timed_out(call))
+            return self._worker.call(fn, limit, lambda: client._timed_out(call)), None
         except flight.FlightUnavailableError as exc:
             error: BaseException = unreachable(client, exc)
         except flight.FlightError as exc:
             error = protocol.from_flight_error(exc)
         except errors.PulsarTxnError as exc:
-            error = exc
-        # Raised out here, not in an except block: it then holds no chain back to the call.
+            error = detached(exc, str(exc))
         if self._writer is not None:  # the open stream's call failed (an open that failed
             self._fail(error)  # sent nothing: a later write opens it again)
-        raise error
+        return None, error
 
     def _fail(self, error: BaseException) -> None:
         """A call failed: the stream is over, and its transaction can only abort."""

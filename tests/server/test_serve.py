@@ -80,6 +80,28 @@ def test_a_stop_ends_open_streams_and_receives_after_the_grace(server):
     reader.close()
 
 
+def test_a_failed_stream_kept_by_its_client_holds_no_call_a_stop_waits_for(server):
+    """A batch stream whose call failed (here its transaction had ended) and the error it
+    raised, both kept by the client, hold no call at the broker open: a stop waited out its
+    grace for it (4.5-5 s of 5, in several test teardowns)."""
+    srv = server("--shutdown-timeout-s", "20")
+    client = pulsartxn.Client(srv.url, reconnect_timeout_s=0.2)
+    producer = client.create_producer("t")
+    done = client.new_transaction()
+    done.abort()
+    stream = producer.batch_stream(done)
+    with pytest.raises(errors.InvalidTxnStatus) as refused:
+        stream.write(values(b"late"))
+        stream.close()
+    kept = [stream, refused.value]
+    client.close()
+    start = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    assert srv.proc.wait(20) == 0
+    assert time.monotonic() - start < 2.5, "the stop waited for a call the kept stream held"
+    assert kept
+
+
 def test_a_stream_finished_in_the_grace_is_answered_and_a_slow_stop_dumped(server):
     srv = server("--shutdown-timeout-s", "30", "--stop-dump-s", "0.5")
     client = pulsartxn.Client(srv.url, reconnect_timeout_s=0.2)  # its close finds no server
