@@ -182,6 +182,7 @@ def test_disconnected_client_messages_are_redelivered(server):
     b.transaction(shared.id).commit()
     b.abort_group("job")
     b.close()
+    a._flight.close()  # A's connection goes with its process (the server's stop waited for it)
 
 
 def test_transactions_of_a_session_that_does_not_come_back_are_aborted(server):
