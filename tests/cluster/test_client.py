@@ -483,6 +483,27 @@ def test_a_commit_closes_its_open_batch_streams_on_every_broker_first(cluster, c
     assert sorted(scanned(client, topic)) == sorted(values)
 
 
+def test_a_streams_producer_close_and_a_commit_by_id_close_it_on_every_broker(cluster, client):
+    """A cluster client's open streams are its per-partition streams on their owners: a
+    commit naming the transaction by its bare id closes each first, and so does the
+    producer's close (what was written is stored)."""
+    topic = _topic(client)
+    keys = _keys_per_partition(client, topic)
+    producer = client.create_producer(topic)
+    txn = client.new_transaction()
+    in_txn = producer.batch_stream(txn=txn.id)
+    values = [f"t{i}".encode() for i in range(40)]
+    in_txn.write(pa.array(values, pa.binary()), pa.array([keys[i % len(keys)] for i in range(40)]))
+    client.commit_all([txn.id])
+    assert in_txn.close() == 40
+    plain = producer.batch_stream()
+    more = [f"p{i}".encode() for i in range(40)]
+    plain.write(pa.array(more, pa.binary()), pa.array([keys[i % len(keys)] for i in range(40)]))
+    producer.close()
+    assert plain.close() == 40
+    assert sorted(scanned(client, topic)) == sorted(values + more)
+
+
 def test_bulk_sends_route_as_the_embedded_producer(cluster, client, tmp_path):
     topic = _topic(client)
     producer = client.create_producer(topic, batching_max_messages=10)
