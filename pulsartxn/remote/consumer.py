@@ -110,6 +110,7 @@ class RemoteConsumer(Handle):
         raise AssertionError("unreachable")
 
     def _ack(self, msg_or_id, txn, cumulative: bool) -> None:
+        self._ensure()  # a closed consumer says so first, as the embedded one
         try:
             out = self._client._json(
                 "ack",
@@ -140,6 +141,7 @@ class RemoteConsumer(Handle):
         self._ack(msg_or_id, txn, True)
 
     def negative_acknowledge(self, msg_or_id: Message | MessageId) -> None:
+        self._ensure()
         self._client._call("nack", {"id": mid_hex(msg_or_id)}, owner=self)
 
     def redeliver_unacknowledged_messages(self) -> None:

@@ -375,6 +375,14 @@ def test_bad_acks_and_closed_consumers(client, broker):
         c.receive(10)
     with pytest.raises(pulsartxn.AlreadyClosed):
         c.acknowledge(mid)
+    # Closed comes first, whatever is wrong with the call too (both clients alike).
+    txn = client.new_transaction()
+    for call in (c.acknowledge, c.acknowledge_cumulative, c.negative_acknowledge):
+        with pytest.raises(pulsartxn.AlreadyClosed):
+            call(None)
+    with pytest.raises(pulsartxn.AlreadyClosed):
+        c.acknowledge(None, txn)
+    txn.abort()
 
 
 def test_message_id_serialization_and_last_message(client):
