@@ -28,6 +28,7 @@ class ReadAhead:
         self.cursor = cursor
         self._filter_out = filter_out
         self.position = cursor.mark_delete + 1  # the next entry to read
+        self.rewinds = 0  # times it dropped what it read (what others took from it is stale)
         # ((entry, batch_index), payload), payload as buffer_messages makes it:
         # (data, properties or None, key, publish_time, batch_size, txn_id).
         self.buffer: deque = deque()
@@ -58,6 +59,7 @@ class ReadAhead:
         """Read again from `position`: what was read ahead is dropped."""
         self.position = position
         self.buffer.clear()
+        self.rewinds += 1
 
     def rewind_to(self, entry_id: int) -> None:
         """Read again from `entry_id` if that is behind what was read (and not delivered)."""

@@ -127,7 +127,7 @@ class Subscription(CursorWrites, Redelivery):
             if sub_type == KEY_SHARED:
                 if self.key_shared is None:
                     self.key_shared = KeyShared()
-                self.key_shared.joined(consumer)
+                self.key_shared.joined(consumer, self.read_ahead)
             if self.active is None:
                 self.active = consumer
             if read_committed != self.read_committed:
@@ -144,7 +144,7 @@ class Subscription(CursorWrites, Redelivery):
             took_over = self.active is consumer
             self.active = next(iter(self.consumers), None)
             if self.key_shared is not None:
-                self.key_shared.left(consumer)
+                self.key_shared.left(consumer, self.read_ahead)
             if not self.consumers:
                 self.type = self.key_shared = None
             shared = self.type in MULTI
@@ -214,6 +214,7 @@ class Subscription(CursorWrites, Redelivery):
         return bool(
             self._redeliver
             or self.read_ahead.buffer
+            or (self.key_shared is not None and self.key_shared.queued())
             or self.read_ahead.position < self.partition.dispatch_end(self.read_committed)
         )
 

@@ -273,18 +273,15 @@ def test_a_receive_held_by_the_read_ahead_limit_wakes_when_the_others_take(
     )
 
 
-def test_a_take_held_by_the_read_ahead_limit_reads_it_again_only_once_something_moved(
-    client, broker, monkeypatch
-):
-    """A consumer whose take stopped at LOOKAHEAD does not read those messages again at every
-    take (6 ms each at 10,000, under the subscription's lock: the other consumer's acks
-    waited behind them, and two consumers draining 100k collapsed to a quarter of their rate
-    in a third of the runs). It reads them again once a take delivered, or after
-    HELD_RETRY_S; an ack neither rouses it nor makes it read. Its messages come in order."""
+def test_a_consumer_held_by_the_read_ahead_limit_reads_nothing_again(client, broker, monkeypatch):
+    """What the read-ahead reads is routed to a queue per consumer: a consumer whose messages
+    lie past LOOKAHEAD of another's reads nothing again while it waits (it read the other's
+    10,000 again at every take, 6 ms each under the subscription's lock, woken by every ack
+    of the other's: two consumers draining 100k collapsed to a quarter of their rate), and
+    its messages come, in order, once the other's take frees the way."""
     from pulsartxn.messaging import key_shared
 
     monkeypatch.setattr(key_shared, "LOOKAHEAD", 50)
-    monkeypatch.setattr(key_shared, "HELD_RETRY_S", 0.3)
     a, b = subscribe(client, consumer_name="a"), subscribe(client, consumer_name="b")
     sub = broker.topics.resolve("ks")[1][0].subscriptions["s"]
     ks = sub.key_shared
@@ -297,30 +294,26 @@ def test_a_take_held_by_the_read_ahead_limit_reads_it_again_only_once_something_
     of_b = [k for k in keys if owner(k) == "b"][:3]
     send(client, [of_b[i % 3] for i in range(120)], tag="b")  # 120 of b's first
     send(client, [of_a[i % 3] for i in range(5)], tag="a")
-    scans = []
-    take_buffered = ks._take_buffered
-    monkeypatch.setattr(ks, "_take_buffered", lambda *args: scans.append(1) or take_buffered(*args))
+    fills = []
+    fill = sub.read_ahead.fill
+    monkeypatch.setattr(sub.read_ahead, "fill", lambda rc: fills.append(1) or fill(rc))
     with pytest.raises(pulsartxn.Timeout):
         a.receive(0)  # held: its messages lie past 50 of b's
-    held_scans = len(scans)
+    routed, read = ks._queued, len(fills)
     for _ in range(5):
         with pytest.raises(pulsartxn.Timeout):
             a.receive(0)
-    assert len(scans) == held_scans  # nothing moved: not read again
-    time.sleep(0.35)
-    with pytest.raises(pulsartxn.Timeout):
-        a.receive(0)
-    assert len(scans) == held_scans + 1  # read again after HELD_RETRY_S, in case
-    first = b.receive(1000)
-    b.acknowledge(first)  # a take (it delivered) moves; an ack alone would not
+    assert (ks._queued, len(fills)) == (routed, read)  # nothing read or routed again
+    b.acknowledge(b.receive(1000))  # an ack does not read for a either
+    assert len(fills) == read
     taken = b.batch_receive(80, 1000)
-    before = len(scans)
-    for m in taken[:10]:
-        b.acknowledge(m)
-    assert len(scans) == before  # acks rouse no read of a's
-    got = [a.receive(5000) for _ in range(5)]  # the take moved: a reads again, in order
+    assert len(taken) == 80 and keys_of(taken) <= set(of_b)
+    got = [a.receive(5000) for _ in range(5)]  # the way is free: a reads on, in order
     assert [m.data() for m in got] == [f"{of_a[i % 3]}:a{i}".encode() for i in range(5)]
-    assert len(scans) > before
+    rest = drain(b)
+    assert sorted(m.data() for m in rest) == sorted(
+        f"{of_b[i % 3]}:b{i}".encode() for i in range(81, 120)
+    )
 
 
 def test_the_ring_moves_only_the_keys_of_a_consumer_that_comes_or_goes():
