@@ -360,19 +360,19 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
         self._check_open()
         meta = self.broker.txn.new_transaction(timeout_ms, coordinator_id, group, self._owner)
         if group is None and self._owner == IN_PROCESS:
-            began = self._began
-            began.add(meta.txn_id)
-            if len(began) >= self._prune_at:
-                self._prune_began()
+            with self._lock:  # threads begin at once; a prune replaces the set
+                began = self._began
+                began.add(meta.txn_id)
+                if len(began) >= self._prune_at:
+                    self._prune_began()
         return Transaction(self, self.broker.txn, meta.txn_id, counted=True)
 
     def _prune_began(self) -> None:
         """Forget the transactions this client began that have ended; the next pruning
-        comes when what is left has doubled (at least _PRUNE_AT)."""
-        with self._lock:
-            live = self.broker.txn.live(self._began)
-            self._began = live
-            self._prune_at = max(_PRUNE_AT, 2 * len(live))
+        comes when what is left has doubled (at least _PRUNE_AT). Called under _lock."""
+        live = self.broker.txn.live(self._began)
+        self._began = live
+        self._prune_at = max(_PRUNE_AT, 2 * len(live))
 
     def transaction(self, txn_id: TxnID | str | int, capability: str | None = None) -> Transaction:
         """A handle on an existing transaction by id (TxnID, its str or its int). (An
@@ -464,7 +464,8 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
                 pass
         for consumer in list(self._consumers):
             consumer.close()
-        began, self._began = self._began, set()
+        with self._lock:
+            began, self._began = self._began, set()
         service = self.broker.txn
         if began and not service.closed:
             service.abort_orphans(service.owned(lambda m: m.txn_id in began))

@@ -5,6 +5,7 @@ after them. (env: tests/txn/conftest.py, the embedded and the remote client.)"""
 from __future__ import annotations
 
 import functools
+import threading
 import time
 
 import pytest
@@ -244,3 +245,28 @@ def test_an_in_process_client_forgets_the_transactions_that_ended(tmp_path):
         client.close()
         assert broker.txn.state_of(left_open.id) is TxnState.ABORTED
         assert len(helpers.scanned(broker.client(), "t")) == 3000
+
+
+def test_threads_beginning_at_once_lose_none_to_a_pruning(tmp_path):
+    """Threads that begin transactions on one client while it prunes what it remembers: none
+    of them fails, and every one left open is aborted by the close."""
+    with pulsartxn.Broker(tmp_path / "d", num_coordinators=4, sync=False) as broker:
+        client = broker.client()
+        txns: list = []
+        errors: list = []
+
+        def begin():
+            try:
+                for _ in range(3000):
+                    txns.append(client.new_transaction(timeout_ms=600_000))
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=begin) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        client.close()
+        assert {broker.txn.state_of(t.id) for t in txns} == {TxnState.ABORTED}
