@@ -98,5 +98,6 @@ setup(
         compiler_directives=directives,
         include_path=["pulsartxn/_native"],
         annotate=DEBUG,
+        nthreads=os.cpu_count() or 1,  # the modules are translated side by side too
     ),
 )
