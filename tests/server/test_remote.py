@@ -341,6 +341,33 @@ def test_a_commit_closes_the_streams_of_its_transaction_whatever_opened_them(ser
     client.close()
 
 
+def test_a_stream_of_another_client_is_refused_after_the_commit(server):
+    """A batch stream another client (another process's session) opened on the transaction
+    is that client's: the commit here neither waits for it nor closes it. What it stored
+    before the decision is in the transaction; its batches after it are refused as late (at
+    the latest by its close), and nothing of them is stored."""
+    s = server()
+    owner = pulsartxn.Client(s.url)
+    other = pulsartxn.Client(s.url)
+    txn = owner.new_transaction()
+    handle = other.transaction(txn.id, capability=txn.capability)
+    producer = other.create_producer("foreign-stream")
+    with producer.batch_stream(handle) as stored:
+        stored.write(pa.array([b"before"], pa.binary()))
+    late = producer.batch_stream(handle)
+    txn.commit()
+    with pytest.raises((InvalidTxnStatus, TransactionNotFound)) as refused:
+        late.write(pa.array([b"after"], pa.binary()))
+        late.close()
+    assert f"transaction {txn.id} has ended" in str(refused.value)
+    with pytest.raises(pulsartxn.AlreadyClosed, match=f"transaction {txn.id} has ended"):
+        late.write(pa.array([b"again"], pa.binary()))
+    values = [v for b in owner.scan("foreign-stream") for v in b.column("value").to_pylist()]
+    assert values == [b"before"]
+    other.close()
+    owner.close()
+
+
 def test_a_failed_stream_named_by_id_fails_its_transaction(server):
     """A stream of the transaction whose call failed (here the broker refused a batch past
     its request limit) fails the transaction for this client, whatever named it: what the
