@@ -49,25 +49,31 @@ def test_concurrent_writes_share_groups(storage):
     assert storage.commits.groups < 1600
 
 
+def _frames(thread: threading.Thread) -> list[str]:
+    """The names of the Python functions `thread` is in, innermost first."""
+    frame, names = sys._current_frames().get(thread.ident), []
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return names
+
+
 def test_a_synced_waiter_sleeps_on_its_answer_while_another_thread_commits(tmp_path):
     """With fsync, a caller whose op is queued while another thread holds the commit lock
     does not queue on that lock (it would learn that its op landed only once it held the
-    lock, after the leader took it again): it wakes the writer thread, which commits the op,
-    and sleeps until the answer."""
+    lock, after the leader took it again): it wakes the writer thread and sleeps until the
+    answer."""
     env = lmdb.open(str(tmp_path / "env"), max_dbs=2, sync=True)
     # The writer thread looks at the queue on its own only once a minute: here it is woken.
     commits = GroupCommit(env, sync=True, lazy_max_ms=60_000)
     try:
-        applied_by = []
-
-        def apply(txn):
-            applied_by.append(threading.current_thread())
-            txn.put(b"k", b"v")
-
+        applied = []
         answered = threading.Event()
 
         def caller():
-            fut = commits.submit(WriteOp(apply), quiet=True)
+            fut = commits.submit(
+                WriteOp(lambda txn: applied.append(txn.put(b"k", b"v"))), quiet=True
+            )
             commits.wait_for(fut)
             answered.set()
 
@@ -75,13 +81,20 @@ def test_a_synced_waiter_sleeps_on_its_answer_while_another_thread_commits(tmp_p
         try:
             t = threading.Thread(target=caller)
             t.start()
-            assert not answered.wait(0.2)  # nothing commits while the lock is held
-            assert applied_by == []
+            writer = commits.writer_thread
+            deadline = time.monotonic() + 10
+            # The caller sleeps on its answer (not in the lock's acquire, where the frames
+            # would end in wait_until), and the writer, woken, waits for the lock (in _run,
+            # out of its queue's wait). Checked while the lock is held: nothing commits.
+            while not ("block" in _frames(t) and _frames(writer)[:1] == ["_run"]):
+                assert time.monotonic() < deadline, (_frames(t), _frames(writer))
+                time.sleep(0.005)
+            assert applied == [] and not answered.is_set()
         finally:
             commits.commit_lock.release()
         assert answered.wait(10)
         t.join(10)
-        assert applied_by == [commits.writer_thread]
+        assert len(applied) == 1
         with env.begin() as txn:
             assert txn.get(b"k") == b"v"
     finally:
