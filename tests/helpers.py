@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 from contextlib import contextmanager
 
 import pytest
@@ -88,6 +89,16 @@ def paused(proc):
         yield
     finally:
         proc.send_signal(signal.SIGCONT)
+
+
+def frames(thread_id: int | None) -> list[str]:
+    """The names of the Python functions the thread of that ident is in, innermost first
+    (none once it ended)."""
+    frame, names = sys._current_frames().get(thread_id), []
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return names
 
 
 def drain(consumer, timeout_ms: int = 200, acknowledge: bool = False) -> list:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import sys
 import threading
 import time
 import urllib.request
@@ -18,6 +17,7 @@ import pytest
 import pulsartxn
 from pulsartxn.errors import AlreadyClosed, BrokerUnavailable, Timeout
 from pulsartxn.remote.handles import CLOSE_TIMEOUT_S
+from tests.helpers import frames
 
 from .conftest import Server
 from .test_send_timeout import timed
@@ -58,12 +58,7 @@ def restart(server: Server) -> None:
 
 def reopening(thread_id: int) -> bool:
     """Whether that thread is in the call that opens the session again."""
-    frame = sys._current_frames().get(thread_id)
-    while frame is not None:
-        if frame.f_code.co_name == "_hello":
-            return True
-        frame = frame.f_back
-    return False
+    return "_hello" in frames(thread_id)
 
 
 def wait_until(check, within: float = 10.0) -> None:

@@ -35,11 +35,6 @@ def served(tmp_path_factory):
     s.stop()
 
 
-def stopped(server: Server):
-    """The server stopped (SIGSTOP) for the block, every thread of it."""
-    return paused(server.proc)
-
-
 def timed(fn, wait_s: float = 10.0):
     """(what fn raised or returned, seconds it took), run in a thread: without a send timeout
     a call to a stopped broker never ends, and the test fails instead of hanging."""
@@ -72,7 +67,7 @@ def test_sends_to_a_stopped_broker_time_out_and_a_resend_is_stored_once(served):
     producer.flush()
     txn, grouped = client.new_transaction(), client.new_transaction()
     called: list = []
-    with stopped(served):
+    with paused(served.proc):
         raised, took = timed(lambda: producer.send(b"c", sequence_id=2))
         assert isinstance(raised, Timeout) and "send_timeout_millis=400" in str(raised)
         assert EARLIEST <= took <= LATEST, took
@@ -148,7 +143,7 @@ def resent(producer, value: bytes, seq: int, wait_s: float = 10.0):
 def test_flush_raises_the_last_sends_timeout_once(served):
     client = pulsartxn.Client(served.url, reconnect_timeout_s=30)
     producer = client.create_producer("flushed", send_timeout_millis=TIMEOUT_MS)
-    with stopped(served):
+    with paused(served.proc):
         fut = producer.send_async(b"lost")
         assert isinstance(fut.exception(LATEST), Timeout)
     with pytest.raises(Timeout, match="timed out"):
@@ -157,7 +152,7 @@ def test_flush_raises_the_last_sends_timeout_once(served):
     producer.send_async(b"y").result(10)
     producer.flush()
     # A later message stored clears it, as Pulsar's last send future.
-    with stopped(served):
+    with paused(served.proc):
         assert isinstance(producer.send_async(b"z").exception(LATEST), Timeout)
     producer.send(b"w")
     producer.flush()

@@ -16,6 +16,7 @@ import pytest
 import pulsartxn
 from pulsartxn.storage import Storage, WriteOp
 from pulsartxn.storage.group_commit import GroupCommit
+from tests.helpers import frames
 
 
 @pytest.fixture
@@ -49,15 +50,6 @@ def test_concurrent_writes_share_groups(storage):
     assert storage.commits.groups < 1600
 
 
-def _frames(thread: threading.Thread) -> list[str]:
-    """The names of the Python functions `thread` is in, innermost first."""
-    frame, names = sys._current_frames().get(thread.ident), []
-    while frame is not None:
-        names.append(frame.f_code.co_name)
-        frame = frame.f_back
-    return names
-
-
 def test_a_synced_waiter_sleeps_on_its_answer_while_another_thread_commits(tmp_path):
     """With fsync, a caller whose op is queued while another thread holds the commit lock
     does not queue on that lock (it would learn that its op landed only once it held the
@@ -86,8 +78,8 @@ def test_a_synced_waiter_sleeps_on_its_answer_while_another_thread_commits(tmp_p
             # The caller sleeps on its answer (not in the lock's acquire, where the frames
             # would end in wait_until), and the writer, woken, waits for the lock (in _run,
             # out of its queue's wait). Checked while the lock is held: nothing commits.
-            while not ("block" in _frames(t) and _frames(writer)[:1] == ["_run"]):
-                assert time.monotonic() < deadline, (_frames(t), _frames(writer))
+            while not ("block" in frames(t.ident) and frames(writer.ident)[:1] == ["_run"]):
+                assert time.monotonic() < deadline, (frames(t.ident), frames(writer.ident))
                 time.sleep(0.005)
             assert applied == [] and not answered.is_set()
         finally:
