@@ -16,9 +16,10 @@ import pytest
 import pulsartxn
 from pulsartxn import InitialPosition, TxnState
 from pulsartxn.errors import BrokerUnavailable, InvalidTxnStatus, Timeout
+from tests.helpers import paused
 
 from .conftest import Server
-from .test_send_timeout import stopped, timed
+from .test_send_timeout import timed
 
 # Loose bounds: the machine is slow and shared. Never before the timeout, never near the
 # client's reconnect_timeout_s (30 s), which is what a silent broker held a call for before.
@@ -89,7 +90,7 @@ def test_calls_to_a_stopped_broker_time_out_and_the_client_goes_on(served):
         "end plain": plain.commit,  # the server's own wait: serve --operation-timeout-ms 2000
     }
     outcomes: dict = {}
-    with stopped(served):
+    with paused(served.proc):
         # Concurrent calls on one connection: each ends on its own deadline.
         threads = [
             threading.Thread(target=lambda n=n, f=f: outcomes.__setitem__(n, timed(f)))
@@ -187,7 +188,7 @@ def test_a_batch_stream_write_a_silent_broker_does_not_take_times_out(served):
             stream.write(big)
             written[0] += 1
 
-    with stopped(served):
+    with paused(served.proc):
         raised, took = timed(fill)
     assert isinstance(raised, Timeout), raised
     assert str(raised).startswith("batch_stream write: broker at " + served.url), raised
@@ -246,7 +247,7 @@ def test_a_multi_host_url_tries_the_next_broker_after_a_silent_one(served):
     # The first broker is paused, the second refuses: every one is tried, then it gives up
     # at reconnect_timeout_s, as when all are down (a silent one no longer stops the round).
     url = f"{served.url},127.0.0.1:1"
-    with stopped(served):
+    with paused(served.proc):
         raised, took = timed(
             lambda: pulsartxn.Client(url, operation_timeout_seconds=OP_S, reconnect_timeout_s=1)
         )
@@ -263,7 +264,7 @@ def test_the_admin_command_gives_up_on_a_silent_server_at_its_timeout(served):
 
     command = [sys.executable, "-m", "pulsartxn", "admin", "--url", served.url]
     subprocess.run([*command, "topics", "list"], check=True, capture_output=True, timeout=60)
-    with stopped(served):
+    with paused(served.proc):
         start = time.monotonic()
         done = subprocess.run(
             [*command, "--timeout", "1", "topics", "list"],
