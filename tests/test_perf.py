@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
 
 import pulsartxn
 from pulsartxn.cli import build_parser, main
-from pulsartxn.perf.recorder import PERCENTILES, Histogram
+from pulsartxn.perf.recorder import PERCENTILES, Histogram, Recorder
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -168,6 +170,28 @@ def test_subscription_types_drain_the_topic(tmp_path, capsys, kind):
     assert out["wall_seconds"] < 5 and out["seconds"] <= out["wall_seconds"] - 0.15
     with pulsartxn.Broker(tmp_path / "d", sync=False) as broker:
         assert broker.admin.topic_stats("perf")["subscriptions"]["perf"]["backlog"] == 0
+
+
+def test_only_receives_that_found_nothing_are_idle_time(tmp_path, capsys):
+    rec = Recorder(threading.Event())
+    assert rec.claim() and rec.quiet_seconds(100.0) == 0.0
+    rec.add(1000, 1000, start=0.0)  # however long a batch took, it is not idle time
+    assert rec.quiet_seconds(time.perf_counter() + 60) == 0.0
+    rec.claim()
+    rec.unclaim(start=rec.last_end - 5)  # empty: quiet since the last completion, not before
+    assert rec.quiet_seconds(rec.last_end + 2) == pytest.approx(2.0)
+    rec.claim()
+    rec.unclaim(start=rec.last_end + 1)  # a later empty receive does not restart the count
+    assert rec.quiet_seconds(rec.last_end + 2) == pytest.approx(2.0) and rec.started == 1
+    rec.fail(ValueError(), start=rec.last_end)  # something completed: no longer quiet
+    assert rec.quiet_seconds(rec.last_end + 9) == 0.0
+    # --idle-ms 1 is shorter than every batch: 100 messages acked in a transaction, its commit
+    # synced; the last 50 wait out batch_receive's 100 ms for more. The run drains them all.
+    argv = ["consume", "--prefill", "5050", "--idle-ms", "1", "--receive-batch", "100"]
+    out = perf(
+        capsys, *embedded(tmp_path, *argv, "--txn-size", "100", "--subscription-type", "Exclusive")
+    )
+    assert out["messages"] == 5050 and out["operations"] == 51 and out["failed"] == 0
 
 
 def test_abort_ratio(tmp_path, capsys):

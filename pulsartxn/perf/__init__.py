@@ -99,8 +99,10 @@ def run(args) -> tuple[dict, Recorder]:
             now = time.perf_counter()
             if args.duration and now - start >= args.duration:
                 stop.set()
-            if drain and now - (rec.last_end or start) >= args.idle_ms / 1000.0:
-                stop.set()  # nothing arrived for --idle-ms: the input is drained
+            if drain and rec.quiet_seconds(now) >= args.idle_ms / 1000.0:
+                # receives that waited found nothing for --idle-ms: the input is drained (a
+                # slow batch, a partial one waiting out its timeout, is not idle time)
+                stop.set()
             if now >= next_tick:
                 _progress(args, rec.sample(now - start))
                 next_tick += 1.0

@@ -126,6 +126,8 @@ class Recorder:
         self.interval = Histogram()
         self.first_start: float | None = None
         self.last_end: float | None = None
+        # start of the first empty receive since the last completion: nothing has arrived since
+        self.quiet_since: float | None = None
         self.samples: list[dict] = []  # one per progress tick: time, msgs/s, ops/s, p50, p99
         self._last = (0, 0, 0.0)
 
@@ -137,12 +139,21 @@ class Recorder:
             self.started += 1
             return True
 
-    def unclaim(self) -> None:
-        """The claimed operation found nothing to do (an empty receive): it did not happen."""
+    def unclaim(self, start: float) -> None:
+        """The claimed receive that began at `start` found nothing: it did not happen, and
+        nothing arrived since `start` (or the last completion, if later) until one completes."""
         with self.lock:
             self.started -= 1
+            if self.quiet_since is None:
+                self.quiet_since = max(start, self.last_end or start)
+
+    def quiet_seconds(self, now: float) -> float:
+        """How long nothing has arrived, as empty receives saw it (0 until one was empty)."""
+        with self.lock:
+            return 0.0 if self.quiet_since is None else now - self.quiet_since
 
     def _busy(self, start: float, end: float) -> None:
+        self.quiet_since = None
         if self.first_start is None or start < self.first_start:
             self.first_start = start
         if self.last_end is None or end > self.last_end:

@@ -157,7 +157,7 @@ def consume(client, args, rec, pacer, index: int) -> None:
             start = time.perf_counter()
             msgs = consumer.batch_receive(args.receive_batch, 100)
             if not msgs:
-                rec.unclaim()
+                rec.unclaim(start)
                 continue
             try:
                 txn = txns.current()
@@ -221,7 +221,7 @@ def pipeline(client, args, rec, pacer, index: int) -> None:
             start = time.perf_counter()
             msgs = consumer.batch_receive(size, 100)
             if not msgs:
-                rec.unclaim()
+                rec.unclaim(start)
                 continue
             try:
                 with client.new_transaction(timeout_ms=timeout_ms) as t:
