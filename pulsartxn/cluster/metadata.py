@@ -22,7 +22,13 @@ import zlib
 from urllib.parse import quote
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    ConnectionLoss,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    SessionExpiredError,
+)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 
@@ -67,19 +73,36 @@ def parse_cluster_url(url: str) -> tuple[str, str]:
 
 
 def _unavailable(method):
-    """ZooKeeper out of reach (connection lost, session expired) is a retriable
-    BrokerUnavailable with its cause, never kazoo's own exception."""
+    """ZooKeeper out of reach is a retriable BrokerUnavailable with its cause, never kazoo's
+    own exception. A call that lost its connection or session (ZooKeeper restarted, this
+    process paused past its session timeout) waits for the client's next connection, up to the
+    session timeout, and is made again: a request arriving while the session is renewed is
+    served, not refused. So every method here may run twice: its creates find their own node
+    on the second run when the first went through (an owner, a registration, the config are
+    read back; a topic is TopicAlreadyExists, as the caller's own retry would find it)."""
 
     @functools.wraps(method)
-    def call(*args, **kwargs):
-        try:
-            return method(*args, **kwargs)
-        except KazooTimeoutError as exc:
-            raise BrokerUnavailable(f"ZooKeeper did not answer: {exc or 'timeout'}") from None
-        except KazooException as exc:
-            raise BrokerUnavailable(
-                f"ZooKeeper: {type(exc).__name__}{': ' + str(exc) if str(exc) else ''}"
-            ) from None
+    def call(self, *args, **kwargs):
+        deadline = None
+        while True:
+            seen = self._connections
+            try:
+                return method(self, *args, **kwargs)
+            except (ConnectionLoss, SessionExpiredError) as exc:
+                deadline = deadline or time.monotonic() + self._session_timeout_s
+                if not self._connected_after(seen, deadline):
+                    raise BrokerUnavailable(
+                        f"ZooKeeper: {type(exc).__name__}, no connection again within "
+                        f"{self._session_timeout_s:g} s"
+                    ) from None
+            except KazooTimeoutError:
+                raise BrokerUnavailable(
+                    f"ZooKeeper did not answer within {self._session_timeout_s:g} s"
+                ) from None
+            except KazooException as exc:
+                raise BrokerUnavailable(
+                    f"ZooKeeper: {type(exc).__name__}{': ' + str(exc) if str(exc) else ''}"
+                ) from None
 
     return call
 
@@ -101,6 +124,9 @@ class ClusterMetadata:
         self._zk = KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=retry)
         self._registered: tuple[str, bytes] | None = None
         self._lock = threading.Lock()
+        # Bumped each time the client connects (under a new session or the same one again).
+        self._connections = 0
+        self._connected = threading.Condition(self._lock)
         # Live brokers as last read (None: read again), dropped when the set changes or the
         # connection does; and owners, which never change once recorded.
         self._live: dict[str, str] | None = None
@@ -122,6 +148,17 @@ class ClusterMetadata:
         self._zk.ChildrenWatch(f"{self.root}/brokers", self._brokers_changed)
         return self
 
+    # kazoo's own calls wait for ever while ZooKeeper is away (a request queued for the next
+    # connection): each waits here at most the session timeout (KazooTimeoutError).
+    def _create(self, path: str, data: bytes, ephemeral: bool = False) -> None:
+        self._zk.create_async(path, data, ephemeral=ephemeral).get(timeout=self._session_timeout_s)
+
+    def _get(self, path: str):
+        return self._zk.get_async(path).get(timeout=self._session_timeout_s)
+
+    def _children(self, path: str) -> list[str]:
+        return self._zk.get_children_async(path).get(timeout=self._session_timeout_s)
+
     def _brokers_changed(self, children) -> None:
         with self._lock:
             self._live = None
@@ -139,9 +176,9 @@ class ClusterMetadata:
             "capability_key": secrets.token_hex(32),
         }
         try:
-            self._zk.create(path, json.dumps(value).encode())
+            self._create(path, json.dumps(value).encode())
         except NodeExistsError:
-            data, _ = self._zk.get(path)
+            data, _ = self._get(path)
             value = json.loads(data)
         return value
 
@@ -152,7 +189,7 @@ class ClusterMetadata:
     def create_topic(self, full: str, partitions: int) -> None:
         """Record a topic (TopicAlreadyExists if it is)."""
         try:
-            self._zk.create(self._topic_path(full), str(partitions).encode())
+            self._create(self._topic_path(full), str(partitions).encode())
         except NodeExistsError:
             raise TopicAlreadyExists(f"topic {full} already exists") from None
 
@@ -164,7 +201,7 @@ class ClusterMetadata:
         if found is not None:
             return found
         try:
-            data, _ = self._zk.get(self._topic_path(full))
+            data, _ = self._get(self._topic_path(full))
         except NoNodeError:
             return None
         self._topics[full] = found = int(data)
@@ -204,11 +241,11 @@ class ClusterMetadata:
         deadline = time.monotonic() + 3 * self._session_timeout_s
         while True:
             try:
-                self._zk.create(path, data, ephemeral=True)
+                self._create(path, data, ephemeral=True)
                 return
             except NodeExistsError:
                 try:
-                    _, stat = self._zk.get(path)
+                    _, stat = self._get(path)
                 except NoNodeError:
                     continue  # gone meanwhile: create it
                 if stat.ephemeralOwner == self._zk.client_id[0]:
@@ -227,8 +264,21 @@ class ClusterMetadata:
             with self._lock:
                 self._live = None
                 self._live_gen += 1
+                if state == KazooState.CONNECTED:
+                    self._connections += 1
+                    self._connected.notify_all()
         if state == KazooState.CONNECTED and self._registered is not None:
             self._zk.handler.spawn(self._reregister)
+
+    def _connected_after(self, seen: int, deadline: float) -> bool:
+        """Wait until the client connected again since `seen` (False past `deadline`)."""
+        with self._lock:
+            while self._connections == seen:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._connected.wait(left)
+            return True
 
     def _reregister(self) -> None:
         try:
@@ -245,9 +295,9 @@ class ClusterMetadata:
                 return dict(self._live)
             gen = self._live_gen
         out = {}
-        for broker_id in self._zk.get_children(f"{self.root}/brokers"):
+        for broker_id in self._children(f"{self.root}/brokers"):
             try:
-                data, _ = self._zk.get(f"{self.root}/brokers/{broker_id}")
+                data, _ = self._get(f"{self.root}/brokers/{broker_id}")
             except NoNodeError:
                 continue  # gone meanwhile
             out[broker_id] = json.loads(data)["address"]
@@ -270,7 +320,7 @@ class ClusterMetadata:
         if found is not None:
             return found
         try:
-            data, _ = self._zk.get(self._path(kind, ident))
+            data, _ = self._get(self._path(kind, ident))
         except NoNodeError:
             return None
         self._owners[kind, ident] = found = data.decode()
@@ -281,9 +331,9 @@ class ClusterMetadata:
         """broker id -> the idents of `kind` it holds."""
         out: dict[str, list[str]] = {}
         base = f"{self.root}/owners/{kind}"
-        for ident in self._zk.get_children(base):
+        for ident in self._children(base):
             try:
-                data, _ = self._zk.get(f"{base}/{ident}")
+                data, _ = self._get(f"{base}/{ident}")
             except NoNodeError:
                 continue
             out.setdefault(data.decode(), []).append(ident)
@@ -306,7 +356,7 @@ class ClusterMetadata:
                 load[broker_id] = len(idents)
         chosen = min(sorted(load), key=lambda b: load[b])
         try:
-            self._zk.create(path, chosen.encode())
+            self._create(path, chosen.encode())
         except NodeExistsError:
             return self.owner(kind, ident)
         return chosen
@@ -315,7 +365,7 @@ class ClusterMetadata:
     def take(self, kind: str, ident: str, broker_id: str) -> str:
         """Record `broker_id` as the owner of `ident` unless somebody is; the owner."""
         try:
-            self._zk.create(self._path(kind, ident), _check_id("broker_id", broker_id).encode())
+            self._create(self._path(kind, ident), _check_id("broker_id", broker_id).encode())
         except NodeExistsError:
             return self.owner(kind, ident)
         return broker_id

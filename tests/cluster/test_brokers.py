@@ -301,6 +301,56 @@ def test_zookeeper_restarted_brokers_register_again_and_carry_on(tmp_path):
             brokers.close()
 
 
+def test_calls_that_reach_a_broker_renewing_its_session_are_served(local_cluster):
+    """A broker paused past its ZooKeeper session (4 s here) finds it expired when it runs
+    again: calls already waiting for it (a producer on a new topic, a lookup) wait for its
+    new session and are answered, not refused with the expired one."""
+    cluster = local_cluster(1, num_coordinators=1)
+    brokers = Brokers(cluster)
+    try:
+        brokers.any.create_producer("warm").send(b"w")  # connected, topic metadata read
+        for i in range(2):
+            got = _answered_after_a_pause(
+                cluster,
+                send=lambda i=i: brokers.any.create_producer(f"new-{i}").send(b"x"),
+                lookup=lambda i=i: brokers.owner("partition", f"persistent://public/d/o-{i}"),
+            )
+            assert set(got) == {"send", "lookup"} and got["lookup"] == cluster.addresses[0]
+            assert isinstance(got["send"], pulsartxn.MessageId), got
+            assert _drain(
+                brokers.any.subscribe(
+                    f"new-{i}", "s", initial_position=pulsartxn.InitialPosition.Earliest
+                )
+            ) == [b"x"]
+    finally:
+        brokers.close()
+
+
+def _answered_after_a_pause(cluster, **calls) -> dict:
+    """Pause broker 0 past its session, make `calls` (name: fn) meanwhile, resume it: what
+    each returned or raised."""
+    got: dict = {}
+
+    def make(name, fn):
+        try:
+            got[name] = fn()
+        except PulsarTxnError as exc:
+            got[name] = exc
+
+    threads = [threading.Thread(target=make, args=item) for item in calls.items()]
+    cluster.pause(0)
+    try:
+        time.sleep(5.0)
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+    finally:
+        cluster.resume(0)
+    for t in threads:
+        t.join(60)
+    return got
+
+
 def test_with_tokens_a_transaction_is_its_openers_at_every_broker(local_cluster, tmp_path):
     """Brokers with a client token and an admin token: the brokers reach each other with the
     admin token; a transaction is used at another broker only with its capability, which

@@ -160,6 +160,41 @@ def test_a_restarted_zookeeper_keeps_owners_and_brokers_register_again(tmp_path)
         zk.stop()
 
 
+def test_a_call_during_an_outage_waits_for_zookeeper_within_the_session_timeout(tmp_path):
+    """A broker's metadata call while ZooKeeper is away (kazoo refuses it at once) waits for
+    the connection to come back, up to the session timeout, instead of failing a request
+    that arrived in the gap; past it, a clear BrokerUnavailable."""
+    zk = LocalZooKeeper(tmp_path / "zk").start()
+    url = f"zk://{zk.address}/c"
+    broker = ClusterMetadata(url, session_timeout_s=10.0).start()
+    try:
+        broker.register("b1", "127.0.0.1:7001")
+        zk.stop(kill=True)
+        got: list = []
+        call = threading.Thread(target=lambda: got.append(broker.claim("bundle", "0x00000001")))
+        call.start()
+        time.sleep(1.0)
+        assert call.is_alive() and got == []  # waiting, not refused
+        zk.start()
+        call.join(30)
+        assert got == ["b1"]
+        assert broker.lookup("bundle", "0x00000001") == ("b1", "127.0.0.1:7001")
+    finally:
+        broker.close()
+        zk.stop()
+    short = ClusterMetadata(url, session_timeout_s=1.0)
+    zk.start()
+    short.start()
+    try:
+        zk.stop(kill=True)
+        start = time.monotonic()
+        with pytest.raises(BrokerUnavailable, match="ZooKeeper.* within 1 s"):
+            short.owner("bundle", "0x00000002")
+        assert 1.0 <= time.monotonic() - start < 10
+    finally:
+        short.close()
+
+
 def test_a_broker_whose_session_expired_registers_again(url):
     """A broker paused past its session (a long GC pause, a stopped VM) loses its ephemeral
     node; once it runs again it registers again under a new session."""
