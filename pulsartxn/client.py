@@ -361,10 +361,17 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
         meta = self.broker.txn.new_transaction(timeout_ms, coordinator_id, group, self._owner)
         if group is None and self._owner == IN_PROCESS:
             with self._lock:  # threads begin at once; a prune replaces the set
-                began = self._began
-                began.add(meta.txn_id)
-                if len(began) >= self._prune_at:
-                    self._prune_began()
+                closed = self._closed
+                if not closed:
+                    began = self._began
+                    began.add(meta.txn_id)
+                    if len(began) >= self._prune_at:
+                        self._prune_began()
+            if closed:
+                # A close came in since the check above, and takes what it finds in the set
+                # under the lock: this one is not there, so it is aborted here.
+                self.broker.txn.abort_orphans([meta])
+                raise AlreadyClosed("client is closed")
         return Transaction(self, self.broker.txn, meta.txn_id, counted=True)
 
     def _prune_began(self) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 import pulsartxn
 from pulsartxn import ConsumerType, TxnState
-from pulsartxn.errors import InvalidTxnStatus, TransactionTimeout
+from pulsartxn.errors import AlreadyClosed, InvalidTxnStatus, TransactionTimeout
 from tests import helpers
 
 drain = functools.partial(helpers.drain, timeout_ms=100)
@@ -270,3 +270,41 @@ def test_threads_beginning_at_once_lose_none_to_a_pruning(tmp_path):
         assert errors == []
         client.close()
         assert {broker.txn.state_of(t.id) for t in txns} == {TxnState.ABORTED}
+
+
+def test_a_close_racing_begins_leaves_none_open(tmp_path):
+    """Threads beginning transactions while the client closes: each begin either returns a
+    transaction the close aborts or raises AlreadyClosed, and none is left OPEN (a begin
+    that slipped past the close's check would have been remembered where the close no
+    longer looks). A second close changes nothing."""
+    with pulsartxn.Broker(tmp_path / "d", num_coordinators=4, sync=False) as broker:
+        for _ in range(20):
+            client = broker.client()
+            begun: list = []
+            refused: list = []
+            started = threading.Barrier(5)
+
+            def begin(client=client, begun=begun, refused=refused, started=started):
+                started.wait()
+                while True:
+                    try:
+                        begun.append(client.new_transaction(timeout_ms=600_000))
+                    except AlreadyClosed:
+                        refused.append(1)
+                        return
+
+            threads = [threading.Thread(target=begin) for _ in range(4)]
+            for t in threads:
+                t.start()
+            started.wait()
+            time.sleep(0.01)
+            client.close()
+            for t in threads:
+                t.join()
+            assert len(refused) == 4 and begun
+            assert broker.txn.owned() == []  # nothing OPEN: not one begin outlived the close
+            assert {broker.txn.state_of(t.id) for t in begun} == {TxnState.ABORTED}
+            client.close()
+            assert {broker.txn.state_of(t.id) for t in begun} == {TxnState.ABORTED}
+            with pytest.raises(AlreadyClosed):
+                client.new_transaction()
