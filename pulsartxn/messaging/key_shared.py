@@ -93,6 +93,9 @@ class KeyShared:
         self._owners: dict[int, object] = {}  # hash -> its consumer on the ring as it is
         self._queues: dict[object, deque] = {}  # consumer -> its read-ahead items, in order
         self._queued = 0  # items in all the queues
+        # The last position routed in read order: what comes from the read-ahead before it
+        # is a due delayed message put back in front (None: nothing routed since a reset).
+        self._routed_upto = None
         self._rewinds = 0  # the read-ahead's rewinds the queues are of
         # A take passed over a key draining elsewhere since the last `unblocked()`: the next
         # ack, nack or transactional hold here rouses every parked consumer.
@@ -147,6 +150,7 @@ class KeyShared:
         to be routed again."""
         self._owners.clear()
         queues, self._queues, self._queued = self._queues, {}, 0
+        self._routed_upto = None
         if read_ahead.rewinds != self._rewinds:
             self._rewinds = read_ahead.rewinds  # they were dropped with what it read
             return
@@ -160,17 +164,36 @@ class KeyShared:
         """`consumer`'s queue, once the queues are of what the read-ahead holds now."""
         if read_ahead.rewinds != self._rewinds:
             self._rewinds = read_ahead.rewinds
-            self._queues, self._queued = {}, 0
+            self._queues, self._queued, self._routed_upto = {}, 0, None
+        buf, upto = read_ahead.buffer, self._routed_upto
+        while buf and upto is not None and buf[0][0] < upto:
+            self._place(buf.popleft())  # due delayed ones: to their places before a take
+        return self._queue(consumer)
+
+    def _queue(self, consumer) -> deque:
         queue = self._queues.get(consumer)
         if queue is None:
             queue = self._queues[consumer] = deque()
         return queue
 
+    def _place(self, item) -> None:
+        """Route one read-ahead item to its consumer's queue: at the end in read order; a due
+        delayed message (before what was routed) at its place by position, as Pulsar
+        replays the messages it holds back, in position order."""
+        target = self._queue(self._owner(self._hash(item[1])))
+        upto = self._routed_upto
+        if upto is not None and item[0] < upto:
+            target.insert(bisect.bisect_left(target, item[0], key=_position), item)
+        else:
+            target.append(item)
+            self._routed_upto = item[0]
+        self._queued += 1
+
     def _route(self, sub, consumer, queue) -> bool:
         """Route what the read-ahead holds (reading on) to the queues until `consumer`'s gets
         one more item; False when there is none to read, or when LOOKAHEAD messages of other
         consumers are queued (then a take of theirs frees the way)."""
-        ra, queues = sub.read_ahead, self._queues
+        ra = sub.read_ahead
         buf = ra.buffer
         before = len(queue)
         while len(queue) == before:
@@ -183,16 +206,7 @@ class KeyShared:
                 if not ra.fill(sub.read_committed):
                     return False
                 continue
-            item = buf.popleft()
-            owner = self._owner(self._hash(item[1]))
-            target = queues.get(owner)
-            if target is None:
-                target = queues[owner] = deque()
-            if target and item[0] < target[0][0]:
-                target.appendleft(item)  # before those routed already (a delayed one, due)
-            else:
-                target.append(item)
-            self._queued += 1
+            self._place(buf.popleft())
         return True
 
     def _may_take(self, pending: dict, consumer, h: int) -> bool:
@@ -372,6 +386,10 @@ class KeyShared:
         p.msg_out += delivered
         p.bytes_out += nbytes
         return nbytes, full
+
+
+def _position(item):
+    return item[0]
 
 
 def _holder(pending: dict, key):

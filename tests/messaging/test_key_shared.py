@@ -11,6 +11,7 @@ import pytest
 
 import pulsartxn
 from pulsartxn import ConsumerType, InitialPosition
+from pulsartxn.messaging.key_shared import KeySelector, key_hash
 from tests.helpers import drain
 
 KS = ConsumerType.KeyShared
@@ -155,6 +156,34 @@ def test_nacked_and_redelivered_messages_go_back_to_the_keys_consumer(client):
     again_b, again_a = drain(b), drain(a)
     assert keys_of(again_a) == keys_of(got_a) and keys_of(again_b) == keys_of(got_b)
     assert {m.redelivery_count() for m in again_a + again_b} == {1}
+
+
+def test_a_due_delayed_message_takes_its_place_by_position(client):
+    """A delayed message, once due, is delivered in position order among the messages of its
+    consumer that were read and not yet delivered (as Pulsar replays what it held back),
+    not behind all of them."""
+    ring = KeySelector()
+    ring.add("c1", "c1")
+    ring.add("c2", "c2")
+    owned = {}
+    for i in range(200):
+        owned.setdefault(ring.select(key_hash(f"k{i}".encode())), []).append(f"k{i}")
+    mine, other = owned["c1"][:2], owned["c2"][0]
+    c1 = subscribe(client, consumer_name="c1")
+    c2 = subscribe(client, consumer_name="c2")
+    p = client.create_producer("ks")
+    p.send(b"delayed", partition_key=mine[0], deliver_after_ms=500)
+    due_at = time.monotonic() + 0.5
+    for i in range(3):
+        p.send(b"a%d" % i, partition_key=mine[1])
+    p.send(b"other", partition_key=other)
+    # c2's take reads past c1's three messages (they wait for c1) to its own
+    assert c2.receive(5000).data() == b"other"
+    time.sleep(max(0.0, due_at - time.monotonic()) + 0.2)
+    got = [c1.receive(5000) for _ in range(4)]
+    assert [m.data() for m in got] == [b"delayed", b"a0", b"a1", b"a2"]
+    assert [m.message_id() for m in got] == sorted(m.message_id() for m in got)
+    p.close()
 
 
 def test_cumulative_ack_is_refused(client):
