@@ -309,33 +309,78 @@ def _on_every(parts, call, caught) -> None:
 
 class ClusterBatchStream(StreamContext):
     """``batch_stream`` of a partitioned topic: each batch routed as a send_batch, onto a
-    stream per partition opened at its first rows."""
+    stream per partition opened at its first rows. To its user it is one stream, as
+    ``BatchStream`` says: a failed call of any partition's ends it (the other partitions'
+    streams are dropped; its transaction can only abort), one closed by a commit or its
+    producer's close has closed it (no partition's is opened after), and a closed one takes
+    no more batches."""
 
     def __init__(self, producer: ClusterProducer, txn) -> None:
         self._producer = producer
         self._txn = txn
         self._streams: dict = {}
+        self._shape = None  # (values' type, keys' type or None), fixed by the first batch
+        self._error: BaseException | None = None  # the failure that ended it
+        self._closed = False
         self.count = 0
 
     def write(self, values: pa.Array, keys: pa.Array | None = None) -> None:
+        self._check_usable()
         values, keys, plan = self._producer._split(values, keys)
+        shape = (values.type, None if keys is None else keys.type)
+        if self._shape is None:
+            self._shape = shape
+        elif shape != self._shape:  # refused before any partition takes a part of it
+            raise ValueError(f"batch of {shape} differs from the stream's {self._shape}")
         for i, rows in plan.items():
             stream = self._streams.get(i)
             if stream is None:
                 stream = self._streams[i] = self._producer._parts[i].batch_stream(self._txn)
             take = pa.array(rows)
-            stream.write(values.take(take), None if keys is None else keys.take(take))
+            try:
+                stream.write(values.take(take), None if keys is None else keys.take(take))
+            except errors.PulsarTxnError as exc:
+                if stream._closed_by is None:  # not closed by a commit meanwhile: failed
+                    self._error = stream._error or exc
+                    self.cancel()
+                raise
 
     def close(self) -> int:
+        """Close every partition's stream (each, even if one before raised: the first error
+        is raised then); the messages stored."""
+        if self._error is not None:
+            raise errors.AlreadyClosed(f"this batch stream ended when a call failed: {self._error}")
+        if self._closed:
+            return self.count
+        self._closed = True
         streams, self._streams = self._streams, {}
+        first = None
         for stream in streams.values():
-            self.count += stream.close()
+            try:
+                self.count += stream.close()
+            except errors.PulsarTxnError as exc:
+                self._error = self._error or exc
+                first = first or exc
+        if first is not None:
+            raise first
         return self.count
 
     def cancel(self) -> None:
+        self._closed = True
         streams, self._streams = self._streams, {}
         for stream in streams.values():
             stream.cancel()
+
+    def _check_usable(self) -> None:
+        if self._error is not None:
+            raise errors.AlreadyClosed(f"this batch stream ended when a call failed: {self._error}")
+        for stream in self._streams.values():
+            if stream._closed_by is not None:
+                raise errors.AlreadyClosed(f"this batch stream was closed by {stream._closed_by}")
+        if self._closed:
+            raise errors.AlreadyClosed("this batch stream is closed")
+        if self._producer._closed:
+            raise errors.AlreadyClosed("this batch stream's producer is closed")
 
 
 class _Call(threading.Thread):

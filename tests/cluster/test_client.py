@@ -504,6 +504,51 @@ def test_a_streams_producer_close_and_a_commit_by_id_close_it_on_every_broker(cl
     assert sorted(scanned(client, topic)) == sorted(values + more)
 
 
+def test_a_stream_of_another_client_is_refused_on_every_broker_after_the_commit(cluster, client):
+    """Another cluster client's stream on the transaction (with its capability), one stream
+    per partition on their owners: the commit here neither waits for it nor closes it. What
+    it stored before the decision is in; its next batch after it is refused as late by each
+    owner, and nothing of it is stored."""
+    topic = _topic(client)
+    keys = _keys_per_partition(client, topic)
+    txn = client.new_transaction()
+    with pulsartxn.Client(cluster.service_url, reconnect_timeout_s=60) as other:
+        handle = other.transaction(txn.id, capability=txn.capability)
+        producer = other.create_producer(topic)
+        before = [f"b{i}".encode() for i in range(len(keys))]
+        with producer.batch_stream(txn=handle) as stored:
+            stored.write(pa.array(before, pa.binary()), pa.array(keys))
+        late = producer.batch_stream(txn=handle)
+        txn.commit()
+        with pytest.raises((errors.InvalidTxnStatus, errors.TransactionNotFound)) as refused:
+            late.write(pa.array([b"after"] * len(keys), pa.binary()), pa.array(keys))
+            late.close()
+        assert f"transaction {txn.id} has ended" in str(refused.value)
+        with pytest.raises(pulsartxn.AlreadyClosed):
+            late.write(pa.array([b"again"], pa.binary()))
+    assert sorted(scanned(client, topic)) == sorted(before)
+
+
+def test_a_cluster_stream_is_one_stream_to_its_user(cluster, client):
+    """A batch whose shape differs from the stream's (keys where it had none) is refused
+    before any partition's stream takes a part of it; a closed stream takes no more (no
+    partition's stream is opened again), and its close stays its count."""
+    topic = _topic(client)
+    keys = _keys_per_partition(client, topic)
+    producer = client.create_producer(topic)
+    txn = client.new_transaction()
+    stream = producer.batch_stream(txn=txn)
+    stream.write(pa.array([b"a", b"b", b"c"], pa.binary()))  # round robin, no keys
+    with pytest.raises(ValueError, match="differs from the stream's"):
+        stream.write(pa.array([b"k"] * len(keys), pa.binary()), pa.array(keys))
+    assert stream.close() == 3
+    with pytest.raises(pulsartxn.AlreadyClosed, match="this batch stream is closed"):
+        stream.write(pa.array([b"late"] * len(keys), pa.binary()))
+    assert stream.close() == 3
+    txn.commit()
+    assert sorted(scanned(client, topic)) == [b"a", b"b", b"c"]
+
+
 def test_bulk_sends_route_as_the_embedded_producer(cluster, client, tmp_path):
     topic = _topic(client)
     producer = client.create_producer(topic, batching_max_messages=10)
