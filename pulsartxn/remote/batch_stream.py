@@ -105,6 +105,7 @@ class BatchStream(StreamContext):
         self._worker: Worker | None = None  # the stream's calls run there, once it opens
         self._error: BaseException | None = None  # the failure that ended it
         self._closed_by: str | None = None  # a commit or its producer's close closed it
+        self._closed = False  # close() ended it: it takes no more batches
         self._schema = None
         self.count = 0  # messages stored, known once closed
 
@@ -164,8 +165,11 @@ class BatchStream(StreamContext):
         """End the stream; returns the messages stored once all of them are durable."""
         if self._closed_by is not None:
             return self.count  # its transaction's commit or its producer's close closed it
+        if self._closed and self._error is None:
+            return self.count  # closed or cancelled already
         self._check_usable()
         if self._writer is None:
+            self._closed = True
             return self.count
         writer, reader = self._writer, self._reader
 
@@ -182,6 +186,7 @@ class BatchStream(StreamContext):
         worker = self._worker
         self._let_go()
         worker.stop()
+        self._closed = True
         out = json.loads(meta.to_pybytes())
         if self._handle is not None:
             self._handle._stored(out.get("partitions") or [])
@@ -190,6 +195,7 @@ class BatchStream(StreamContext):
 
     def cancel(self) -> None:
         """Drop the stream (after an error: what was sent stays in the transaction)."""
+        self._closed = True
         writer, worker = self._writer, self._worker
         if writer is None:
             return
@@ -262,6 +268,8 @@ class BatchStream(StreamContext):
             raise errors.AlreadyClosed(f"this batch stream was closed by {self._closed_by}")
         if self._error is not None:
             raise errors.AlreadyClosed(f"this batch stream ended when a call failed: {self._error}")
+        if self._closed:
+            raise errors.AlreadyClosed("this batch stream is closed")
         if self._producer._closed:
             raise errors.AlreadyClosed("this batch stream's producer is closed")
 

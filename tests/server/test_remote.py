@@ -341,6 +341,33 @@ def test_a_commit_closes_the_streams_of_its_transaction_whatever_opened_them(ser
     client.close()
 
 
+def test_a_closed_or_cancelled_stream_takes_no_more(server):
+    """A stream's close ends it: a later write raises AlreadyClosed (it does not open a new
+    stream), and close() again is its count. A cancelled one (its with block raised) too."""
+    s = server()
+    client = pulsartxn.Client(s.url)
+    producer = client.create_producer("closed-stream")
+    stream = producer.batch_stream()
+    stream.write(pa.array([b"a", b"b"], pa.binary()))
+    assert stream.close() == 2
+    with pytest.raises(pulsartxn.AlreadyClosed, match="this batch stream is closed"):
+        stream.write(pa.array([b"late"], pa.binary()))
+    assert stream.close() == 2
+    with pytest.raises(RuntimeError, match="user's"):
+        with producer.batch_stream() as cancelled:
+            cancelled.write(pa.array([b"c"], pa.binary()))
+            raise RuntimeError("the user's")
+    with pytest.raises(pulsartxn.AlreadyClosed, match="this batch stream is closed"):
+        cancelled.write(pa.array([b"late"], pa.binary()))
+    never = producer.batch_stream()
+    assert never.close() == 0
+    with pytest.raises(pulsartxn.AlreadyClosed, match="this batch stream is closed"):
+        never.write(pa.array([b"late"], pa.binary()))
+    values = [v for b in client.scan("closed-stream") for v in b.column("value").to_pylist()]
+    assert values == [b"a", b"b", b"c"]  # a cancelled plain stream keeps what it wrote
+    client.close()
+
+
 def test_a_stream_of_another_client_is_refused_after_the_commit(server):
     """A batch stream another client (another process's session) opened on the transaction
     is that client's: the commit here neither waits for it nor closes it. What it stored
