@@ -264,14 +264,20 @@ class BatchStream(StreamContext):
         self._closed_by = why
 
     def _check_usable(self) -> None:
-        if self._closed_by is not None:
-            raise errors.AlreadyClosed(f"this batch stream was closed by {self._closed_by}")
-        if self._error is not None:
-            raise errors.AlreadyClosed(f"this batch stream ended when a call failed: {self._error}")
-        if self._closed:
-            raise errors.AlreadyClosed("this batch stream is closed")
-        if self._producer._closed:
-            raise errors.AlreadyClosed("this batch stream's producer is closed")
+        check_usable(self._closed_by, self._error, self._closed, self._producer._closed)
+
+
+def check_usable(closed_by, error, closed: bool, producer_closed: bool) -> None:
+    """AlreadyClosed, saying why, unless a stream in this state takes more calls (a cluster
+    stream keeps the same rules for its partitions' streams as one)."""
+    if closed_by is not None:
+        raise errors.AlreadyClosed(f"this batch stream was closed by {closed_by}")
+    if error is not None:
+        raise errors.AlreadyClosed(f"this batch stream ended when a call failed: {error}")
+    if closed:
+        raise errors.AlreadyClosed("this batch stream is closed")
+    if producer_closed:
+        raise errors.AlreadyClosed("this batch stream's producer is closed")
 
 
 def detached(error: BaseException, text: str) -> BaseException:

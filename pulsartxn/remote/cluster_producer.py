@@ -27,7 +27,7 @@ from ..messaging.message import MessageId
 from ..messaging.producer import check_sequence_id
 from ..messaging.send_options import check_callback
 from ..messaging.topic_name import TopicName
-from .batch_stream import StreamContext
+from .batch_stream import StreamContext, check_usable
 from .handles import RemoteTransaction
 from .placed import Placed, quietly
 from .producer import RemoteProducer
@@ -349,7 +349,7 @@ class ClusterBatchStream(StreamContext):
         """Close every partition's stream (each, even if one before raised: the first error
         is raised then); the messages stored."""
         if self._error is not None:
-            raise errors.AlreadyClosed(f"this batch stream ended when a call failed: {self._error}")
+            self._check_usable()  # raises, naming the failure
         if self._closed:
             return self.count
         self._closed = True
@@ -372,15 +372,11 @@ class ClusterBatchStream(StreamContext):
             stream.cancel()
 
     def _check_usable(self) -> None:
+        # A failure of one partition's stream ended them all (the others were cancelled).
+        closed_by = next((s._closed_by for s in self._streams.values() if s._closed_by), None)
         if self._error is not None:
-            raise errors.AlreadyClosed(f"this batch stream ended when a call failed: {self._error}")
-        for stream in self._streams.values():
-            if stream._closed_by is not None:
-                raise errors.AlreadyClosed(f"this batch stream was closed by {stream._closed_by}")
-        if self._closed:
-            raise errors.AlreadyClosed("this batch stream is closed")
-        if self._producer._closed:
-            raise errors.AlreadyClosed("this batch stream's producer is closed")
+            closed_by = None
+        check_usable(closed_by, self._error, self._closed, self._producer._closed)
 
 
 class _Call(threading.Thread):
