@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -173,3 +174,15 @@ def _bindable(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
+    """predicate()'s first true value, looked at every 5 ms; AssertionError past timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)

@@ -8,7 +8,6 @@ import logging
 import os
 import shutil
 import threading
-import time
 
 import pytest
 
@@ -16,17 +15,7 @@ import pulsartxn
 from pulsartxn.errors import StorageError
 from pulsartxn.storage import Storage
 from pulsartxn.txn.snapshot import DB as SNAPSHOT_DB
-from tests.helpers import small_tmpfs
-
-
-def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
+from tests.helpers import small_tmpfs, wait_for
 
 
 def records(caplog, logger: str, level: int | None = None, has: str = "") -> list:

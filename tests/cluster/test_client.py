@@ -20,7 +20,7 @@ from pulsartxn._native import TxnID
 from pulsartxn.cluster import LocalCluster
 from pulsartxn.messaging.consumer import ConsumerType
 from pulsartxn.remote import ClusterClient, spare
-from tests.helpers import scanned
+from tests.helpers import scanned, wait_for
 
 PARTITIONS = 6
 
@@ -315,10 +315,12 @@ def test_a_broker_killed_during_produce_loses_and_duplicates_nothing(cluster, cl
     thread = threading.Thread(target=produce)
     thread.start()
     try:
-        time.sleep(0.5)
+        # Sends before the kill and after the restart, counted rather than timed: a loaded
+        # machine made 20 in the 0.5 s this once slept.
+        wait_for(lambda: len(sent) > 20 or failures, 60)
         _restart(cluster, client, victim)
         during = len(sent)
-        time.sleep(0.5)
+        wait_for(lambda: len(sent) > during + 20 or failures, 60)
     finally:
         stop.set()
         thread.join(60)

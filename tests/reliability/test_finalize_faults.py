@@ -17,17 +17,7 @@ import pytest
 import pulsartxn
 from pulsartxn import TxnID
 from tests import helpers
-
-
-def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
+from tests.helpers import wait_for
 
 
 class Fault:
