@@ -98,16 +98,17 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
             raise AlreadyClosed("client is closed")
         self.broker.check_open()
 
-    def _txn_for(self, txn) -> Transaction | None:
+    def _txn_for(self, txn, op: str = "produce in") -> Transaction | None:
         """The Transaction a `txn=` argument names (a Transaction, or a TxnID / its str / int
-        of one opened elsewhere), checked to be still open on this side."""
+        of one opened elsewhere), checked to be still open on this side for `op` (the words
+        the coordinator uses too: "produce in", "acknowledge in")."""
         if txn is None:
             return None
         if type(txn) is not Transaction:  # a remote handle too: by its id
             txn = self.transaction(txn)
         elif txn._service is not self.broker.txn:
             raise ValueError(f"transaction {txn.id} belongs to another broker")
-        txn._check_open("produce or acknowledge")
+        txn._check_open(op)
         return txn
 
     # -- producers -------------------------------------------------------------------------

@@ -399,7 +399,7 @@ class Consumer(metaclass=abc.ABCMeta):  # noqa: B024 - for register()
         return self._txn_ack(sub, mid, txn, cumulative=True)
 
     def _txn_ack(self, sub, mid: MessageId, txn, cumulative: bool) -> tuple[str, str]:
-        txn = self._client._txn_for(txn)
+        txn = self._client._txn_for(txn, "acknowledge in")
         entry_id, batch_index, batch_size = sub.partition.position_of(mid)
         name = (sub.partition.topic, sub.name)
         # The subscription's registration with the coordinator rides in the pending-ack log

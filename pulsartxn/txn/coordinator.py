@@ -311,7 +311,7 @@ class Coordinator(TransactionEnd):
 
     def add(self, seq: int, kind: int, names: list) -> None:
         """Log partitions (kind PARTITIONS) or subscriptions the transaction touches."""
-        op = "add partitions to" if kind == log.PARTITIONS else "add subscriptions to"
+        op = "produce in" if kind == log.PARTITIONS else "acknowledge in"
         with self.lock:
             meta = self.live(seq, op)
             if meta.state is not OPEN:
@@ -344,7 +344,7 @@ class Coordinator(TransactionEnd):
         The names count as participants at once: a finalize that reaches one which never saw
         the transaction is a no-op there.
         """
-        op = "add partitions to" if kind == log.PARTITIONS else "add subscriptions to"
+        op = "produce in" if kind == log.PARTITIONS else "acknowledge in"
         with self.lock:
             meta = self.live(seq, op)
             if meta.state is not OPEN:

@@ -137,7 +137,7 @@ class Transaction(TransactionContext, metaclass=abc.ABCMeta):  # noqa: B024 - fo
         produce or acknowledge."""
         if self._final is not None:
             cls = TransactionTimeout if self._final is TxnState.TIMEOUT else InvalidTxnStatus
-            raise cls(f"cannot {op} in transaction {self.id}: it is {self._final.value}")
+            raise cls(f"cannot {op} transaction {self.id}: it is {self._final.value}")
 
     def _end(self, commit: bool, timeout_ms, counts=None) -> None:
         self._client._check_open()

@@ -184,6 +184,30 @@ def test_a_failed_send_calls_back_with_its_error(client):
     assert isinstance(got[0][0], pulsartxn.InvalidTxnStatus) and got[0][1] is None
 
 
+def test_late_ops_say_what_was_refused_on_both_clients(client):
+    """A send or an ack in an ended transaction: the same error and words in process and
+    over the network (the network's come from the coordinator)."""
+    producer = client.create_producer("late-words")
+    producer.send(b"m")
+    consumer = client.subscribe(
+        "late-words", "s", initial_position=pulsartxn.InitialPosition.Earliest
+    )
+    msg = consumer.receive(5000)
+    txn = client.new_transaction()
+    txn.commit()
+    with pytest.raises(
+        pulsartxn.InvalidTxnStatus, match=f"produce in transaction {txn.id}: it is COMMITTED"
+    ):
+        producer.send(b"late", txn=txn)
+    aborted = client.new_transaction()
+    aborted.abort()
+    with pytest.raises(
+        pulsartxn.InvalidTxnStatus, match=f"acknowledge in transaction {aborted.id}: it is ABORTED"
+    ):
+        consumer.acknowledge(msg, txn=aborted)
+    consumer.acknowledge(msg)  # the message was not held by the refused ack
+
+
 def test_pulsar_client_producer_options(client):
     p = client.create_producer(
         "t",
