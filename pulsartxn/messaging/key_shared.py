@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import deque
+from operator import itemgetter
 
 from .._native import Pending, crc32c
 from .message import Message, MessageId
@@ -17,6 +18,7 @@ NONE_KEY = b"NONE_KEY"  # the one key of messages that have none, as Pulsar's
 POINTS = 100  # points per consumer on the ring (Pulsar's keySharedConsistentHashingReplicaPoints)
 LOOKAHEAD = 10_000  # messages of other consumers' keys queued before a take stops reading on
 HASHES = 65_536  # keys whose hash is kept (then forgotten all at once)
+_POSITION = itemgetter(0)  # of a read-ahead item (position, payload)
 
 
 def sticky_key(payload) -> bytes:
@@ -156,7 +158,7 @@ class KeyShared:
             return
         items = [q for q in queues.values() if q]
         if items:
-            merged = list(heapq.merge(*items, read_ahead.buffer, key=lambda item: item[0]))
+            merged = list(heapq.merge(*items, read_ahead.buffer, key=_POSITION))
             read_ahead.buffer.clear()
             read_ahead.buffer.extend(merged)
 
@@ -183,7 +185,7 @@ class KeyShared:
         target = self._queue(self._owner(self._hash(item[1])))
         upto = self._routed_upto
         if upto is not None and item[0] < upto:
-            target.insert(bisect.bisect_left(target, item[0], key=_position), item)
+            target.insert(bisect.bisect_left(target, item[0], key=_POSITION), item)
         else:
             target.append(item)
             self._routed_upto = item[0]
@@ -386,10 +388,6 @@ class KeyShared:
         p.msg_out += delivered
         p.bytes_out += nbytes
         return nbytes, full
-
-
-def _position(item):
-    return item[0]
 
 
 def _holder(pending: dict, key):

@@ -372,10 +372,8 @@ class ClusterBatchStream(StreamContext):
             stream.cancel()
 
     def _check_usable(self) -> None:
-        # A failure of one partition's stream ended them all (the others were cancelled).
+        # After a failure the partitions' streams are cancelled and forgotten: none says why.
         closed_by = next((s._closed_by for s in self._streams.values() if s._closed_by), None)
-        if self._error is not None:
-            closed_by = None
         check_usable(closed_by, self._error, self._closed, self._producer._closed)
 
 
