@@ -16,13 +16,7 @@ from pulsartxn.errors import AlreadyClosed, InvalidTxnStatus, TransactionTimeout
 from tests import helpers
 
 drain = functools.partial(helpers.drain, timeout_ms=100)
-
-
-def wait_for(predicate, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
+wait_for = helpers.wait_for
 
 
 @pytest.mark.parametrize("end", ["commit", "abort", "timeout"])
