@@ -237,10 +237,14 @@ class Broker:
 
     # -- topics ----------------------------------------------------------------------------
 
-    def create_topic(self, topic: str, partitions: int = 0) -> None:
-        """Create a topic: partitioned with `partitions` > 0, else non-partitioned."""
+    def create_topic(
+        self, topic: str, partitions: int = 0, *, create_id: str | None = None
+    ) -> None:
+        """Create a topic: partitioned with `partitions` > 0, else non-partitioned.
+        `create_id` names the call: made again with it after its answer was lost, it succeeds
+        when its first attempt created the topic."""
         self.check_open()
-        self.topics.create(topic, partitions)
+        self.topics.create(topic, partitions, create_id)
 
     def topic_partitions(self, topic: str) -> list[str]:
         self.check_open()

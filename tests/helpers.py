@@ -186,3 +186,79 @@ def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.005)
+
+
+class LosingProxy:
+    """A TCP relay on 127.0.0.1 to `target` (host, port) that can lose answers: after
+    ``hold_answers()`` what the server sends is dropped, so a request reaches the server and
+    its answer never comes back; ``cut()`` then closes every connection (the client sees it
+    lost, reconnects, and answers flow again); ``close()`` refuses new connections too."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        import threading
+
+        self._target = target
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._holding = False
+        self._closed = False
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def hold_answers(self) -> None:
+        self._holding = True
+
+    def cut(self) -> None:
+        with self._lock:
+            conns, self._conns = self._conns, []
+            self._holding = False
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept (a close would not)
+        except OSError:
+            pass
+        self._listener.close()
+        self.cut()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if self._closed:
+                client.close()
+                return
+            try:
+                server = socket.create_connection(self._target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, server]
+            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if not (answers and self._holding):
+                    dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass

@@ -4,7 +4,8 @@
                               its capability key (set by its first broker)
     brokers/<broker id>       ephemeral: the broker is live; its data is its address
     owners/<kind>/<id>        persistent: the broker whose data directory holds it
-    topics/<quoted full name> persistent: a topic's partition count
+    topics/<quoted full name> persistent: a topic's partition count and the id of the
+                              call that created it
 
 Ownership sticks: a partition's data lives in its owner's store (there is no replication), so
 a bundle or coordinator is served by that broker only, and is unavailable while it is down.
@@ -79,7 +80,7 @@ def _unavailable(method):
     session timeout, and is made again: a request arriving while the session is renewed is
     served, not refused. So every method here may run twice: its creates find their own node
     on the second run when the first went through (an owner, a registration, the config are
-    read back; a topic is TopicAlreadyExists, as the caller's own retry would find it)."""
+    read back; a topic carries the id of the call that created it)."""
 
     @functools.wraps(method)
     def call(self, *args, **kwargs):
@@ -185,13 +186,26 @@ class ClusterMetadata:
     def _topic_path(self, full: str) -> str:
         return f"{self.root}/topics/{quote(full, safe='')}"
 
+    def create_topic(self, full: str, partitions: int, create_id: str | None = None) -> None:
+        """Record a topic (TopicAlreadyExists if it is). `create_id` names the call (a
+        random one if not given): a call made again after its answer was lost (here, or
+        re-sent by a client through another broker) finds the node its first attempt wrote
+        and succeeds."""
+        self._create_topic(full, partitions, create_id or secrets.token_hex(8))
+
     @_unavailable
-    def create_topic(self, full: str, partitions: int) -> None:
-        """Record a topic (TopicAlreadyExists if it is)."""
+    def _create_topic(self, full: str, partitions: int, create_id: str) -> None:
+        path = self._topic_path(full)
+        data = json.dumps({"partitions": partitions, "create_id": create_id}).encode()
         try:
-            self._create(self._topic_path(full), str(partitions).encode())
+            self._create(path, data)
         except NodeExistsError:
-            raise TopicAlreadyExists(f"topic {full} already exists") from None
+            try:
+                found, _ = self._get(path)
+            except NoNodeError:
+                found = None
+            if found != data:
+                raise TopicAlreadyExists(f"topic {full} already exists") from None
 
     @_unavailable
     def topic(self, full: str) -> int | None:
@@ -204,7 +218,11 @@ class ClusterMetadata:
             data, _ = self._get(self._topic_path(full))
         except NoNodeError:
             return None
-        self._topics[full] = found = int(data)
+        # {"partitions": n, "create_id": ...}; a bare count as written before create ids.
+        found = json.loads(data)
+        if isinstance(found, dict):
+            found = found["partitions"]
+        self._topics[full] = found
         return found
 
     def close(self) -> None:

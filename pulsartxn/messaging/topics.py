@@ -49,8 +49,10 @@ class Topics:
             raw = lmdb_txn.get(name.full.encode(), db=self._topics_db)
             return json.loads(bytes(raw)) if raw is not None else None
 
-    def create(self, topic: str, partitions: int = 0) -> None:
-        """Create a topic: partitioned with `partitions` > 0, else non-partitioned."""
+    def create(self, topic: str, partitions: int = 0, create_id: str | None = None) -> None:
+        """Create a topic: partitioned with `partitions` > 0, else non-partitioned. A create
+        named `create_id` that finds the topic made by a call of that name (its answer was
+        lost, and the call is re-sent) succeeds; else TopicAlreadyExists."""
         name = TopicName.parse(topic)
         if isinstance(partitions, bool) or not isinstance(partitions, int):
             raise TypeError(f"partitions must be an int, not {type(partitions).__name__}")
@@ -59,15 +61,24 @@ class Topics:
         if name.partition_index >= 0:
             raise InvalidTopicName(f"{name.full} names a partition; create its topic instead")
         name.check_new(partitions)
+        record = {"partitions": partitions}
+        if create_id is not None:
+            if not isinstance(create_id, str) or not 0 < len(create_id) <= 64:
+                raise TypeError(
+                    f"create_id must be a str of 1-64 characters, not {create_id!r:.80}"
+                )
+            record["create_id"] = create_id
         with self.lock:
-            if self._metadata(name) is not None:
+            found = self._metadata(name)
+            if found is not None:
+                if create_id is not None and found == record:
+                    return  # this call's own topic: it is re-sent
                 raise TopicAlreadyExists(f"topic {name.full} already exists")
             self._check_quota(max(partitions, 1))
             base = name.full.encode()
 
             def apply(lmdb_txn):
-                value = json.dumps({"partitions": partitions}).encode()
-                lmdb_txn.put(base, value, db=self._topics_db)
+                lmdb_txn.put(base, json.dumps(record).encode(), db=self._topics_db)
 
             self.storage.write(apply)
             self.topic_count += 1

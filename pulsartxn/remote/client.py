@@ -480,7 +480,13 @@ class RemoteClient(Calls, SessionGate):
             raise protocol.from_flight_error(exc) from None
 
     def create_topic(self, topic: str, partitions: int = 0) -> None:
-        self._json("create_topic", {"topic": topic, "partitions": partitions})
+        self._create_topic(topic, partitions, uuid.uuid4().hex)
+
+    def _create_topic(self, topic: str, partitions: int, create_id: str) -> None:
+        """The create named `create_id`: re-sent after its answer was lost (a broker
+        restart, a dropped connection), it finds the topic it made and succeeds."""
+        args = {"topic": topic, "partitions": partitions, "create_id": create_id}
+        self._json("create_topic", args)
 
     def topic_partitions(self, topic: str) -> list[str]:
         return self._json("topic_partitions", {"topic": topic})["partitions"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -455,7 +456,9 @@ class ClusterClient(ClusterRouting):
 
     def create_topic(self, topic: str, partitions: int = 0) -> None:
         self._check_open()
-        self._any(lambda c: c.create_topic(topic, partitions))
+        # One name for every broker it is sent to: one that made it and could not answer.
+        create_id = uuid.uuid4().hex
+        self._any(lambda c: c._create_topic(topic, partitions, create_id))
 
     def topic_partitions(self, topic: str) -> list[str]:
         self._check_open()

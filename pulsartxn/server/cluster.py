@@ -274,12 +274,12 @@ class ClusterNode:
             if owner != self.broker_id:
                 raise errors.NotOwner(f"{full} is served by broker {owner}: look it up")
 
-    def create_topic(self, topic: str, partitions: int) -> None:
+    def create_topic(self, topic: str, partitions: int, create_id: str | None = None) -> None:
         name = TopicName.parse(topic)
         if name.partition_index >= 0:
             raise errors.InvalidTopicName(f"{name.full} names a partition; create its topic")
         name.check_new(partitions)
-        self.meta.create_topic(name.full, partitions)
+        self.meta.create_topic(name.full, partitions, create_id)
 
     def topic_partitions(self, topic: str) -> list[str]:
         name = TopicName.parse(topic)

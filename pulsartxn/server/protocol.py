@@ -98,7 +98,7 @@ ACTION_ARGS: dict[str, frozenset] = {
     "cluster_info": SESSION,
     "lookup": SESSION | {"kind", "name"},
     "admin": SESSION | {"method", "args"},
-    "create_topic": SESSION | {"topic", "partitions"},
+    "create_topic": SESSION | {"topic", "partitions", "create_id"},
     "topic_partitions": SESSION | {"topic"},
     "create_producer": _CREATE,
     "subscribe": _CREATE | {"subscription"},

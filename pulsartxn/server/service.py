@@ -206,10 +206,11 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
 
     def _on_create_topic(self, args, payload):
         self.sessions.get(args)
+        cid = create_id(args)
         if self.cluster is not None:
-            self.cluster.create_topic(args["topic"], args.get("partitions", 0))
+            self.cluster.create_topic(args["topic"], args.get("partitions", 0), cid)
             return {}
-        self.broker.create_topic(args["topic"], args.get("partitions", 0))
+        self.broker.create_topic(args["topic"], args.get("partitions", 0), create_id=cid)
         return {}
 
     def _on_topic_partitions(self, args, payload):

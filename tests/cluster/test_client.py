@@ -20,7 +20,7 @@ from pulsartxn._native import TxnID
 from pulsartxn.cluster import LocalCluster
 from pulsartxn.messaging.consumer import ConsumerType
 from pulsartxn.remote import ClusterClient, spare
-from tests.helpers import scanned, wait_for
+from tests.helpers import LosingProxy, scanned, wait_for
 
 PARTITIONS = 6
 
@@ -669,3 +669,45 @@ def test_a_spare_whose_end_went_unanswered_is_aborted_where_the_end_ran(cluster,
         assert client.transaction(lost).state is pulsartxn.TxnState.OPEN
         client.new_transaction().abort()
         assert client.transaction(lost).state is pulsartxn.TxnState.ABORTED
+
+
+def test_a_create_topic_lost_with_its_broker_is_re_sent_to_another_and_succeeds(cluster):
+    """The first broker records the topic in ZooKeeper and is lost before it answers: the
+    cluster client sends the same call (the same create id) to the next broker, which finds
+    the topic that call made and succeeds; a new create of it is TopicAlreadyExists."""
+    host, port = cluster.addresses[0].split(":")
+    proxy = LosingProxy((host, int(port)))
+    others = ",".join(cluster.addresses[1:])
+    topic = f"lost-create-{uuid.uuid4().hex[:6]}"
+    with (
+        pulsartxn.Client(f"pulsartxn://127.0.0.1:{proxy.port},{others}") as c,
+        pulsartxn.Client(cluster.service_url) as direct,
+    ):
+        c.create_topic(f"{topic}-warm-up")  # the first broker is its home, through the proxy
+        proxy.hold_answers()
+        got: list = []
+
+        def create() -> None:
+            try:
+                c.create_topic(topic, PARTITIONS)
+                got.append("created")
+            except Exception as exc:  # noqa: BLE001 - what the test looks at
+                got.append(exc)
+
+        call = threading.Thread(target=create)
+        call.start()
+
+        def exists() -> bool:
+            try:
+                return len(direct.topic_partitions(topic)) == PARTITIONS
+            except errors.TopicNotFound:
+                return False
+
+        wait_for(exists, what="the first broker created the topic")
+        assert got == []
+        proxy.close()  # the first broker is gone for this client
+        call.join(60)
+        assert got == ["created"]
+        assert len(c.topic_partitions(topic)) == PARTITIONS
+        with pytest.raises(errors.TopicAlreadyExists):
+            c.create_topic(topic, PARTITIONS)

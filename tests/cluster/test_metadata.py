@@ -13,7 +13,8 @@ import uuid
 import pytest
 
 from pulsartxn.cluster import ClusterMetadata, LocalZooKeeper, parse_cluster_url
-from pulsartxn.errors import BrokerUnavailable, InvalidConfiguration
+from pulsartxn.errors import BrokerUnavailable, InvalidConfiguration, TopicAlreadyExists
+from tests.helpers import LosingProxy
 
 
 @pytest.fixture
@@ -216,3 +217,40 @@ def test_a_broker_whose_session_expired_registers_again(url):
         proc.send_signal(signal.SIGCONT)
         proc.kill()
         proc.wait(10)
+
+
+def test_a_create_whose_answer_was_lost_is_not_refused_by_its_own_retry(zookeeper):
+    """ZooKeeper records a topic and the answer is lost with the connection: the call made
+    again after the reconnection finds the node its first attempt wrote and succeeds; a
+    create of another caller is still TopicAlreadyExists."""
+    host, port = zookeeper.address.split(":")
+    proxy = LosingProxy((host, int(port)))
+    root = f"t-{uuid.uuid4().hex[:8]}"
+    topic = "persistent://public/default/lost-answer"
+    with (
+        ClusterMetadata(f"zk://127.0.0.1:{proxy.port}/{root}") as via_proxy,
+        ClusterMetadata(f"zk://{zookeeper.address}/{root}") as direct,
+    ):
+        proxy.hold_answers()
+        got: list = []
+
+        def create() -> None:
+            try:
+                via_proxy.create_topic(topic, 3)
+                got.append("created")
+            except Exception as exc:  # noqa: BLE001 - what the test looks at
+                got.append(exc)
+
+        call = threading.Thread(target=create)
+        call.start()
+        _until(lambda: direct.topic(topic) == 3, 10, "ZooKeeper recorded the topic")
+        assert got == []  # its answer is held back
+        proxy.cut()
+        call.join(30)
+        assert got == ["created"]
+        assert via_proxy.topic(topic) == 3
+        with pytest.raises(TopicAlreadyExists):
+            direct.create_topic(topic, 3)
+        with pytest.raises(TopicAlreadyExists):
+            via_proxy.create_topic(topic, 3)  # a new call of its own: the topic exists
+    proxy.close()

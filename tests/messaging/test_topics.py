@@ -73,6 +73,33 @@ def test_partitions(broker):
         broker.topic_partitions("neg")
 
 
+def test_a_create_made_again_under_its_id_finds_its_own_topic(tmp_path):
+    """What a server does with a client's re-sent create: the same create_id finds the topic
+    that call made, also after a reopen; another id, none, or other partitions are
+    TopicAlreadyExists; a bad id is refused and creates nothing."""
+    with pulsartxn.Broker(str(tmp_path / "b")) as broker:
+        broker.create_topic("orders", 3, create_id="call-1")
+        broker.create_topic("orders", 3, create_id="call-1")
+        for other in ({"create_id": "call-2"}, {}):
+            with pytest.raises(pulsartxn.TopicAlreadyExists):
+                broker.create_topic("orders", 3, **other)
+        with pytest.raises(pulsartxn.TopicAlreadyExists):
+            broker.create_topic("orders", 4, create_id="call-1")
+        for bad in (5, "", "x" * 65, b"call-1"):
+            with pytest.raises(TypeError, match="create_id"):
+                broker.create_topic("bad-id", 0, create_id=bad)
+        with pytest.raises(pulsartxn.TopicNotFound):
+            broker.topic_partitions("bad-id")
+        with pytest.raises(TypeError):
+            broker.create_topic("kw", 0, "positional-id")
+    with pulsartxn.Broker(str(tmp_path / "b")) as broker:
+        broker.create_topic("orders", 3, create_id="call-1")
+        assert len(broker.topic_partitions("orders")) == 3
+        assert broker.admin.list_topics() == [
+            {"topic": "persistent://public/default/orders", "partitions": 3}
+        ]
+
+
 def test_auto_creation_on_first_use(broker, client):
     client.create_producer("auto").send(b"x")
     assert broker.topic_partitions("auto") == ["persistent://public/default/auto"]

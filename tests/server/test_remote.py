@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pyarrow as pa
@@ -18,7 +19,7 @@ from pulsartxn.errors import (
     TransactionNotFound,
 )
 from pulsartxn.server.protocol import frame
-from tests.helpers import drain, scanned
+from tests.helpers import LosingProxy, drain, scanned, wait_for
 
 
 def test_produce_consume_and_transactions_remotely(server):
@@ -553,3 +554,56 @@ def test_sync_and_async_sends_from_two_threads_are_all_stored(server):
     assert all(f.result().entry_id() >= 0 for f in futures)
     got = [v for b in client.scan("two-threads") for v in b.column("value").to_pylist()]
     assert sorted(got) == sorted(sync_values + async_values)
+
+
+def _create_in_thread(client, topic: str, partitions: int) -> tuple[threading.Thread, list]:
+    got: list = []
+
+    def create() -> None:
+        try:
+            client.create_topic(topic, partitions)
+            got.append("created")
+        except Exception as exc:  # noqa: BLE001 - what the test looks at
+            got.append(exc)
+
+    call = threading.Thread(target=create)
+    call.start()
+    return call, got
+
+
+def _exists(client, topic: str) -> bool:
+    try:
+        return len(client.topic_partitions(topic)) > 0
+    except pulsartxn.TopicNotFound:
+        return False
+
+
+def test_a_create_topic_re_sent_after_its_answer_was_lost_succeeds(server):
+    """The broker creates the topic and the connection drops before its answer: the client
+    re-sends the call, which finds the topic it made (the call's id is kept with it) and
+    succeeds. Any other create of it is TopicAlreadyExists; a bad id changes nothing."""
+    s = server()
+    proxy = LosingProxy(("127.0.0.1", s.port))
+    client = pulsartxn.Client(f"pulsartxn://127.0.0.1:{proxy.port}")
+    direct = pulsartxn.Client(s.url)
+    client.create_topic("warm-up")
+    proxy.hold_answers()
+    call, got = _create_in_thread(client, "lost-answer", 3)
+    wait_for(lambda: _exists(direct, "lost-answer"), what="the broker created the topic")
+    assert got == []
+    proxy.cut()
+    call.join(30)
+    assert got == ["created"]
+    assert len(client.topic_partitions("lost-answer")) == 3
+    for c in (direct, client):  # new calls: the topic exists
+        with pytest.raises(pulsartxn.TopicAlreadyExists):
+            c.create_topic("lost-answer", 3)
+    raw = flight.FlightClient(f"grpc://127.0.0.1:{s.port}")
+    for bad in (5, "", "x" * 65):
+        args = {"session": direct._session, "topic": "bad-id", "partitions": 0, "create_id": bad}
+        with pytest.raises(flight.FlightError, match="create_id"):
+            list(raw.do_action(flight.Action("create_topic", frame(args))))
+    assert not _exists(direct, "bad-id")
+    client.close()
+    direct.close()
+    proxy.close()
