@@ -262,3 +262,21 @@ class LosingProxy:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+
+def in_thread(fn):
+    """Run fn() in a started thread: (the thread, a list that gets fn's result or the
+    exception it raised)."""
+    import threading
+
+    got: list = []
+
+    def run() -> None:
+        try:
+            got.append(fn())
+        except Exception as exc:  # noqa: BLE001 - what the caller looks at
+            got.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, got

@@ -73,6 +73,9 @@ class RemoteConsumer(Handle):
         for attempt in (0, 1):
             handle = self._ensure()
             seen = self._generation  # not sent once the session was opened again (as _raw)
+            # Numbered as the other delivering calls (Handle._delivering): one whose answer
+            # was lost leaves its messages to the next.
+            call, numbers = self._calls.take(seen)
             ticket = frame(
                 {
                     "op": "receive",
@@ -80,22 +83,25 @@ class RemoteConsumer(Handle):
                     "max_num_messages": max_num_messages,
                     "timeout_millis": timeout_millis,
                     "session": client._session,
+                    **numbers,
                 }
             )
+            lost = False
             try:
                 client._check_generation(seen)  # a reopen under way finishes first (bounded)
-            except SessionLost:
-                if attempt:
-                    raise
-                continue
-            try:
                 with client._wait.allow("receive", timeout_millis / 1000.0):
                     options = client._call_options()
                     try:
                         table = client._flight.do_get(flight.Ticket(ticket), options).read_all()
                     except flight.FlightTimedOutError:
+                        lost = True
                         raise client._unanswered("batch_receive") from None
+            except SessionLost:
+                if attempt:
+                    raise
+                continue
             except flight.FlightUnavailableError as exc:
+                lost = True
                 raise unreachable(client, exc) from None
             except flight.FlightError as exc:
                 err = protocol.from_flight_error(exc)
@@ -103,6 +109,8 @@ class RemoteConsumer(Handle):
                     client._reopen(seen)
                     continue
                 raise err from None
+            finally:
+                self._calls.done(call, lost)
             out = []
             for batch in table.to_batches():
                 out.extend(protocol.batch_to_messages(batch))
@@ -146,6 +154,7 @@ class RemoteConsumer(Handle):
 
     def redeliver_unacknowledged_messages(self) -> None:
         self._client._call("redeliver", {}, owner=self)
+        self._calls.forget()  # what a lost call was given is redelivered now
 
     def has_message_available(self) -> bool:
         return self._client._json("has_message_available", {}, owner=self)["value"]
@@ -169,6 +178,7 @@ class RemoteConsumer(Handle):
             self._client._call("seek", {"id": position.serialize().hex()}, owner=self)
         else:
             self._client._call("seek", {"timestamp": position}, owner=self)
+        self._calls.forget()  # nothing given before the seek is given again
 
     def unsubscribe(self) -> None:
         self._client._call("unsubscribe", {}, owner=self)

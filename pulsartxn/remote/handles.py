@@ -125,6 +125,43 @@ def mid_hex(msg_or_id) -> str:
     return msg_or_id.serialize().hex()
 
 
+class DeliveringCalls:
+    """The numbers of a consumer's or reader's delivering calls (see Handle._delivering):
+    fresh for each call but one whose answer was lost, and with each the lowest number still
+    unanswered (`below`: the broker forgets the answers under it). A new server-side handle
+    (the session opened again) starts anew; so do a seek and a redelivery (`forget`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = 0
+        self._open: set[int] = set()
+        self._lost: list[int] = []
+        self._generation = None
+
+    def take(self, generation: int) -> tuple[int, dict]:
+        with self._lock:
+            if generation != self._generation:
+                self._generation, self._open, self._lost = generation, set(), []
+            if self._lost:
+                call = self._lost.pop(0)
+            else:
+                call, self._next = self._next, self._next + 1
+            self._open.add(call)
+            below = min(self._open.union(self._lost))
+        return call, {"call": call, "below": below}
+
+    def done(self, call: int, lost: bool = False) -> None:
+        with self._lock:
+            if call in self._open:
+                self._open.discard(call)
+                if lost:
+                    self._lost.append(call)
+
+    def forget(self) -> None:
+        with self._lock:
+            self._open, self._lost = set(), []
+
+
 class Handle:
     """A server-side object re-created in a new session when the old one is lost."""
 
@@ -133,6 +170,7 @@ class Handle:
         self._handle = None
         self._generation = -1
         self._closed = False
+        self._calls = DeliveringCalls()
 
     def _ensure(self) -> int:
         if self._closed:
@@ -158,7 +196,7 @@ class Handle:
             wait = None if left is None else left / 1000.0
             try:
                 with self._client._wait.allow("receive", wait):
-                    (body,) = self._client._call(action, {"timeout_millis": left}, owner=self)
+                    (body,) = self._delivering(action, {"timeout_millis": left})
             except OperationTimedOut:
                 raise  # the broker did not answer: not a wait that ended empty
             except errors.Timeout:
@@ -166,6 +204,24 @@ class Handle:
                     continue  # the server's wait ended before ours
                 raise
             return protocol.decode_message(body)
+
+    def _delivering(self, action: str, args: dict) -> list[bytes]:
+        """A call that hands messages over (receive, read_next, read_many), numbered: made
+        again after its answer was lost, it gets the same messages (server/replay.py). One
+        whose answer never came (unreachable, not answered in time) leaves its number to the
+        next such call, which then gets what that one was given."""
+        calls = self._calls
+        call, numbers = calls.take(self._generation)
+        try:
+            out = self._client._call(action, {**args, **numbers}, owner=self)
+        except (Unreachable, SendTimedOut, OperationTimedOut):
+            calls.done(call, lost=True)
+            raise
+        except BaseException:
+            calls.done(call)
+            raise
+        calls.done(call)
+        return out
 
     # Subclasses define close(), which a with-block calls on exit.
 

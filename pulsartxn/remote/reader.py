@@ -110,7 +110,7 @@ class RemoteReader(Handle):
         """Up to n messages there now, in one call (a cluster reader's fetch)."""
         out = [
             protocol.decode_message(body)
-            for body in self._client._call("read_many", {"max_num_messages": n}, owner=self)
+            for body in self._delivering("read_many", {"max_num_messages": n})
         ]
         if out:
             with self._lock:
@@ -129,6 +129,7 @@ class RemoteReader(Handle):
             self._client._call("seek", {"id": position.serialize().hex()}, owner=self)
         else:
             self._client._call("seek", {"timestamp": position}, owner=self)
+        self._calls.forget()  # nothing read before the seek is given again
         with self._lock:
             if not isinstance(position, MessageId) or positions.is_everywhere(position):
                 self._start, self._resume = position, {}

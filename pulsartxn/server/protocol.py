@@ -108,7 +108,7 @@ ACTION_ARGS: dict[str, frozenset] = {
     "unsubscribe": _HANDLE,
     "send_many": _HANDLE | {"messages", "txn", "capability"},
     "flush": _HANDLE,
-    "receive": _HANDLE | {"timeout_millis"},
+    "receive": _HANDLE | {"timeout_millis", "call", "below"},
     "ack": _HANDLE | {"id", "txn", "capability", "cumulative"},
     "nack": _HANDLE | {"id"},
     "redeliver": _HANDLE,
@@ -116,8 +116,8 @@ ACTION_ARGS: dict[str, frozenset] = {
     "get_last_message_id": _HANDLE,
     "get_last_message_ids": _HANDLE,
     "has_message_available": _HANDLE,
-    "read_next": _HANDLE | {"timeout_millis"},
-    "read_many": _HANDLE | {"max_num_messages"},
+    "read_next": _HANDLE | {"timeout_millis", "call", "below"},
+    "read_many": _HANDLE | {"max_num_messages", "call", "below"},
     "new_transaction": SESSION
     | {"timeout_ms", "coordinator_id", "group", "group_capability", "drop", "lost"},
     "drop_spares": SESSION | {"drop", "lost"},
@@ -148,7 +148,7 @@ ACTION_ARGS: dict[str, frozenset] = {
 MESSAGE_ARGS = frozenset({"n", "meta", "props", "key", "seq"})
 PUT_ARGS = _HANDLE | {"txn", "capability"}
 GET_ARGS = {
-    "receive": _HANDLE | {"op", "max_num_messages", "timeout_millis"},
+    "receive": _HANDLE | {"op", "max_num_messages", "timeout_millis", "call", "below"},
     "scan": SESSION | {"op", "topic", "start", "end"},
 }
 

@@ -29,6 +29,7 @@ class ReaderActions:
         s = self.sessions.get(args)
         c = self._consumer(s, args)
         c.seek(self._mid(args) if "id" in args else args["timestamp"])
+        self.replays.forget(c)  # a call made again after the seek delivers from there
         return {}
 
     def _on_get_last_message_ids(self, args, payload):
@@ -84,15 +85,18 @@ class ReaderActions:
         n = args.get("max_num_messages")
         check_count("max_num_messages", n, least=1)
         reader = self._consumer(s, args)
-        return [protocol.encode_message(m) for m in reader._read_many(n)]
+        return self.replays.run(
+            reader, args, lambda: [protocol.encode_message(m) for m in reader._read_many(n)]
+        )
 
     def _on_read_next(self, args, payload):
         s = self.sessions.get(args)
         wait = capped_wait(args.get("timeout_millis"), self.max_wait_ms)
         reader = self._consumer(s, args)
         with self.sessions.waiting(s):
-            msg = reader.read_next(wait)
-        return protocol.encode_message(msg)
+            return self.replays.run(
+                reader, args, lambda: protocol.encode_message(reader.read_next(wait))
+            )
 
 
 # The embedded client's signature is the list, but for what cannot travel.

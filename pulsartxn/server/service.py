@@ -24,6 +24,7 @@ from ..messaging.message import MessageId
 from . import protocol
 from .protocol import SessionLost, frame, jsonable, unframe
 from .readers import ReaderActions, id_fields
+from .replay import Replays
 from .sessions import (
     ADMIN,
     MAX_SESSIONS,
@@ -64,6 +65,7 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
         the longest a call waits here (a client waiting longer asks again). `max_sessions`:
         clients connected at once. `cluster`: the broker's ClusterNode in a cluster."""
         self.max_wait_ms = max_wait_ms
+        self.replays = Replays()  # delivering calls' answers, for a call made again
         middleware = {"auth": AuthFactory(token, admin_token)}
         scheme = "grpc+tls" if tls else "grpc"
         super().__init__(
@@ -352,8 +354,9 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
         wait = capped_wait(args.get("timeout_millis"), self.max_wait_ms)
         consumer = self._consumer(s, args)
         with self.sessions.waiting(s):
-            msg = consumer.receive(wait)
-        return protocol.encode_message(msg)
+            return self.replays.run(
+                consumer, args, lambda: protocol.encode_message(consumer.receive(wait))
+            )
 
     def _mid(self, args) -> MessageId:
         return MessageId.deserialize(bytes.fromhex(args["id"]))
@@ -376,7 +379,9 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
 
     def _on_redeliver(self, args, payload):
         s = self.sessions.get(args)
-        self._consumer(s, args).redeliver_unacknowledged_messages()
+        c = self._consumer(s, args)
+        c.redeliver_unacknowledged_messages()
+        self.replays.forget(c)  # what its calls were given is delivered again anyway
         return {}
 
     def _on_has_message_available(self, args, payload):

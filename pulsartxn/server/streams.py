@@ -91,11 +91,10 @@ class Streams:
             if op == "receive":
                 # Dispatch to a consumer: what batch_receive gives, as one record batch.
                 consumer = self._consumer(s, args)
+                n = args.get("max_num_messages", 1000)
+                wait = capped_wait(args.get("timeout_millis", 100), self.max_wait_ms)
                 with self.sessions.waiting(s):
-                    msgs = consumer.batch_receive(
-                        args.get("max_num_messages", 1000),
-                        capped_wait(args.get("timeout_millis", 100), self.max_wait_ms),
-                    )
+                    msgs = self.replays.run(consumer, args, lambda: consumer.batch_receive(n, wait))
                 # Streamed in batches of a bounded size (a message past it goes alone).
                 return flight.GeneratorStream(
                     protocol.dispatch_schema(), protocol.message_batches(msgs, STREAM_BATCH_BYTES)

@@ -20,7 +20,7 @@ from pulsartxn._native import TxnID
 from pulsartxn.cluster import LocalCluster
 from pulsartxn.messaging.consumer import ConsumerType
 from pulsartxn.remote import ClusterClient, spare
-from tests.helpers import LosingProxy, scanned, wait_for
+from tests.helpers import LosingProxy, in_thread, scanned, wait_for
 
 PARTITIONS = 6
 
@@ -685,17 +685,7 @@ def test_a_create_topic_lost_with_its_broker_is_re_sent_to_another_and_succeeds(
     ):
         c.create_topic(f"{topic}-warm-up")  # the first broker is its home, through the proxy
         proxy.hold_answers()
-        got: list = []
-
-        def create() -> None:
-            try:
-                c.create_topic(topic, PARTITIONS)
-                got.append("created")
-            except Exception as exc:  # noqa: BLE001 - what the test looks at
-                got.append(exc)
-
-        call = threading.Thread(target=create)
-        call.start()
+        call, got = in_thread(lambda: c.create_topic(topic, PARTITIONS))
 
         def exists() -> bool:
             try:
@@ -707,7 +697,7 @@ def test_a_create_topic_lost_with_its_broker_is_re_sent_to_another_and_succeeds(
         assert got == []
         proxy.close()  # the first broker is gone for this client
         call.join(60)
-        assert got == ["created"]
+        assert got == [None]  # created
         assert len(c.topic_partitions(topic)) == PARTITIONS
         with pytest.raises(errors.TopicAlreadyExists):
             c.create_topic(topic, PARTITIONS)

@@ -14,7 +14,7 @@ import pytest
 
 from pulsartxn.cluster import ClusterMetadata, LocalZooKeeper, parse_cluster_url
 from pulsartxn.errors import BrokerUnavailable, InvalidConfiguration, TopicAlreadyExists
-from tests.helpers import LosingProxy
+from tests.helpers import LosingProxy, in_thread
 
 
 @pytest.fixture
@@ -232,22 +232,12 @@ def test_a_create_whose_answer_was_lost_is_not_refused_by_its_own_retry(zookeepe
         ClusterMetadata(f"zk://{zookeeper.address}/{root}") as direct,
     ):
         proxy.hold_answers()
-        got: list = []
-
-        def create() -> None:
-            try:
-                via_proxy.create_topic(topic, 3)
-                got.append("created")
-            except Exception as exc:  # noqa: BLE001 - what the test looks at
-                got.append(exc)
-
-        call = threading.Thread(target=create)
-        call.start()
+        call, got = in_thread(lambda: via_proxy.create_topic(topic, 3))
         _until(lambda: direct.topic(topic) == 3, 10, "ZooKeeper recorded the topic")
         assert got == []  # its answer is held back
         proxy.cut()
         call.join(30)
-        assert got == ["created"]
+        assert got == [None]  # created
         assert via_proxy.topic(topic) == 3
         with pytest.raises(TopicAlreadyExists):
             direct.create_topic(topic, 3)

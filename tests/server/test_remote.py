@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pyarrow as pa
@@ -19,7 +18,7 @@ from pulsartxn.errors import (
     TransactionNotFound,
 )
 from pulsartxn.server.protocol import frame
-from tests.helpers import LosingProxy, drain, scanned, wait_for
+from tests.helpers import LosingProxy, drain, in_thread, scanned, wait_for
 
 
 def test_produce_consume_and_transactions_remotely(server):
@@ -556,21 +555,6 @@ def test_sync_and_async_sends_from_two_threads_are_all_stored(server):
     assert sorted(got) == sorted(sync_values + async_values)
 
 
-def _create_in_thread(client, topic: str, partitions: int) -> tuple[threading.Thread, list]:
-    got: list = []
-
-    def create() -> None:
-        try:
-            client.create_topic(topic, partitions)
-            got.append("created")
-        except Exception as exc:  # noqa: BLE001 - what the test looks at
-            got.append(exc)
-
-    call = threading.Thread(target=create)
-    call.start()
-    return call, got
-
-
 def _exists(client, topic: str) -> bool:
     try:
         return len(client.topic_partitions(topic)) > 0
@@ -588,12 +572,12 @@ def test_a_create_topic_re_sent_after_its_answer_was_lost_succeeds(server):
     direct = pulsartxn.Client(s.url)
     client.create_topic("warm-up")
     proxy.hold_answers()
-    call, got = _create_in_thread(client, "lost-answer", 3)
+    call, got = in_thread(lambda: client.create_topic("lost-answer", 3))
     wait_for(lambda: _exists(direct, "lost-answer"), what="the broker created the topic")
     assert got == []
     proxy.cut()
     call.join(30)
-    assert got == ["created"]
+    assert got == [None]  # created
     assert len(client.topic_partitions("lost-answer")) == 3
     for c in (direct, client):  # new calls: the topic exists
         with pytest.raises(pulsartxn.TopicAlreadyExists):
@@ -606,4 +590,98 @@ def test_a_create_topic_re_sent_after_its_answer_was_lost_succeeds(server):
     assert not _exists(direct, "bad-id")
     client.close()
     direct.close()
+    proxy.close()
+
+
+def _losing(server, **options):
+    """A served broker, a client of it through a LosingProxy, and a producer of 5 messages
+    on topic "t"."""
+    s = server()
+    proxy = LosingProxy(("127.0.0.1", s.port))
+    client = pulsartxn.Client(f"pulsartxn://127.0.0.1:{proxy.port}", **options)
+    producer = client.create_producer("t", batching_enabled=False)
+    return s, proxy, client, producer
+
+
+def test_a_receive_whose_answer_was_lost_gets_the_same_message_again(server):
+    """The broker hands m0 to the consumer and the answer is lost with the connection: the
+    receive made again gets m0, not m1 (m0 would be held by nobody until the consumer
+    closes, and a cumulative ack of m4 would acknowledge it unprocessed)."""
+    s, proxy, client, producer = _losing(server)
+    consumer = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Exclusive,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
+    ids = [producer.send(b"m%d" % i) for i in range(5)]
+    proxy.hold_answers()
+    call, got = in_thread(lambda: consumer.receive(10_000))
+    admin = pulsartxn.Client(s.url).admin
+    wait_for(lambda: admin.topic_stats("t")["subscriptions"]["s"]["unacked"] == 1)
+    proxy.cut()
+    call.join(30)
+    got += [consumer.receive(2000) for _ in range(4)]
+    assert [m.data() for m in got] == [b"m%d" % i for i in range(5)]
+    assert [m.message_id() for m in got] == ids
+    consumer.acknowledge_cumulative(got[-1])
+    stats = admin.topic_stats("t")["subscriptions"]["s"]
+    assert (stats["backlog"], stats["unacked"]) == (0, 0)
+    client.close()
+    proxy.close()
+
+
+def test_a_batch_receive_or_a_receive_that_got_no_answer_leaves_its_messages_to_the_next(
+    server,
+):
+    """A batch_receive whose connection drops raises (a stream is not re-sent), and a
+    receive not answered within the operation timeout raises OperationTimedOut: the next
+    call gets what they were given, first and in order."""
+    s, proxy, client, producer = _losing(server, operation_timeout_seconds=1)
+    consumer = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Failover,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
+    for i in range(5):
+        producer.send(b"m%d" % i)
+    admin = pulsartxn.Client(s.url).admin
+    proxy.hold_answers()
+    call, got = in_thread(lambda: consumer.batch_receive(2, 5000))
+    wait_for(lambda: admin.topic_stats("t")["subscriptions"]["s"]["unacked"] == 2)
+    proxy.cut()
+    call.join(30)
+    assert isinstance(got[0], pulsartxn.BrokerUnavailable)
+    assert [m.data() for m in consumer.batch_receive(2, 5000)] == [b"m0", b"m1"]
+    proxy.hold_answers()
+    with pytest.raises(Timeout):
+        consumer.receive(0)  # m2 is handed over; no answer within 1 s
+    proxy.cut()
+    rest = [consumer.receive(2000).data() for _ in range(3)]
+    assert rest == [b"m2", b"m3", b"m4"]
+    client.close()
+    proxy.close()
+
+
+def test_a_read_whose_answer_was_lost_skips_nothing_and_a_seek_starts_anew(server):
+    """A reader's read_next made again after its answer was lost gets the same message (a
+    reader has no redelivery: it would be skipped); after a seek, what a lost call was
+    given is not given again."""
+    s, proxy, client, producer = _losing(server, operation_timeout_seconds=1)
+    ids = [producer.send(b"m%d" % i) for i in range(5)]
+    reader = client.create_reader("t", pulsartxn.MessageId.earliest)
+    proxy.hold_answers()
+    call, got = in_thread(lambda: reader.read_next(10_000))
+    time.sleep(0.5)
+    proxy.cut()
+    call.join(30)
+    assert [got[0].data(), reader.read_next(2000).data()] == [b"m0", b"m1"]
+    proxy.hold_answers()
+    with pytest.raises(Timeout):
+        reader.read_next(0)  # m2, not answered
+    proxy.cut()
+    reader.seek(pulsartxn.MessageId.earliest)
+    assert reader.read_next(2000).message_id() == ids[0]
+    client.close()
     proxy.close()
