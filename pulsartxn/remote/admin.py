@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 from .._native import MessageId, TxnID
 from .._native.keywords import strict_class
 from ..messaging.admin_ops import format_id
+from ..server.protocol import ADMIN_ONCE_METHODS
+from .handles import DeliveringCalls
 
 if TYPE_CHECKING:
     from .client import RemoteClient
@@ -123,9 +125,19 @@ class RemoteAdmin(AdminCalls):
 
     def __init__(self, client: RemoteClient) -> None:
         self._client = client
+        self._calls = DeliveringCalls()
 
     def _call(self, name: str, *args: Any) -> Any:
-        return self._client._json("admin", {"method": name, "args": wire_args(args)})["result"]
+        request = {"method": name, "args": wire_args(args)}
+        if name not in ADMIN_ONCE_METHODS:
+            return self._client._json("admin", request)["result"]
+        # Numbered (server/replay.py): re-sent after its answer was lost, it gets that answer.
+        # One that raised is not made again under its number by another call.
+        call, numbers = self._calls.take(self._client._generation)
+        try:
+            return self._client._json("admin", {**request, **numbers})["result"]
+        finally:
+            self._calls.done(call)
 
 
 def wire_args(args) -> list:

@@ -83,6 +83,9 @@ ADMIN_TOPIC_METHODS = (
 )
 # Admin calls of a cluster (docs/cluster.md): who owns what, and every broker's transactions.
 CLUSTER_ADMIN_METHODS = ("cluster", "cluster_transactions", "cluster_coordinators")
+# Admin calls that a second run would not answer as the first (skip would skip again, a delete
+# find nothing): numbered, so that one re-sent after its answer was lost gets the first answer.
+ADMIN_ONCE_METHODS = ("delete_topic", "create_subscription", "delete_subscription", "skip")
 _LEN = struct.Struct("<I")
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
@@ -97,7 +100,7 @@ ACTION_ARGS: dict[str, frozenset] = {
     "keepalive": SESSION,
     "cluster_info": SESSION,
     "lookup": SESSION | {"kind", "name"},
-    "admin": SESSION | {"method", "args"},
+    "admin": SESSION | {"method", "args", "call", "below"},
     "create_topic": SESSION | {"topic", "partitions", "create_id"},
     "topic_partitions": SESSION | {"topic"},
     "create_producer": _CREATE,

@@ -40,7 +40,8 @@ def call_numbers(args: dict) -> tuple[int | None, int | None]:
 
 class Replays:
     """Per handle (its consumer or reader object, weakly: a closed one takes its answers
-    with it), the answers of its numbered delivering calls."""
+    with it), the answers of its numbered delivering calls; per session, those of its
+    admin calls that must not run twice (protocol.ADMIN_ONCE_METHODS)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -102,7 +103,10 @@ class _Kept:
 
 
 def _size(answer) -> int:
-    """Bytes of an answer: an encoded message, a list of them, or a list of Messages."""
+    """Bytes of an answer: an encoded message, a list of them, a list of Messages, or an
+    admin call's (a small dict, counted as nothing)."""
+    if isinstance(answer, dict):
+        return 0
     if isinstance(answer, list):
         return sum(len(m) if isinstance(m, bytes) else len(m.data()) for m in answer)
     return len(answer)

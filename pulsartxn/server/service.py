@@ -415,7 +415,12 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
     _ADMIN = frozenset(protocol.ADMIN_METHODS + protocol.CLUSTER_ADMIN_METHODS)
 
     def _on_admin(self, args, payload):
-        self.sessions.get(args)
+        s = self.sessions.get(args)
+        if args.get("method") in protocol.ADMIN_ONCE_METHODS:
+            return self.replays.run(s, args, lambda: self._admin(args))
+        return self._admin(args)
+
+    def _admin(self, args) -> dict:
         method = args.get("method")
         call_args = args.get("args", [])
         if not isinstance(call_args, list):

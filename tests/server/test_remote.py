@@ -685,3 +685,36 @@ def test_a_read_whose_answer_was_lost_skips_nothing_and_a_seek_starts_anew(serve
     assert reader.read_next(2000).message_id() == ids[0]
     client.close()
     proxy.close()
+
+
+def test_an_admin_skip_or_delete_re_sent_after_its_answer_was_lost_runs_once(server):
+    """A skip of 2 whose answer was lost, re-sent, skips 2 (not 4: skipped messages count
+    as consumed); a delete_subscription re-sent does not say its subscription is gone."""
+    s, proxy, client, producer = _losing(server)
+    client.subscribe("t", "s", initial_position=pulsartxn.InitialPosition.Earliest).close()
+    client.subscribe("t", "gone").close()
+    for i in range(5):
+        producer.send(b"m%d" % i)
+    direct = pulsartxn.Client(s.url).admin
+
+    def backlog() -> int:
+        return direct.topic_stats("t")["subscriptions"]["s"]["backlog"]
+
+    proxy.hold_answers()
+    call, got = in_thread(lambda: client.admin.skip("t", "s", 2))
+    wait_for(lambda: backlog() == 3, what="the skip")
+    proxy.cut()
+    call.join(30)
+    assert not isinstance(got[0], Exception), got
+    assert backlog() == 3
+    proxy.hold_answers()
+    call, got = in_thread(lambda: client.admin.delete_subscription("t", "gone"))
+    wait_for(lambda: "gone" not in direct.topic_stats("t")["subscriptions"], what="the delete")
+    proxy.cut()
+    call.join(30)
+    assert got == [None]
+    with pytest.raises(pulsartxn.SubscriptionNotFound):
+        client.admin.delete_subscription("t", "gone")  # a new call: it is gone
+    assert client.admin.skip("t", "s", 1) == 1 and backlog() == 2
+    client.close()
+    proxy.close()
