@@ -9,7 +9,6 @@ from .._native import MessageId, TxnID
 from .._native.keywords import strict_class
 from ..messaging.admin_ops import format_id
 from ..server.protocol import ADMIN_ONCE_METHODS
-from .handles import DeliveringCalls
 
 if TYPE_CHECKING:
     from .client import RemoteClient
@@ -125,19 +124,16 @@ class RemoteAdmin(AdminCalls):
 
     def __init__(self, client: RemoteClient) -> None:
         self._client = client
-        self._calls = DeliveringCalls()
 
     def _call(self, name: str, *args: Any) -> Any:
-        request = {"method": name, "args": wire_args(args)}
-        if name not in ADMIN_ONCE_METHODS:
-            return self._client._json("admin", request)["result"]
-        # Numbered (server/replay.py): re-sent after its answer was lost, it gets that answer.
-        # One that raised is not made again under its number by another call.
-        call, numbers = self._calls.take(self._client._generation)
-        try:
-            return self._client._json("admin", {**request, **numbers})["result"]
-        finally:
-            self._calls.done(call)
+        return admin_call(self._client, name, wire_args(args))
+
+
+def admin_call(conn: RemoteClient, name: str, wire: list) -> Any:
+    """One admin call on a broker's connection; one that must run once
+    (protocol.ADMIN_ONCE_METHODS) is numbered there (RemoteClient._json_once)."""
+    send = conn._json_once if name in ADMIN_ONCE_METHODS else conn._json
+    return send("admin", {"method": name, "args": wire})["result"]
 
 
 def wire_args(args) -> list:

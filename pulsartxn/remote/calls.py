@@ -155,6 +155,16 @@ class Calls:
         (out,) = self._call(action, args, payload, owner)
         return unframe(out, 1 << 62)[0]
 
+    def _json_once(self, action: str, args: dict, owner=None) -> dict:
+        """``_json`` of a call that a second run would not answer as the first (an admin
+        skip or delete, an unsubscribe): numbered, so that re-sent after its answer was lost
+        it gets the first answer (server/replay.py). Its number is never another call's."""
+        call, numbers = self._once.take(self._generation)
+        try:
+            return self._json(action, {**args, **numbers}, owner=owner)
+        finally:
+            self._once.done(call)
+
     def _keep_alive(self, every: float) -> None:
         while not self._stop.wait(every):
             if self._closing.is_set():  # no call starts that close() would have to wait for

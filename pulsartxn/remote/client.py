@@ -41,6 +41,7 @@ from .calls import SERVER_MAX_WAIT_MS, SERVER_OPERATION_TIMEOUT_MS, Calls
 from .consumer import RemoteConsumer
 from .handles import (
     CLOSE_TIMEOUT_S,
+    DeliveringCalls,
     RemoteTransaction,
     SendDeadline,
     ServerWait,
@@ -188,6 +189,7 @@ class RemoteClient(Calls, SessionGate):
         self._max_wait_s = SERVER_MAX_WAIT_MS / 1000.0
         self._decide_s = SERVER_OPERATION_TIMEOUT_MS / 1000.0
         self._retries = 0  # calls re-sent after the broker was unreachable
+        self._once = DeliveringCalls()  # numbers of the calls that must run once
         self._cancels: list[str] = []  # creates not answered in time, to cancel (Calls._create)
         self._cancels_lock = threading.Lock()
         self._reconnect_s = reconnect_timeout_s

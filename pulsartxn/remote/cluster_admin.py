@@ -10,7 +10,7 @@ from .._native import TxnID
 from ..messaging import admin_ops
 from ..messaging.topic_name import TopicName
 from ..server.protocol import ADMIN_TOPIC_METHODS
-from .admin import AdminCalls, wire_args
+from .admin import AdminCalls, admin_call, wire_args
 from .handles import txn_str
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ class ClusterAdmin(AdminCalls):
         wire = wire_args(args)
 
         def run(conn):
-            return conn._json("admin", {"method": name, "args": wire})["result"]
+            return admin_call(conn, name, wire)
 
         coordinator = None
         if name == "coordinator_stats" and args and _is_int(args[0]):
@@ -58,7 +58,7 @@ class ClusterAdmin(AdminCalls):
         wire = wire_args([part, *args])
 
         def run(conn):
-            return conn._json("admin", {"method": name, "args": wire})["result"]
+            return admin_call(conn, name, wire)
 
         return self._client._follow("partition", part, run)
 

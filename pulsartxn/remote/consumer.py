@@ -181,7 +181,8 @@ class RemoteConsumer(Handle):
         self._calls.forget()  # nothing given before the seek is given again
 
     def unsubscribe(self) -> None:
-        self._client._call("unsubscribe", {}, owner=self)
+        # Run once: re-sent after its answer was lost, it must not find its handle gone.
+        self._client._json_once("unsubscribe", {}, owner=self)
         self._closed = True
 
     def close(self) -> None:

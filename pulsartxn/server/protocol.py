@@ -108,7 +108,7 @@ ACTION_ARGS: dict[str, frozenset] = {
     "create_reader": _CREATE | {"start", "start_time", "resume"},
     "close_producer": _HANDLE,
     "close_consumer": _HANDLE,
-    "unsubscribe": _HANDLE,
+    "unsubscribe": _HANDLE | {"call", "below"},
     "send_many": _HANDLE | {"messages", "txn", "capability"},
     "flush": _HANDLE,
     "receive": _HANDLE | {"timeout_millis", "call", "below"},

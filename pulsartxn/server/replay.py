@@ -7,6 +7,8 @@ held by nobody (an Exclusive or Failover consumer's order broken, and a cumulati
 it acknowledging what was never processed) or skipped (a reader). So each delivering call
 carries a number, the same when it is made again; the server keeps what it delivered under
 that number and gives it again, until the client says it has every answer below a number.
+Calls that a second run would not answer as the first (an admin skip would skip again, an
+unsubscribe find its consumer gone) are kept the same way, per session.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ def call_numbers(args: dict) -> tuple[int | None, int | None]:
 
 class Replays:
     """Per handle (its consumer or reader object, weakly: a closed one takes its answers
-    with it), the answers of its numbered delivering calls; per session, those of its
-    admin calls that must not run twice (protocol.ADMIN_ONCE_METHODS)."""
+    with it), the answers of its numbered delivering calls; per session, those of its calls
+    that must not run twice (an unsubscribe, protocol.ADMIN_ONCE_METHODS)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

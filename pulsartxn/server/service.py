@@ -403,6 +403,9 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
 
     def _on_unsubscribe(self, args, payload):
         s = self.sessions.get(args)
+        return self.replays.run(s, args, lambda: self._unsubscribe(s, args))
+
+    def _unsubscribe(self, s: Session, args) -> dict:
         c = self._consumer(s, args)
         c.unsubscribe()  # ConsumerBusy leaves the consumer as it was
         with s.lock:

@@ -718,3 +718,21 @@ def test_an_admin_skip_or_delete_re_sent_after_its_answer_was_lost_runs_once(ser
     assert client.admin.skip("t", "s", 1) == 1 and backlog() == 2
     client.close()
     proxy.close()
+
+
+def test_an_unsubscribe_re_sent_after_its_answer_was_lost_succeeds(server):
+    """The broker drops the subscription and the answer is lost: the re-sent unsubscribe
+    gets the first answer instead of finding its consumer gone (SessionLost)."""
+    s, proxy, client, producer = _losing(server)
+    consumer = client.subscribe("t", "s")
+    direct = pulsartxn.Client(s.url).admin
+    proxy.hold_answers()
+    call, got = in_thread(consumer.unsubscribe)
+    wait_for(lambda: "s" not in direct.topic_stats("t")["subscriptions"], what="the unsubscribe")
+    proxy.cut()
+    call.join(30)
+    assert got == [None]
+    assert "s" not in direct.topic_stats("t")["subscriptions"]
+    client.subscribe("t", "s").unsubscribe()  # a new one of the same name: its own
+    client.close()
+    proxy.close()
