@@ -42,15 +42,24 @@ class Calls:
         the session has been opened again the call is not re-sent with it (SessionLost: the
         caller makes the handle again; a restarted broker numbers handles afresh)."""
         body = frame({**args, "session": self._session}, payload)
+        name = f"admin {args.get('method')}" if action == "admin" else action
+
+        def attempt(options) -> list[bytes]:
+            results = self._flight.do_action(flight.Action(action, body), options)
+            return [r.body.to_pybytes() for r in results]
+
+        return self._retrying(name, seen, attempt)
+
+    def _retrying(self, name: str, seen, attempt):
+        """attempt(call options) (a Flight call), made again as ``_raw`` says; `name` is the
+        call's in the error of one not answered in time."""
         deadline = time.monotonic() + self._reconnect_s
         delay = 0.05
         while True:
             if seen is not None:
                 self._check_generation(seen)
             try:
-                options = self._call_options()
-                results = self._flight.do_action(flight.Action(action, body), options)
-                return [r.body.to_pybytes() for r in results]
+                return attempt(self._call_options())
             except flight.FlightUnavailableError as exc:
                 if self._closing.is_set():  # a closing client does not wait for the broker
                     raise unreachable(self, exc) from None
@@ -68,7 +77,6 @@ class Calls:
                     self._closing.wait(delay)
                 delay = min(delay * 2, 1.0)
             except flight.FlightTimedOutError:
-                name = f"admin {args.get('method')}" if action == "admin" else action
                 raise self._unanswered(name) from None
             except flight.FlightError as exc:
                 raise protocol.from_flight_error(exc) from None

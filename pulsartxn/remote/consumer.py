@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pyarrow.flight as flight
 
 from .._native import TxnID
@@ -17,9 +18,10 @@ from .handles import (
     Handle,
     OperationTimedOut,
     RemoteTransaction,
+    SendTimedOut,
+    Unreachable,
     mid_hex,
     txn_str,
-    unreachable,
 )
 
 
@@ -69,53 +71,44 @@ class RemoteConsumer(Handle):
             self._listener.refuse("batch_receive")
         check_count("max_num_messages", max_num_messages, least=1)
         check_count("timeout_millis", timeout_millis, least=0)
-        client = self._client
         for attempt in (0, 1):
             handle = self._ensure()
             seen = self._generation  # not sent once the session was opened again (as _raw)
-            # Numbered as the other delivering calls (Handle._delivering): one whose answer
-            # was lost leaves its messages to the next.
-            call, numbers = self._calls.take(seen)
-            ticket = frame(
-                {
-                    "op": "receive",
-                    "handle": handle,
-                    "max_num_messages": max_num_messages,
-                    "timeout_millis": timeout_millis,
-                    "session": client._session,
-                    **numbers,
-                }
-            )
-            lost = False
             try:
-                client._check_generation(seen)  # a reopen under way finishes first (bounded)
-                with client._wait.allow("receive", timeout_millis / 1000.0):
-                    options = client._call_options()
-                    try:
-                        table = client._flight.do_get(flight.Ticket(ticket), options).read_all()
-                    except flight.FlightTimedOutError:
-                        lost = True
-                        raise client._unanswered("batch_receive") from None
+                table = self._batch_get(handle, seen, max_num_messages, timeout_millis)
             except SessionLost:
                 if attempt:
                     raise
+                self._client._reopen(seen)  # nothing when it was opened again since `seen`
                 continue
-            except flight.FlightUnavailableError as exc:
-                lost = True
-                raise unreachable(client, exc) from None
-            except flight.FlightError as exc:
-                err = protocol.from_flight_error(exc)
-                if isinstance(err, SessionLost) and not attempt:
-                    client._reopen(seen)
-                    continue
-                raise err from None
-            finally:
-                self._calls.done(call, lost)
             out = []
             for batch in table.to_batches():
                 out.extend(protocol.batch_to_messages(batch))
             return out
         raise AssertionError("unreachable")
+
+    def _batch_get(self, handle: int, seen: int, n: int, timeout_millis: int) -> pa.Table:
+        """One batch_receive stream, numbered as the other delivering calls (see
+        Handle._delivering) and re-sent as any call while the broker is unreachable: its
+        number gets what its first attempt was given; one that raised unanswered leaves that
+        to the next."""
+        client = self._client
+        call, numbers = self._calls.take(seen, "batch_receive")
+        args = {"op": "receive", "handle": handle, "max_num_messages": n}
+        ticket = flight.Ticket(
+            frame({**args, "timeout_millis": timeout_millis, "session": client._session, **numbers})
+        )
+        lost = False
+        try:
+            with client._wait.allow("receive", timeout_millis / 1000.0):
+                return client._retrying(
+                    "batch_receive", seen, lambda o: client._flight.do_get(ticket, o).read_all()
+                )
+        except (Unreachable, SendTimedOut, OperationTimedOut):
+            lost = True
+            raise
+        finally:
+            self._calls.done(call, lost)
 
     def _ack(self, msg_or_id, txn, cumulative: bool) -> None:
         self._ensure()  # a closed consumer says so first, as the embedded one

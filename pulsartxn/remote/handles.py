@@ -127,39 +127,41 @@ def mid_hex(msg_or_id) -> str:
 
 class DeliveringCalls:
     """The numbers of a consumer's or reader's delivering calls (see Handle._delivering):
-    fresh for each call but one whose answer was lost, and with each the lowest number still
-    unanswered (`below`: the broker forgets the answers under it). A new server-side handle
-    (the session opened again) starts anew; so do a seek and a redelivery (`forget`)."""
+    fresh for each call but one whose answer was lost, which the next call of the same kind
+    takes over (a receive's answer is one message, a batch's a list); with each, the lowest
+    number still unanswered (`below`: the broker forgets the answers under it). A new
+    server-side handle (the session opened again) starts anew; so do a seek and a
+    redelivery (`forget`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._next = 0
-        self._open: set[int] = set()
-        self._lost: list[int] = []
+        self._open: dict[int, str] = {}  # call -> its kind
+        self._lost: list[tuple[int, str]] = []
         self._generation = None
 
-    def take(self, generation: int) -> tuple[int, dict]:
+    def take(self, generation: int, kind: str = "") -> tuple[int, dict]:
         with self._lock:
             if generation != self._generation:
-                self._generation, self._open, self._lost = generation, set(), []
-            if self._lost:
-                call = self._lost.pop(0)
+                self._generation, self._open, self._lost = generation, {}, []
+            lost = next((i for i, (_, k) in enumerate(self._lost) if k == kind), None)
+            if lost is not None:
+                call = self._lost.pop(lost)[0]
             else:
                 call, self._next = self._next, self._next + 1
-            self._open.add(call)
-            below = min(self._open.union(self._lost))
+            self._open[call] = kind
+            below = min([*self._open, *(c for c, _ in self._lost)])
         return call, {"call": call, "below": below}
 
     def done(self, call: int, lost: bool = False) -> None:
         with self._lock:
-            if call in self._open:
-                self._open.discard(call)
-                if lost:
-                    self._lost.append(call)
+            kind = self._open.pop(call, None)
+            if kind is not None and lost:
+                self._lost.append((call, kind))
 
     def forget(self) -> None:
         with self._lock:
-            self._open, self._lost = set(), []
+            self._open, self._lost = {}, []
 
 
 class Handle:
@@ -211,7 +213,7 @@ class Handle:
         whose answer never came (unreachable, not answered in time) leaves its number to the
         next such call, which then gets what that one was given."""
         calls = self._calls
-        call, numbers = calls.take(self._generation)
+        call, numbers = calls.take(self._generation, action)
         try:
             out = self._client._call(action, {**args, **numbers}, owner=self)
         except (Unreachable, SendTimedOut, OperationTimedOut):

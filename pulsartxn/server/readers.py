@@ -86,7 +86,10 @@ class ReaderActions:
         check_count("max_num_messages", n, least=1)
         reader = self._consumer(s, args)
         return self.replays.run(
-            reader, args, lambda: [protocol.encode_message(m) for m in reader._read_many(n)]
+            reader,
+            args,
+            lambda: [protocol.encode_message(m) for m in reader._read_many(n)],
+            "read_many",
         )
 
     def _on_read_next(self, args, payload):
@@ -95,7 +98,7 @@ class ReaderActions:
         reader = self._consumer(s, args)
         with self.sessions.waiting(s):
             return self.replays.run(
-                reader, args, lambda: protocol.encode_message(reader.read_next(wait))
+                reader, args, lambda: protocol.encode_message(reader.read_next(wait)), "read_next"
             )
 
 

@@ -49,10 +49,11 @@ class Replays:
         self._lock = threading.Lock()
         self._of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def run(self, handle: object, args: dict, deliver: Callable[[], Any]) -> Any:
-        """deliver()'s answer for the call `args` names; a call made again gets the answer
-        its first attempt had (waiting for it while it runs). An answer that is empty (an
-        empty list) or an error is not kept: the next attempt delivers anew."""
+    def run(self, handle: object, args: dict, deliver: Callable[[], Any], kind: str) -> Any:
+        """deliver()'s answer for the call `args` names; a call made again (of the same
+        `kind`: one message, a list, an admin answer) gets the answer its first attempt had,
+        waiting for it while it runs. An answer that is empty (an empty list) or an error is
+        not kept: the next attempt delivers anew."""
         call, below = call_numbers(args)
         if call is None:
             return deliver()
@@ -60,7 +61,7 @@ class Replays:
             kept = self._of.get(handle)
             if kept is None:
                 kept = self._of[handle] = _Kept()
-        return kept.run(call, below, deliver)
+        return kept.run((kind, call), below, deliver)
 
     def forget(self, handle: object) -> None:
         """Drop what `handle`'s calls were given (a seek, a redelivery)."""
@@ -69,16 +70,19 @@ class Replays:
 
 
 class _Kept:
+    """A handle's answers by (kind, call number); numbers are the client's, one counter a
+    handle whatever the kind."""
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.answers: dict[int, Any] = {}
-        self.running: dict[int, threading.Event] = {}
+        self.answers: dict[tuple[str, int], Any] = {}
+        self.running: dict[tuple[str, int], threading.Event] = {}
 
-    def run(self, call: int, below: int | None, deliver: Callable[[], Any]) -> Any:
+    def run(self, call: tuple[str, int], below: int | None, deliver: Callable[[], Any]) -> Any:
         while True:
             with self.lock:
                 if below is not None:
-                    for k in [k for k in self.answers if k < below]:
+                    for k in [k for k in self.answers if k[1] < below]:
                         del self.answers[k]
                 if call in self.answers:
                     return self.answers[call][0]
@@ -96,7 +100,7 @@ class _Kept:
                         len(self.answers) > KEEP
                         or sum(n for _, n in self.answers.values()) > KEEP_BYTES
                     ):
-                        del self.answers[min(self.answers)]
+                        del self.answers[min(self.answers, key=_number)]
             return out
         finally:
             with self.lock:
@@ -112,3 +116,7 @@ def _size(answer) -> int:
     if isinstance(answer, list):
         return sum(len(m) if isinstance(m, bytes) else len(m.data()) for m in answer)
     return len(answer)
+
+
+def _number(key: tuple[str, int]) -> int:
+    return key[1]

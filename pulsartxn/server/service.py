@@ -355,7 +355,7 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
         consumer = self._consumer(s, args)
         with self.sessions.waiting(s):
             return self.replays.run(
-                consumer, args, lambda: protocol.encode_message(consumer.receive(wait))
+                consumer, args, lambda: protocol.encode_message(consumer.receive(wait)), "receive"
             )
 
     def _mid(self, args) -> MessageId:
@@ -403,7 +403,7 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
 
     def _on_unsubscribe(self, args, payload):
         s = self.sessions.get(args)
-        return self.replays.run(s, args, lambda: self._unsubscribe(s, args))
+        return self.replays.run(s, args, lambda: self._unsubscribe(s, args), "unsubscribe")
 
     def _unsubscribe(self, s: Session, args) -> dict:
         c = self._consumer(s, args)
@@ -420,7 +420,7 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
     def _on_admin(self, args, payload):
         s = self.sessions.get(args)
         if args.get("method") in protocol.ADMIN_ONCE_METHODS:
-            return self.replays.run(s, args, lambda: self._admin(args))
+            return self.replays.run(s, args, lambda: self._admin(args), "admin")
         return self._admin(args)
 
     def _admin(self, args) -> dict:

@@ -94,7 +94,9 @@ class Streams:
                 n = args.get("max_num_messages", 1000)
                 wait = capped_wait(args.get("timeout_millis", 100), self.max_wait_ms)
                 with self.sessions.waiting(s):
-                    msgs = self.replays.run(consumer, args, lambda: consumer.batch_receive(n, wait))
+                    msgs = self.replays.run(
+                        consumer, args, lambda: consumer.batch_receive(n, wait), "batch_receive"
+                    )
                 # Streamed in batches of a bounded size (a message past it goes alone).
                 return flight.GeneratorStream(
                     protocol.dispatch_schema(), protocol.message_batches(msgs, STREAM_BATCH_BYTES)

@@ -28,15 +28,18 @@ def test_a_call_made_again_gets_its_first_answer_and_new_calls_get_new_ones():
     def deliver():
         return b"m%d" % next(counter)
 
-    assert replays.run(h, {"call": 0, "below": 0}, deliver) == b"m0"
-    assert replays.run(h, {"call": 0, "below": 0}, deliver) == b"m0"
-    assert replays.run(h, {"call": 1, "below": 1}, deliver) == b"m1"
-    assert replays.run(h, {}, deliver) == b"m2"  # an unnumbered call: never kept
+    assert replays.run(h, {"call": 0, "below": 0}, deliver, "receive") == b"m0"
+    assert replays.run(h, {"call": 0, "below": 0}, deliver, "receive") == b"m0"
+    assert replays.run(h, {"call": 1, "below": 1}, deliver, "receive") == b"m1"
+    assert replays.run(h, {}, deliver, "receive") == b"m2"  # an unnumbered call: never kept
     # The client has every answer below 2: call 0 made again now delivers anew.
-    assert replays.run(h, {"call": 2, "below": 2}, deliver) == b"m3"
-    assert replays.run(h, {"call": 0, "below": 0}, deliver) == b"m4"
+    assert replays.run(h, {"call": 2, "below": 2}, deliver, "receive") == b"m3"
+    assert replays.run(h, {"call": 0, "below": 0}, deliver, "receive") == b"m4"
     # Another handle's calls are its own.
-    assert replays.run(Handle(), {"call": 2, "below": 2}, deliver) == b"m5"
+    assert replays.run(Handle(), {"call": 2, "below": 2}, deliver, "receive") == b"m5"
+    # A number of another kind (a batch's answer is a list) is not given another kind's.
+    assert replays.run(h, {"call": 2, "below": 2}, lambda: [b"b"], "batch_receive") == [b"b"]
+    assert replays.run(h, {"call": 2, "below": 2}, deliver, "receive") == b"m3"
 
 
 def test_empty_answers_and_errors_are_not_kept():
@@ -49,11 +52,11 @@ def test_empty_answers_and_errors_are_not_kept():
             raise out
         return out
 
-    assert replays.run(h, {"call": 7}, deliver) == []
+    assert replays.run(h, {"call": 7}, deliver, "receive") == []
     with pytest.raises(pulsartxn.Timeout):
-        replays.run(h, {"call": 7}, deliver)
-    assert replays.run(h, {"call": 7}, deliver) == [b"a"]
-    assert replays.run(h, {"call": 7}, deliver) == [b"a"]
+        replays.run(h, {"call": 7}, deliver, "receive")
+    assert replays.run(h, {"call": 7}, deliver, "receive") == [b"a"]
+    assert replays.run(h, {"call": 7}, deliver, "receive") == [b"a"]
 
 
 def test_a_call_made_again_while_the_first_runs_waits_for_its_answer():
@@ -68,10 +71,14 @@ def test_a_call_made_again_while_the_first_runs_waits_for_its_answer():
         return b"only"
 
     got = []
-    first = threading.Thread(target=lambda: got.append(replays.run(h, {"call": 3}, deliver)))
+    first = threading.Thread(
+        target=lambda: got.append(replays.run(h, {"call": 3}, deliver, "receive"))
+    )
     first.start()
     started.wait(10)
-    second = threading.Thread(target=lambda: got.append(replays.run(h, {"call": 3}, deliver)))
+    second = threading.Thread(
+        target=lambda: got.append(replays.run(h, {"call": 3}, deliver, "receive"))
+    )
     second.start()
     second.join(0.2)
     assert second.is_alive() and got == []  # waits for the first, does not deliver
@@ -85,15 +92,15 @@ def test_a_handle_keeps_few_answers_and_few_bytes():
     replays, h = Replays(), Handle()
     counter = itertools.count()
     for call in range(replay.KEEP + 3):  # a client that never says what it has
-        replays.run(h, {"call": call, "below": 0}, lambda: b"m%d" % next(counter))
+        replays.run(h, {"call": call, "below": 0}, lambda: b"m%d" % next(counter), "receive")
     kept = replays._of[h].answers
-    assert sorted(kept) == list(range(3, replay.KEEP + 3))
+    assert sorted(n for _, n in kept) == list(range(3, replay.KEEP + 3))
     big = b"x" * (replay.KEEP_BYTES // 2 + 1)
-    replays.run(h, {"call": 100, "below": 0}, lambda: big)
-    replays.run(h, {"call": 101, "below": 0}, lambda: big)
-    assert sorted(replays._of[h].answers) == [101]  # the newest is always kept
-    replays.run(h, {"call": 102, "below": 0}, lambda: b"x" * (2 * replay.KEEP_BYTES))
-    assert sorted(replays._of[h].answers) == [102]
+    replays.run(h, {"call": 100, "below": 0}, lambda: big, "receive")
+    replays.run(h, {"call": 101, "below": 0}, lambda: big, "receive")
+    assert list(replays._of[h].answers) == [("receive", 101)]  # the newest is always kept
+    replays.run(h, {"call": 102, "below": 0}, lambda: b"x" * (2 * replay.KEEP_BYTES), "receive")
+    assert list(replays._of[h].answers) == [("receive", 102)]
     replays.forget(h)
     assert h not in replays._of
 
