@@ -1,0 +1,117 @@
+"""The exactly-once loop of tests/server/test_lost_answers.py on a cluster of two brokers,
+each behind a relay that keeps losing its answers: each broker advertises its relay, so the
+client's calls and the brokers' calls to each other (a transaction's coordinator on one, its
+partitions on both) all lose answers."""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+from collections import Counter
+
+import pulsartxn
+from pulsartxn import ConsumerType, InitialPosition
+from pulsartxn.cluster import LocalCluster
+from tests.helpers import LosingProxy, free_ports, wait_for
+
+N = 60
+CUTS = 60
+PARTITIONS = 4
+
+
+def _chaos(proxies: list[LosingProxy], stop: threading.Event, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    cuts = [0]
+    while cuts[0] < CUTS and not stop.wait(rng.uniform(0.02, 0.12)):
+        proxy = rng.choice(proxies)
+        proxy.hold_answers()
+        stop.wait(rng.uniform(0.0, 0.03))
+        proxy.cut()
+        cuts[0] += 1
+    return cuts
+
+
+def test_an_exactly_once_loop_across_brokers_losing_answers(zookeeper, tmp_path):
+    base = free_ports(2)
+    proxies = [LosingProxy(("127.0.0.1", base + i)) for i in range(2)]
+    root = f"t-{uuid.uuid4().hex[:8]}"
+    brokers = []
+    try:
+        for i, proxy in enumerate(proxies):
+            brokers.append(
+                LocalCluster(
+                    tmp_path / f"broker-{i}",
+                    1,
+                    zookeeper=zookeeper.address,
+                    root=root,
+                    base_port=base + i,
+                    num_coordinators=4,
+                    sync=False,
+                    extra_args=("--advertised-address", f"127.0.0.1:{proxy.port}"),
+                ).start()
+            )
+        url = "pulsartxn://" + ",".join(f"127.0.0.1:{p.port}" for p in proxies)
+        with pulsartxn.Client(url) as setup:
+            setup.create_topic("in", PARTITIONS)
+            setup.create_topic("out", PARTITIONS)
+            feed = setup.create_producer("in", batching_enabled=False)
+            for i in range(N):
+                feed.send(b"%d" % i, partition_key=str(i))
+        client = pulsartxn.Client(url, reconnect_timeout_s=60)
+        consumer = client.subscribe(
+            "in",
+            "loop",
+            subscription_type=ConsumerType.Failover,
+            initial_position=InitialPosition.Earliest,
+        )
+        out = client.create_producer("out", batching_enabled=False)
+        stop = threading.Event()
+        cuts: list[int] = []
+        chaos = threading.Thread(target=lambda: cuts.extend(_chaos(proxies, stop, 11)))
+        chaos.start()
+        done = aborted = 0
+        try:
+            while done < N:
+                msg = consumer.receive(30_000)
+                txn = client.new_transaction()
+                try:
+                    # Keyed by the input's key: the output spans the partitions (brokers).
+                    out.send(b"out-" + msg.data(), partition_key=msg.partition_key(), txn=txn)
+                    consumer.acknowledge(msg, txn=txn)
+                    txn.commit()
+                except pulsartxn.PulsarTxnError:
+                    aborted += 1
+                    if txn.state is not pulsartxn.TxnState.ABORTED:
+                        txn.abort()
+                    consumer.redeliver_unacknowledged_messages()
+                    continue
+                done += 1
+        finally:
+            stop.set()
+            chaos.join()
+        client.close()
+        with pulsartxn.Client(url) as check:
+            # A commit returns once decided; a participant's part may land just after.
+            reader = check.create_reader("out", pulsartxn.MessageId.earliest)
+            got = []
+            try:
+                while len(got) < N:
+                    got.append(reader.read_next(10_000).data())
+            except pulsartxn.Timeout:
+                pass
+            extra = reader.has_message_available()
+
+            def backlog() -> tuple[int, int]:
+                stats = check.admin.partitioned_stats("in")["subscriptions"]["loop"]
+                return stats["backlog"], stats["unacked"]
+
+            wait_for(lambda: backlog() == (0, 0), what="the acks landed")
+        assert cuts and cuts[0] > 10, cuts
+        assert Counter(got) == Counter(b"out-%d" % i for i in range(N)), (aborted, got)
+        assert not extra  # nothing twice
+    finally:
+        for cluster in brokers:
+            cluster.close()
+        for proxy in proxies:
+            proxy.close()
