@@ -280,3 +280,73 @@ def in_thread(fn):
     thread = threading.Thread(target=run)
     thread.start()
     return thread, got
+
+
+@contextmanager
+def losing_answers(proxies, seed: int, cuts: int):
+    """While the block runs, one of `proxies` (LosingProxy) at a time drops the server's
+    answers for up to 30 ms and then cuts, every 20-120 ms, `cuts` times at most; yields a
+    list whose one item counts the cuts made."""
+    import random
+    import threading
+
+    rng = random.Random(seed)
+    made = [0]
+    stop = threading.Event()
+
+    def run() -> None:
+        while made[0] < cuts and not stop.wait(rng.uniform(0.02, 0.12)):
+            proxy = rng.choice(proxies)
+            proxy.hold_answers()
+            stop.wait(rng.uniform(0.0, 0.03))
+            proxy.cut()
+            made[0] += 1
+
+    chaos = threading.Thread(target=run)
+    chaos.start()
+    try:
+        yield made
+    finally:
+        stop.set()
+        chaos.join()
+
+
+def exactly_once_loop(client, n: int, subscription_type, batch: bool = False) -> int:
+    """Consume `n` messages of topic "in" (subscription "loop", from the earliest), each batch
+    of them (one by receive, or up to 5 by batch_receive) in a transaction: topic "out" gets
+    b"out-" + each, keyed as the input, and the input is acked (cumulatively, for a batch).
+    A transaction that fails is aborted and what it acked is redelivered. Returns how many
+    transactions failed."""
+    consumer = client.subscribe(
+        "in",
+        "loop",
+        subscription_type=subscription_type,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
+    out = client.create_producer("out", batching_enabled=False)
+    done = failed = 0
+    while done < n:
+        if batch:
+            msgs = consumer.batch_receive(5, 1000)
+            if not msgs:
+                continue
+        else:
+            msgs = [consumer.receive(30_000)]
+        txn = client.new_transaction()
+        try:
+            for msg in msgs:
+                out.send(b"out-" + msg.data(), partition_key=msg.partition_key(), txn=txn)
+            if batch:
+                consumer.acknowledge_cumulative(msgs[-1], txn=txn)
+            else:
+                consumer.acknowledge(msgs[0], txn=txn)
+            txn.commit()
+        except pulsartxn.PulsarTxnError:
+            # Aborted (or never begun): its acks are void; the messages come again.
+            failed += 1
+            if txn.state is not pulsartxn.TxnState.ABORTED:
+                txn.abort()
+            consumer.redeliver_unacknowledged_messages()
+            continue
+        done += len(msgs)
+    return failed

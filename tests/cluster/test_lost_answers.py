@@ -5,31 +5,17 @@ partitions on both) all lose answers."""
 
 from __future__ import annotations
 
-import random
-import threading
 import uuid
 from collections import Counter
 
 import pulsartxn
-from pulsartxn import ConsumerType, InitialPosition
+from pulsartxn import ConsumerType
 from pulsartxn.cluster import LocalCluster
-from tests.helpers import LosingProxy, free_ports, wait_for
+from tests.helpers import LosingProxy, exactly_once_loop, free_ports, losing_answers, wait_for
 
 N = 60
 CUTS = 60
 PARTITIONS = 4
-
-
-def _chaos(proxies: list[LosingProxy], stop: threading.Event, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    cuts = [0]
-    while cuts[0] < CUTS and not stop.wait(rng.uniform(0.02, 0.12)):
-        proxy = rng.choice(proxies)
-        proxy.hold_answers()
-        stop.wait(rng.uniform(0.0, 0.03))
-        proxy.cut()
-        cuts[0] += 1
-    return cuts
 
 
 def test_an_exactly_once_loop_across_brokers_losing_answers(zookeeper, tmp_path):
@@ -59,37 +45,8 @@ def test_an_exactly_once_loop_across_brokers_losing_answers(zookeeper, tmp_path)
             for i in range(N):
                 feed.send(b"%d" % i, partition_key=str(i))
         client = pulsartxn.Client(url, reconnect_timeout_s=60)
-        consumer = client.subscribe(
-            "in",
-            "loop",
-            subscription_type=ConsumerType.Failover,
-            initial_position=InitialPosition.Earliest,
-        )
-        out = client.create_producer("out", batching_enabled=False)
-        stop = threading.Event()
-        cuts: list[int] = []
-        chaos = threading.Thread(target=lambda: cuts.extend(_chaos(proxies, stop, 11)))
-        chaos.start()
-        done = aborted = 0
-        try:
-            while done < N:
-                msg = consumer.receive(30_000)
-                txn = client.new_transaction()
-                try:
-                    # Keyed by the input's key: the output spans the partitions (brokers).
-                    out.send(b"out-" + msg.data(), partition_key=msg.partition_key(), txn=txn)
-                    consumer.acknowledge(msg, txn=txn)
-                    txn.commit()
-                except pulsartxn.PulsarTxnError:
-                    aborted += 1
-                    if txn.state is not pulsartxn.TxnState.ABORTED:
-                        txn.abort()
-                    consumer.redeliver_unacknowledged_messages()
-                    continue
-                done += 1
-        finally:
-            stop.set()
-            chaos.join()
+        with losing_answers(proxies, 11, CUTS) as cuts:
+            failed = exactly_once_loop(client, N, ConsumerType.Failover)
         client.close()
         with pulsartxn.Client(url) as check:
             # A commit returns once decided; a participant's part may land just after.
@@ -108,7 +65,7 @@ def test_an_exactly_once_loop_across_brokers_losing_answers(zookeeper, tmp_path)
 
             wait_for(lambda: backlog() == (0, 0), what="the acks landed")
         assert cuts and cuts[0] > 10, cuts
-        assert Counter(got) == Counter(b"out-%d" % i for i in range(N)), (aborted, got)
+        assert Counter(got) == Counter(b"out-%d" % i for i in range(N)), (failed, got)
         assert not extra  # nothing twice
     finally:
         for cluster in brokers:
