@@ -3,6 +3,7 @@ sticky ownership of bundles and coordinators, kills and a ZooKeeper restart."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -244,3 +245,18 @@ def test_a_create_whose_answer_was_lost_is_not_refused_by_its_own_retry(zookeepe
         with pytest.raises(TopicAlreadyExists):
             via_proxy.create_topic(topic, 3)  # a new call of its own: the topic exists
     proxy.close()
+
+
+def test_a_topic_recorded_before_create_ids_still_reads(url):
+    """A cluster's topic nodes written before create ids hold a bare count: they read as
+    that count, and a create of such a topic is TopicAlreadyExists (no id matches)."""
+    topic = "persistent://public/default/old-style"
+    with ClusterMetadata(url) as meta:
+        meta._zk.create(meta._topic_path(topic), b"3", makepath=True)
+        assert meta.topic(topic) == 3
+        with pytest.raises(TopicAlreadyExists):
+            meta.create_topic(topic, 3)
+        meta.create_topic("persistent://public/default/new-style", 2, "call-1")
+        data, _ = meta._zk.get(meta._topic_path("persistent://public/default/new-style"))
+        assert json.loads(data) == {"partitions": 2, "create_id": "call-1"}
+        meta.create_topic("persistent://public/default/new-style", 2, "call-1")  # its retry
