@@ -18,8 +18,6 @@ from .handles import (
     Handle,
     OperationTimedOut,
     RemoteTransaction,
-    SendTimedOut,
-    Unreachable,
     mid_hex,
     txn_str,
 )
@@ -93,22 +91,19 @@ class RemoteConsumer(Handle):
         number gets what its first attempt was given; one that raised unanswered leaves that
         to the next."""
         client = self._client
-        call, numbers = self._calls.take(seen, "batch_receive")
-        args = {"op": "receive", "handle": handle, "max_num_messages": n}
-        ticket = flight.Ticket(
-            frame({**args, "timeout_millis": timeout_millis, "session": client._session, **numbers})
-        )
-        lost = False
-        try:
+        args = {
+            "op": "receive",
+            "handle": handle,
+            "max_num_messages": n,
+            "timeout_millis": timeout_millis,
+            "session": client._session,
+        }
+        with self._calls.numbered(seen, "batch_receive") as numbers:
+            ticket = flight.Ticket(frame({**args, **numbers}))
             with client._wait.allow("receive", timeout_millis / 1000.0):
                 return client._retrying(
                     "batch_receive", seen, lambda o: client._flight.do_get(ticket, o).read_all()
                 )
-        except (Unreachable, SendTimedOut, OperationTimedOut):
-            lost = True
-            raise
-        finally:
-            self._calls.done(call, lost)
 
     def _ack(self, msg_or_id, txn, cumulative: bool) -> None:
         self._ensure()  # a closed consumer says so first, as the embedded one

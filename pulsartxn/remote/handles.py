@@ -159,6 +159,21 @@ class DeliveringCalls:
             if kind is not None and lost:
                 self._lost.append((call, kind))
 
+    @contextlib.contextmanager
+    def numbered(self, generation: int, kind: str) -> Iterator[dict]:
+        """The numbers of a delivering call of `kind`, for its arguments; one that raises
+        without an answer (Unreachable, SendTimedOut, OperationTimedOut) leaves its number
+        to the next call of its kind."""
+        call, numbers = self.take(generation, kind)
+        lost = False
+        try:
+            yield numbers
+        except (Unreachable, SendTimedOut, OperationTimedOut):
+            lost = True
+            raise
+        finally:
+            self.done(call, lost)
+
     def forget(self) -> None:
         with self._lock:
             self._open, self._lost = {}, []
@@ -212,18 +227,8 @@ class Handle:
         again after its answer was lost, it gets the same messages (server/replay.py). One
         whose answer never came (unreachable, not answered in time) leaves its number to the
         next such call, which then gets what that one was given."""
-        calls = self._calls
-        call, numbers = calls.take(self._generation, action)
-        try:
-            out = self._client._call(action, {**args, **numbers}, owner=self)
-        except (Unreachable, SendTimedOut, OperationTimedOut):
-            calls.done(call, lost=True)
-            raise
-        except BaseException:
-            calls.done(call)
-            raise
-        calls.done(call)
-        return out
+        with self._calls.numbered(self._generation, action) as numbers:
+            return self._client._call(action, {**args, **numbers}, owner=self)
 
     # Subclasses define close(), which a with-block calls on exit.
 
