@@ -9,7 +9,13 @@ import threading
 from collections.abc import Callable
 
 from ..config import SHARED_DBS, BrokerConfig
-from ..errors import InvalidTopicName, QuotaExceeded, TopicAlreadyExists, TopicNotFound
+from ..errors import (
+    InvalidTopicName,
+    QuotaExceeded,
+    TopicAlreadyExists,
+    TopicNotFound,
+    excerpt,
+)
 from ..storage import Storage
 from ..txn.snapshot import DB as SNAPSHOT_DB
 from .cursor import Cursor
@@ -19,6 +25,14 @@ from .topic_name import TopicName
 
 _U64 = struct.Struct("<Q")
 MAX_PARTITIONS = 4096
+
+
+def check_create_id(value: object) -> str | None:
+    """The id a client gives a create call (a topic's here, a producer's or consumer's over
+    the network), if any: a str of 1-64 characters, else TypeError."""
+    if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 64):
+        raise TypeError(f"create_id must be a str of 1-64 characters, not {excerpt(value)}")
+    return value
 
 
 class Topics:
@@ -62,11 +76,7 @@ class Topics:
             raise InvalidTopicName(f"{name.full} names a partition; create its topic instead")
         name.check_new(partitions)
         record = {"partitions": partitions}
-        if create_id is not None:
-            if not isinstance(create_id, str) or not 0 < len(create_id) <= 64:
-                raise TypeError(
-                    f"create_id must be a str of 1-64 characters, not {create_id!r:.80}"
-                )
+        if check_create_id(create_id) is not None:
             record["create_id"] = create_id
         with self.lock:
             found = self._metadata(name)

@@ -25,6 +25,7 @@ from typing import TypeVar
 import pyarrow.flight as flight
 
 from .. import errors
+from ..messaging.topics import check_create_id
 from ..txn.log import IN_PROCESS
 from ..txn.state import FINAL
 from .protocol import SessionLost, id_list
@@ -73,10 +74,7 @@ class SessionLimits:
 
 def create_id(args: dict) -> str | None:
     """The client's id of a create call (Session.keep), if it names one."""
-    value = args.get("create_id")
-    if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 64):
-        raise TypeError(f"create_id must be a str of 1-64 characters, not {errors.excerpt(value)}")
-    return value
+    return check_create_id(args.get("create_id"))
 
 
 def _hold(s: Session, count: str, limit: int, what: str) -> Callable[[], None]:
