@@ -196,15 +196,15 @@ class ClusterMetadata:
     @_unavailable
     def _create_topic(self, full: str, partitions: int, create_id: str) -> None:
         path = self._topic_path(full)
-        data = json.dumps({"partitions": partitions, "create_id": create_id}).encode()
+        record = {"partitions": partitions, "create_id": create_id}
         try:
-            self._create(path, data)
+            self._create(path, json.dumps(record).encode())
         except NodeExistsError:
             try:
-                found, _ = self._get(path)
+                found = json.loads(self._get(path)[0])
             except NoNodeError:
                 found = None
-            if found != data:
+            if found != record:  # another call's, or a bare count written before ids
                 raise TopicAlreadyExists(f"topic {full} already exists") from None
 
     @_unavailable
