@@ -44,6 +44,10 @@ _LOG = logging.getLogger("pulsartxn.txn")
 __all__ = ["Coordinator", "TxnMeta", "status_error", "OPEN", "COMMITTED", "ABORTED"]
 
 
+# What a late registration was for, in the words the clients use too ("cannot produce in ...").
+_OP = {log.PARTITIONS: "produce in", log.SUBSCRIPTIONS: "acknowledge in"}
+
+
 class Coordinator(TransactionEnd):
     def __init__(self, service, coordinator_id: int) -> None:
         self.service = service
@@ -311,7 +315,7 @@ class Coordinator(TransactionEnd):
 
     def add(self, seq: int, kind: int, names: list) -> None:
         """Log partitions (kind PARTITIONS) or subscriptions the transaction touches."""
-        op = "produce in" if kind == log.PARTITIONS else "acknowledge in"
+        op = _OP[kind]
         with self.lock:
             meta = self.live(seq, op)
             if meta.state is not OPEN:
@@ -344,7 +348,7 @@ class Coordinator(TransactionEnd):
         The names count as participants at once: a finalize that reaches one which never saw
         the transaction is a no-op there.
         """
-        op = "produce in" if kind == log.PARTITIONS else "acknowledge in"
+        op = _OP[kind]
         with self.lock:
             meta = self.live(seq, op)
             if meta.state is not OPEN:
