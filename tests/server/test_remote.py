@@ -566,11 +566,8 @@ def test_a_create_topic_re_sent_after_its_answer_was_lost_succeeds(server):
     """The broker creates the topic and the connection drops before its answer: the client
     re-sends the call, which finds the topic it made (the call's id is kept with it) and
     succeeds. Any other create of it is TopicAlreadyExists; a bad id changes nothing."""
-    s = server()
-    proxy = LosingProxy(("127.0.0.1", s.port))
-    client = pulsartxn.Client(f"pulsartxn://127.0.0.1:{proxy.port}")
+    s, proxy, client, _ = _losing(server)
     direct = pulsartxn.Client(s.url)
-    client.create_topic("warm-up")
     proxy.hold_answers()
     call, got = in_thread(lambda: client.create_topic("lost-answer", 3))
     wait_for(lambda: _exists(direct, "lost-answer"), what="the broker created the topic")
