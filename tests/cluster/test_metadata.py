@@ -260,3 +260,36 @@ def test_a_topic_recorded_before_create_ids_still_reads(url):
         data, _ = meta._zk.get(meta._topic_path("persistent://public/default/new-style"))
         assert json.loads(data) == {"partitions": 2, "create_id": "call-1"}
         meta.create_topic("persistent://public/default/new-style", 2, "call-1")  # its retry
+
+
+def test_creates_racing_under_different_ids_make_one_topic(url):
+    """Three brokers' metadata sessions create one topic at once, each under its own id:
+    ZooKeeper keeps one node, exactly one create succeeds, and only that call made again
+    finds the topic as its own."""
+    metas = [ClusterMetadata(url).start() for _ in range(3)]
+    try:
+        for round_ in range(10):
+            topic = f"persistent://public/default/race-{round_}"
+            start = threading.Barrier(3)
+
+            def create(i, topic=topic, start=start):
+                start.wait()
+                metas[i].create_topic(topic, 2, f"call-{i}")
+                return i
+
+            calls = [in_thread(lambda i=i: create(i)) for i in range(3)]
+            for thread, _ in calls:
+                thread.join(30)
+            outcomes = [got[0] for _, got in calls]
+            winners = [o for o in outcomes if isinstance(o, int)]
+            assert len(winners) == 1, outcomes
+            assert all(isinstance(o, TopicAlreadyExists) for o in outcomes if o not in winners)
+            winner = winners[0]
+            metas[(winner + 1) % 3].create_topic(topic, 2, f"call-{winner}")  # its id, anywhere
+            for loser in set(range(3)) - {winner}:
+                with pytest.raises(TopicAlreadyExists):
+                    metas[loser].create_topic(topic, 2, f"call-{loser}")
+            assert all(m.topic(topic) == 2 for m in metas)
+    finally:
+        for m in metas:
+            m.close()

@@ -665,6 +665,68 @@ def test_a_batch_receive_or_a_receive_that_got_no_answer_leaves_its_messages_to_
     proxy.close()
 
 
+def test_a_redelivery_after_a_lost_receive_delivers_its_message_once(server):
+    """A receive is not answered within the operation timeout (the broker handed m0 over);
+    the consumer then asks for a redelivery of what it holds: m0 comes again once, from the
+    redelivery, and the number of the lost call does not bring it a second time."""
+    s, proxy, client, producer = _losing(server, operation_timeout_seconds=1)
+    consumer = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Exclusive,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
+    ids = [producer.send(b"m%d" % i) for i in range(3)]
+    admin = pulsartxn.Client(s.url).admin
+    proxy.hold_answers()
+    with pytest.raises(Timeout):
+        consumer.receive(0)  # m0 is handed over; no answer within 1 s
+    proxy.cut()
+    assert admin.topic_stats("t")["subscriptions"]["s"]["unacked"] == 1
+    consumer.redeliver_unacknowledged_messages()
+    got = [consumer.receive(2000) for _ in range(3)]
+    assert [m.message_id() for m in got] == ids
+    with pytest.raises(Timeout):
+        consumer.receive(300)  # nothing more: m0 came once
+    consumer.acknowledge_cumulative(got[-1])
+    stats = admin.topic_stats("t")["subscriptions"]["s"]
+    assert (stats["backlog"], stats["unacked"]) == (0, 0)
+    client.close()
+    proxy.close()
+
+
+def test_a_receive_whose_answer_was_lost_across_a_broker_restart_gets_its_message(server):
+    """The broker hands m0 over, its answer is lost, and the broker is killed before the
+    call is made again: the restarted broker kept no answer, and the re-sent receive gets m0
+    from the redelivery of what was unacknowledged (not m1), then m1 and m2 once each."""
+    s, proxy, client, producer = _losing(server)
+    consumer = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Exclusive,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
+    ids = [producer.send(b"m%d" % i) for i in range(3)]
+    direct = pulsartxn.Client(s.url)
+    proxy.hold_answers()
+    call, got = in_thread(lambda: consumer.receive(30_000))
+    wait_for(lambda: direct.admin.topic_stats("t")["subscriptions"]["s"]["unacked"] == 1)
+    direct.close()
+    s.kill9()
+    s.start()  # on its port: the relay reaches it
+    proxy.cut()
+    call.join(60)
+    got += [consumer.receive(10_000) for _ in range(2)]
+    assert [m.message_id() for m in got] == ids
+    with pytest.raises(Timeout):
+        consumer.receive(300)
+    consumer.acknowledge_cumulative(got[-1])
+    stats = client.admin.topic_stats("t")["subscriptions"]["s"]
+    assert (stats["backlog"], stats["unacked"]) == (0, 0)
+    client.close()
+    proxy.close()
+
+
 def test_a_read_whose_answer_was_lost_skips_nothing_and_a_seek_starts_anew(server):
     """A reader's read_next made again after its answer was lost gets the same message (a
     reader has no redelivery: it would be skipped); after a seek, what a lost call was
