@@ -69,6 +69,9 @@ class RemoteConsumer(Handle):
             self._listener.refuse("batch_receive")
         check_count("max_num_messages", max_num_messages, least=1)
         check_count("timeout_millis", timeout_millis, least=0)
+        given = self._given_first("batch_receive", max_num_messages)
+        if given:
+            return given
         for attempt in (0, 1):
             handle = self._ensure()
             seen = self._generation  # not sent once the session was opened again (as _raw)
@@ -104,6 +107,12 @@ class RemoteConsumer(Handle):
                 return client._retrying(
                     "batch_receive", seen, lambda o: client._flight.do_get(ticket, o).read_all()
                 )
+
+    def _again(self, kind: str) -> list[Message]:
+        if kind != "batch_receive":
+            return super()._again(kind)
+        table = self._batch_get(self._ensure(), self._generation, 1, 0)
+        return [m for batch in table.to_batches() for m in protocol.batch_to_messages(batch)]
 
     def _ack(self, msg_or_id, txn, cumulative: bool) -> None:
         self._ensure()  # a closed consumer says so first, as the embedded one
@@ -142,9 +151,11 @@ class RemoteConsumer(Handle):
 
     def redeliver_unacknowledged_messages(self) -> None:
         self._client._call("redeliver", {}, owner=self)
-        self._calls.forget()  # what a lost call was given is redelivered now
+        self._forget_given()  # what a lost call was given is redelivered now
 
     def has_message_available(self) -> bool:
+        if self._recovered:
+            return True
         return self._client._json("has_message_available", {}, owner=self)["value"]
 
     def get_last_message_id(self) -> MessageId:
@@ -166,7 +177,7 @@ class RemoteConsumer(Handle):
             self._client._call("seek", {"id": position.serialize().hex()}, owner=self)
         else:
             self._client._call("seek", {"timestamp": position}, owner=self)
-        self._calls.forget()  # nothing given before the seek is given again
+        self._forget_given()  # nothing given before the seek is given again
 
     def unsubscribe(self) -> None:
         # Run once: re-sent after its answer was lost, it must not find its handle gone.

@@ -174,6 +174,14 @@ class DeliveringCalls:
         finally:
             self.done(call, lost)
 
+    def lost_mixed(self, generation: int, kind: str) -> list[str]:
+        """The kinds of the lost calls, oldest first, when one of them is not of `kind` (what
+        it was given cannot be the answer of a call of `kind`); else none."""
+        with self._lock:
+            if generation != self._generation or all(k == kind for _, k in self._lost):
+                return []
+            return [k for _, k in sorted(self._lost)]
+
     def forget(self) -> None:
         with self._lock:
             self._open, self._lost = {}, []
@@ -188,6 +196,10 @@ class Handle:
         self._generation = -1
         self._closed = False
         self._calls = DeliveringCalls()
+        # Messages given to lost calls of another kind, made again (_given_first): the next
+        # delivering calls return them first, in order.
+        self._recovered: list[Message] = []
+        self._recovering = threading.Lock()
 
     def _ensure(self) -> int:
         if self._closed:
@@ -207,6 +219,9 @@ class Handle:
         """One message by `action` (receive, read_next) within timeout_millis (None: for
         ever); the server waits at most its max wait a call, so a longer wait asks again."""
         check_count("timeout_millis", timeout_millis, least=0, optional=True)
+        given = self._given_first(action, 1)
+        if given:
+            return given[0]
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
         while True:
             left = None if deadline is None else max(int((deadline - time.monotonic()) * 1000), 0)
@@ -229,6 +244,39 @@ class Handle:
         next such call, which then gets what that one was given."""
         with self._calls.numbered(self._generation, action) as numbers:
             return self._client._call(action, {**args, **numbers}, owner=self)
+
+    def _given_first(self, kind: str, n: int) -> list[Message]:
+        """Up to `n` messages that lost calls were given, for a delivering call of `kind` to
+        return before asking for more. A lost call's number passes to the next call of its
+        kind; when one is of another kind (a receive lost, then a batch_receive), every lost
+        call is made again now, oldest first and waiting for nothing, and what they were
+        given comes first, in order: never held by nobody, never overtaken by later ones."""
+        with self._recovering:
+            if not self._recovered:
+                self._ensure()
+                for lost in self._calls.lost_mixed(self._generation, kind):
+                    self._recovered.extend(self._again(lost))
+            given, self._recovered[:n] = self._recovered[:n], []
+        return given
+
+    def _again(self, kind: str) -> list[Message]:
+        """A lost call of `kind` made again under its number, waiting for nothing."""
+        if kind == "read_many":
+            bodies = self._delivering(kind, {"max_num_messages": 1})
+        else:  # receive, read_next
+            try:
+                bodies = self._delivering(kind, {"timeout_millis": 0})
+            except OperationTimedOut:
+                raise
+            except errors.Timeout:
+                return []  # it had been given nothing: there is nothing to return
+        return [protocol.decode_message(body) for body in bodies]
+
+    def _forget_given(self) -> None:
+        """A seek or a redelivery: nothing given before is given again by a lost call."""
+        with self._recovering:
+            self._calls.forget()
+            self._recovered.clear()
 
     # Subclasses define close(), which a with-block calls on exit.
 

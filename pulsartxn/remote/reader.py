@@ -108,7 +108,7 @@ class RemoteReader(Handle):
 
     def _read_many(self, n: int) -> list[Message]:
         """Up to n messages there now, in one call (a cluster reader's fetch)."""
-        out = [
+        out = self._given_first("read_many", n) or [
             protocol.decode_message(body)
             for body in self._delivering("read_many", {"max_num_messages": n})
         ]
@@ -120,6 +120,8 @@ class RemoteReader(Handle):
         return out
 
     def has_message_available(self) -> bool:
+        if self._recovered:
+            return True
         return self._client._json("has_message_available", {}, owner=self)["value"]
 
     def seek(self, position: MessageId | int) -> None:
@@ -129,7 +131,7 @@ class RemoteReader(Handle):
             self._client._call("seek", {"id": position.serialize().hex()}, owner=self)
         else:
             self._client._call("seek", {"timestamp": position}, owner=self)
-        self._calls.forget()  # nothing read before the seek is given again
+        self._forget_given()  # nothing read before the seek is given again
         with self._lock:
             if not isinstance(position, MessageId) or positions.is_everywhere(position):
                 self._start, self._resume = position, {}

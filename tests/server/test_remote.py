@@ -665,6 +665,50 @@ def test_a_batch_receive_or_a_receive_that_got_no_answer_leaves_its_messages_to_
     proxy.close()
 
 
+def test_a_lost_call_of_one_kind_gives_its_messages_to_a_call_of_another(server):
+    """A receive not answered in time, then a batch_receive: the batch starts with what the
+    receive was given (m0 was neither held by nobody nor overtaken by m1). A batch_receive
+    lost, then receives: they return its messages first, in order, then the next ones. A
+    reader's read_next lost, then read_many: m0 first. No message comes twice."""
+    s, proxy, client, producer = _losing(server, operation_timeout_seconds=1)
+    consumer = client.subscribe(
+        "t",
+        "s",
+        subscription_type=ConsumerType.Exclusive,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
+    reader = client.create_reader("t", pulsartxn.MessageId.earliest)
+    ids = [producer.send(b"m%d" % i) for i in range(7)]
+    admin = pulsartxn.Client(s.url).admin
+    proxy.hold_answers()
+    with pytest.raises(Timeout):
+        consumer.receive(0)  # m0 handed over, no answer
+    proxy.cut()
+    first = consumer.batch_receive(2, 2000)
+    assert [m.message_id() for m in first] == ids[:1]  # what the lost receive was given
+    proxy.hold_answers()
+    with pytest.raises(Timeout):
+        consumer.batch_receive(3, 0)  # m1, m2, m3 handed over, no answer
+    proxy.cut()
+    assert consumer.has_message_available()
+    got = [consumer.receive(2000) for _ in range(6)]
+    assert [m.message_id() for m in got] == ids[1:]
+    with pytest.raises(Timeout):
+        consumer.receive(300)
+    consumer.acknowledge_cumulative(got[-1])
+    stats = admin.topic_stats("t")["subscriptions"]["s"]
+    assert (stats["backlog"], stats["unacked"]) == (0, 0)
+
+    proxy.hold_answers()
+    with pytest.raises(Timeout):
+        reader.read_next(0)  # m0 read, no answer
+    proxy.cut()
+    assert [m.message_id() for m in reader._read_many(3)] == ids[:1]
+    assert [m.message_id() for m in reader._read_many(10)] == ids[1:]
+    client.close()
+    proxy.close()
+
+
 def test_a_redelivery_after_a_lost_receive_delivers_its_message_once(server):
     """A receive is not answered within the operation timeout (the broker handed m0 over);
     the consumer then asks for a redelivery of what it holds: m0 comes again once, from the
