@@ -46,7 +46,8 @@ class StreamContext:
 
 class OpenStreams:
     """The batch streams a client has open, by transaction (every connection's: a cluster
-    client's streams to each broker too), and the transactions one of whose streams failed. A
+    client's streams to each broker too), and the transactions one of whose streams (or bulk
+    sends: RemoteProducer.send_batch) failed. A
     commit of a transaction, through any handle or by its id, closes its open streams first
     (every batch written is then in it) and refuses it when one failed: what the broker holds
     of that stream is unknown to the client, as of a send that timed out."""

@@ -84,8 +84,8 @@ class Shared:
 def _flush_handles(txns, streams: OpenStreams) -> None:
     """What the client still holds of each transaction lands before a decision commits them
     (handles' queued sends, the open batch streams of any, named by handle or by id); one
-    with a send that timed out or a stream that failed refuses it (InvalidTxnStatus, nothing
-    decided)."""
+    with a send that timed out, or a bulk send or stream that failed, refuses it
+    (InvalidTxnStatus, nothing decided)."""
     for t in txns:
         if isinstance(t, RemoteTransaction):
             t._flush_for_commit()
@@ -94,7 +94,7 @@ def _flush_handles(txns, streams: OpenStreams) -> None:
         error = streams.close_for_commit(txn_str(t))
         if error is not None:
             raise errors.InvalidTxnStatus(
-                f"transaction {txn_str(t)} cannot commit: a batch stream of it failed "
+                f"transaction {txn_str(t)} cannot commit: a bulk send of it failed "
                 f"({error}); abort it"
             ) from error
 

@@ -387,6 +387,7 @@ class RemoteProducer(Handle):
             }
         )
         options = self._client._call_options()
+        error: BaseException | None = None
         try:
             writer, reader = self._client._flight.do_put(
                 flight.FlightDescriptor.for_command(command), table.schema, options
@@ -401,11 +402,20 @@ class RemoteProducer(Handle):
             writer.close()
         except flight.FlightUnavailableError as exc:
             # Not re-sent: the broker may have stored some of it (a re-send takes new ids).
-            raise unreachable(self._client, exc) from None
+            error = unreachable(self._client, exc)
         except flight.FlightTimedOutError:
-            raise self._client._unanswered("send_batch") from None
+            error = self._client._unanswered("send_batch")
         except flight.FlightError as exc:
-            raise protocol.from_flight_error(exc) from None
+            error = protocol.from_flight_error(exc)
+        if error is not None:
+            if txn is not None:
+                # What the broker holds of it is unknown (its slices are stored one by one,
+                # and an answer can be lost): the transaction can only abort, as Pulsar's
+                # whose send failed; a commit through any handle or by id says so.
+                self._client._streams.failed(txn_str(txn), error)
+                if isinstance(txn, RemoteTransaction):
+                    txn._send_failed(error)
+            raise error
         out = json.loads(meta.to_pybytes())
         if isinstance(txn, RemoteTransaction):
             txn._stored(out.get("partitions") or [])

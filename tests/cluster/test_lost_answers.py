@@ -5,20 +5,33 @@ partitions on both) all lose answers."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import Counter
+from contextlib import contextmanager
+
+import pytest
 
 import pulsartxn
 from pulsartxn import ConsumerType
 from pulsartxn.cluster import LocalCluster
-from tests.helpers import LosingProxy, exactly_once_loop, free_ports, losing_answers, wait_for
+from tests.helpers import (
+    LosingProxy,
+    exactly_once_loop,
+    free_ports,
+    in_thread,
+    losing_answers,
+    wait_for,
+)
 
 N = 60
 CUTS = 60
 PARTITIONS = 4
 
 
-def test_an_exactly_once_loop_across_brokers_losing_answers(zookeeper, tmp_path):
+@contextmanager
+def _behind_relays(zookeeper, tmp_path):
+    """Two brokers of one cluster, each advertising its LosingProxy: (proxies, url)."""
     base = free_ports(2)
     proxies = [LosingProxy(("127.0.0.1", base + i)) for i in range(2)]
     root = f"t-{uuid.uuid4().hex[:8]}"
@@ -37,7 +50,16 @@ def test_an_exactly_once_loop_across_brokers_losing_answers(zookeeper, tmp_path)
                     extra_args=("--advertised-address", f"127.0.0.1:{proxy.port}"),
                 ).start()
             )
-        url = "pulsartxn://" + ",".join(f"127.0.0.1:{p.port}" for p in proxies)
+        yield proxies, "pulsartxn://" + ",".join(f"127.0.0.1:{p.port}" for p in proxies)
+    finally:
+        for cluster in brokers:
+            cluster.close()
+        for proxy in proxies:
+            proxy.close()
+
+
+def test_an_exactly_once_loop_across_brokers_losing_answers(zookeeper, tmp_path):
+    with _behind_relays(zookeeper, tmp_path) as (proxies, url):
         with pulsartxn.Client(url) as setup:
             setup.create_topic("in", PARTITIONS)
             setup.create_topic("out", PARTITIONS)
@@ -67,8 +89,33 @@ def test_an_exactly_once_loop_across_brokers_losing_answers(zookeeper, tmp_path)
         assert cuts and cuts[0] > 10, cuts
         assert Counter(got) == Counter(b"out-%d" % i for i in range(N)), (failed, got)
         assert not extra  # nothing twice
-    finally:
-        for cluster in brokers:
-            cluster.close()
+
+
+def test_a_transactional_send_batch_cut_on_a_partition_makes_its_transaction_abort(
+    zookeeper, tmp_path
+):
+    """A cluster client's send_batch of a transaction over two partitions, their owners'
+    answers lost and the connections cut: the call fails, and the transaction can only abort
+    (what each owner stored is unknown): its commit aborts it, and nothing of it is read."""
+    with _behind_relays(zookeeper, tmp_path) as (proxies, url):
+        client = pulsartxn.Client(url, reconnect_timeout_s=5)
+        client.create_topic("t", 2)
+        producer = client.create_producer("t")
+        txn = client.new_transaction()
         for proxy in proxies:
-            proxy.close()
+            proxy.hold_answers()
+        keys = [str(i) for i in range(20)]
+        call, got = in_thread(lambda: producer.send_batch([b"v"] * 20, keys, txn=txn))
+        time.sleep(0.5)
+        for proxy in proxies:
+            proxy.cut()
+        call.join(60)
+        assert isinstance(got[0], pulsartxn.PulsarTxnError), got
+        with pytest.raises(pulsartxn.InvalidTxnStatus):
+            txn.commit()
+        assert txn.state == pulsartxn.TxnState.ABORTED
+        producer.send(b"after", partition_key="0")
+        producer.send(b"after", partition_key="1")
+        reader = client.create_reader("t", pulsartxn.MessageId.earliest)
+        assert [reader.read_next(10_000).data() for _ in range(2)] == [b"after"] * 2
+        client.close()

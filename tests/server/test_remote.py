@@ -420,7 +420,7 @@ def test_a_failed_stream_named_by_id_fails_its_transaction(server):
                 txn.commit()
             assert txn.state is TxnState.ABORTED
         else:
-            with pytest.raises(InvalidTxnStatus, match="a batch stream of it failed"):
+            with pytest.raises(InvalidTxnStatus, match="a bulk send of it failed"):
                 client.commit_all([txn.id])
             assert txn.state is TxnState.OPEN  # nothing was decided
             txn.abort()
@@ -598,6 +598,42 @@ def _losing(server, **options):
     client = pulsartxn.Client(f"pulsartxn://127.0.0.1:{proxy.port}", **options)
     producer = client.create_producer("t", batching_enabled=False)
     return s, proxy, client, producer
+
+
+def test_a_transactional_send_batch_whose_answer_was_lost_makes_its_transaction_abort(server):
+    """The broker stores a transaction's send_batch and the connection drops before its
+    answer: the caller gets BrokerUnavailable, which cannot say whether the batch is in the
+    transaction (a bulk send is not re-sent: a re-send takes new sequence ids). So the
+    transaction can only abort, as Pulsar's whose send failed: its commit aborts it and
+    raises, and none of the batch is ever read. A batch_stream cut the same way too."""
+    s, proxy, client, producer = _losing(server)
+    direct = pulsartxn.Client(s.url)
+    reader = direct.create_reader("t", pulsartxn.MessageId.earliest)
+    for stream in (False, True):
+        txn = client.new_transaction()
+        producer.send(b"before", txn=txn)
+        proxy.hold_answers()
+
+        def bulk(txn=txn, stream=stream):
+            if not stream:
+                return producer.send_batch([b"a", b"b", b"c"], txn=txn)
+            with producer.batch_stream(txn) as out:
+                out.write([b"a", b"b", b"c"])
+            return out.count
+
+        call, got = in_thread(bulk)
+        time.sleep(0.5)  # stored by then (the broker's answer is held back)
+        proxy.cut()
+        call.join(30)
+        assert isinstance(got[0], pulsartxn.BrokerUnavailable), got
+        with pytest.raises(pulsartxn.InvalidTxnStatus):
+            txn.commit()
+        assert txn.state == pulsartxn.TxnState.ABORTED
+    producer.send(b"after")
+    assert reader.read_next(5000).data() == b"after"  # nothing of either transaction
+    client.close()
+    direct.close()
+    proxy.close()
 
 
 def test_a_receive_whose_answer_was_lost_gets_the_same_message_again(server):
