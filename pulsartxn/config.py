@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from .txn.meta import COORDINATOR_BYTES
 
-# Named databases of the broker's own (meta, topics, ledgers, cursors, dedup, ...: 10 today);
+# Named databases of the broker's own (meta, topics, ledgers, cursors, dedup, ...: 11 today);
 # the rest of max_dbs holds one per coordinator and one per partition.
 SHARED_DBS = 16
 

@@ -22,6 +22,7 @@ from ..errors import (
     TooManyTransactions,
     TransactionNotFound,
 )
+from ..storage import WriteOp
 from . import log
 from .decision import TransactionEnd
 from .meta import (
@@ -31,6 +32,7 @@ from .meta import (
     COMMITTING,
     HISTOGRAM_MS,
     OPEN,
+    OUTCOME_PAGE,
     RESERVE_BLOCK,
     Outcomes,
     TxnMeta,
@@ -54,6 +56,8 @@ class Coordinator(TransactionEnd):
         self.id = coordinator_id
         self.storage = service.storage
         self.db = self.storage.open_db(log.log_db_name(coordinator_id))
+        self.outcomes_db = self.storage.open_db(log.OUTCOMES_DB)
+        self._outcomes_from = 0  # no outcome is kept below this sequence (once pruned)
         # Never held while waiting for a write: the group commit's callbacks take it.
         self.lock = threading.Lock()
         self.cond = QuietCondition(self.lock)
@@ -205,10 +209,52 @@ class Coordinator(TransactionEnd):
         if meta is not None:
             return meta
         self.check_ready()
-        done = self.finished.get(seq)
+        done = self._outcome(seq)
         if done is not None:
             return _raise(status_error(TxnID(self.id, seq), done[0], done[1], done[2], op))
         raise TransactionNotFound(f"transaction {self.id}:{seq} is unknown to its coordinator")
+
+    def _outcome(self, seq: int) -> tuple[TxnState, int, int] | None:
+        """(state, reason, timeout_ms) of a finished transaction: remembered since this broker
+        started, else as kept in the store (one that wrote anything, among the last
+        log.OUTCOMES_KEPT sequences), else None."""
+        done = self.finished.get(seq)
+        if done is not None:
+            return done
+        if seq < self._outcomes_from:
+            return None
+        with self.storage.read() as lmdb_txn:
+            raw = lmdb_txn.get(log.outcome_key(self.id, seq), db=self.outcomes_db)
+        if raw is None:
+            return None
+        commit, reason, timeout_ms = log.decode_outcome(raw)
+        return (COMMITTED if commit else ABORTED), reason, timeout_ms
+
+    def prune_outcomes(self) -> None:
+        """Let the kept outcomes of sequences older than the last log.OUTCOMES_KEPT go (in
+        steps of a page of them, riding with a later write)."""
+        allocator = self.allocator
+        if allocator is None:
+            return
+        cut = allocator.next_sequence - log.OUTCOMES_KEPT
+        if cut - self._outcomes_from < OUTCOME_PAGE:
+            return
+        start, self._outcomes_from = self._outcomes_from, cut
+        db = self.outcomes_db
+        first, end = log.outcome_key(self.id, start), log.outcome_key(self.id, cut)
+
+        def apply(lmdb_txn) -> None:
+            cursor = lmdb_txn.cursor(db=db)
+            if not cursor.set_range(first):
+                return
+            while cursor.key() < end:
+                if not cursor.delete():
+                    break
+
+        try:
+            self.storage.submit(WriteOp(apply, nbytes=0, durable=False), lazy=True)
+        except AlreadyClosed:
+            pass
 
     def check_open(self, seq: int, op: str) -> None:
         """Raise unless the transaction is OPEN (what a participant asks before it takes an
@@ -233,7 +279,7 @@ class Coordinator(TransactionEnd):
             meta = self.txns.get(seq)
             if meta is not None:
                 return meta.state, meta.reason
-            done = self.finished.get(seq)
+            done = self._outcome(seq)
             if done is not None:
                 return done[0], done[1]
         self.check_ready()

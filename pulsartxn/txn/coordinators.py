@@ -383,6 +383,7 @@ class Coordinators(CoordinatorScaling, CleanClose):
                     if lwm > self._pushed.get(c.id, 0):
                         self._pushed[c.id] = lwm
                         moved.append((c.id, lwm))
+                    c.prune_outcomes()
             if moved:
                 self.timer.submit(self._push, moved)
 

@@ -141,11 +141,12 @@ class TransactionEnd(Finalize):
         # are not written, those in the log are deleted with it. A subscription's
         # registration may ride in a write nobody waits for: with subscriptions the records
         # are deleted even while the NEW record is staged (deleting nothing is harmless).
+        # Either way the write keeps the transaction's outcome.
         if atomic:
             with self.lock:
                 meta.atomic_end = True
-            if first is None or meta.subscriptions:
-                ops.append(self._delete_op(meta, meta.records))
+            written = first is None or meta.subscriptions
+            ops.append(self._delete_op(meta, meta.records if written else 0))
         else:
             ops.insert(end_at, self._end_op(meta, index))
         ops[:0] = taken

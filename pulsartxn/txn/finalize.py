@@ -70,14 +70,18 @@ class Finalize:
         raise NotImplementedError
 
     def _delete_records(self, meta: TxnMeta, count: int):
-        """Apply function deleting the transaction's first `count` records; from then on a
-        registration applied (later, in the group commit's order) writes nothing."""
-        db = self.db
+        """Apply function deleting the transaction's first `count` records and keeping its
+        outcome (log.OUTCOMES_DB) in their place; from then on a registration applied
+        (later, in the group commit's order) writes nothing."""
+        db, outcomes = self.db, self.outcomes_db
         keys = [log.record_key(meta.seq, i) for i in range(count)]
+        key = log.outcome_key(self.id, meta.seq)
+        outcome = log.encode_outcome(meta.commit, meta.reason, meta.timeout_ms)
 
         def apply(lmdb_txn):
-            for key in keys:
-                lmdb_txn.delete(key, db=db)
+            for k in keys:
+                lmdb_txn.delete(k, db=db)
+            lmdb_txn.put(key, outcome, db=outcomes)
             meta.deleted = True
 
         return apply

@@ -36,6 +36,13 @@ MAX_NAME_BYTES = 0xFFFF
 
 DECISIONS_DB = b"txndecisions"
 GROUP_KEYS_DB = b"txngroupkeys"
+# How each transaction that wrote anything ended, kept after its records go for the last
+# OUTCOMES_KEPT sequences of its coordinator: an end re-sent after a restart (its answer lost
+# with the connection) is answered by what happened, not TransactionNotFound.
+OUTCOMES_DB = b"txnoutcomes"
+OUTCOMES_KEPT = 1 << 16
+_COORDINATOR = struct.Struct(">I")  # an outcome's key: this, then the sequence's 14 bytes
+_OUTCOME = struct.Struct("<BBQ")  # committed (1) or aborted (0), EndReason, timeout ms
 
 
 def log_db_name(coordinator_id: int) -> bytes:
@@ -172,6 +179,23 @@ def _encode_names(kind: int, names: tuple) -> bytes:
 @functools.lru_cache(maxsize=64)
 def encode_end(commit: bool, reason: int) -> bytes:
     return _seal(bytes([END]) + _END.pack(1 if commit else 0, reason))
+
+
+def outcome_key(coordinator_id: int, sequence: int) -> bytes:
+    return _COORDINATOR.pack(coordinator_id) + seq_prefix(sequence)
+
+
+def encode_outcome(commit: bool, reason: int, timeout_ms: int) -> bytes:
+    return _seal(_OUTCOME.pack(1 if commit else 0, reason, timeout_ms))
+
+
+def decode_outcome(record) -> tuple[bool, int, int]:
+    """(committed, EndReason, timeout ms) of an outcome record."""
+    data = _open(record)
+    if len(data) != _OUTCOME.size:
+        raise CorruptEntry(f"transaction outcome record of {len(data)} bytes")
+    commit, reason, timeout_ms = _OUTCOME.unpack(data)
+    return commit == 1, reason, timeout_ms
 
 
 @dataclass

@@ -636,6 +636,38 @@ def test_a_transactional_send_batch_whose_answer_was_lost_makes_its_transaction_
     proxy.close()
 
 
+def test_an_end_whose_answer_was_lost_across_a_broker_restart_is_answered(server):
+    """The broker commits (or aborts) a transaction, the answer is lost, and the broker is
+    killed before the end is re-sent: the restarted broker no longer holds the transaction,
+    but it kept how the transaction ended, so the re-sent end succeeds (it was reported
+    TransactionNotFound, and a caller that then redid its work wrote it twice)."""
+    s, proxy, client, producer = _losing(server)
+    for end, state in (
+        ("commit", pulsartxn.TxnState.COMMITTED),
+        ("abort", pulsartxn.TxnState.ABORTED),
+    ):
+        txn = client.new_transaction()
+        producer.send(end.encode(), txn=txn)
+        direct = pulsartxn.Client(s.url)
+        proxy.hold_answers()
+        call, got = in_thread(getattr(txn, end))
+        wait_for(lambda d=direct, t=txn, st=state: d.transaction(t.id).state is st, what=end)
+        direct.close()
+        s.kill9()
+        s.start()  # on its port: the relay reaches it
+        proxy.cut()
+        call.join(60)
+        assert got == [None], got
+        assert txn.state is state
+        with pytest.raises(pulsartxn.InvalidTxnStatus, match=state.value):
+            client.transaction(txn.id).commit()  # another end is still refused
+    reader = client.create_reader("t", pulsartxn.MessageId.earliest)
+    assert reader.read_next(5000).data() == b"commit"
+    assert not reader.has_message_available()
+    client.close()
+    proxy.close()
+
+
 def test_a_receive_whose_answer_was_lost_gets_the_same_message_again(server):
     """The broker hands m0 to the consumer and the answer is lost with the connection: the
     receive made again gets m0, not m1 (m0 would be held by nobody until the consumer

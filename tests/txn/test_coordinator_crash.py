@@ -12,7 +12,7 @@ import time
 import pytest
 
 import pulsartxn
-from pulsartxn import TxnID
+from pulsartxn import TxnID, TxnState
 
 CHILD = r"""
 import os, random, sys
@@ -118,6 +118,12 @@ def test_sigkill_during_begin_and_end(tmp_path, seed):
             began = [TxnID.parse(t) for k, t in reported if k == "N"]
             assert len(began) == len(set(began))  # never handed out twice
             client = broker.client()
+            for kind, txn in reported:
+                if kind in ("C", "A"):
+                    # How it ended is kept after its records went: an end re-sent after the
+                    # restart (its answer lost) is answered by that, not TransactionNotFound.
+                    state = client.transaction(TxnID.parse(txn)).state
+                    assert state == (TxnState.COMMITTED if kind == "C" else TxnState.ABORTED)
             for c in range(3):
                 fresh = client.new_transaction(coordinator_id=c).id
                 assert all(fresh.sequence > b.sequence for b in began if b.coordinator_id == c)

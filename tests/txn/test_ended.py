@@ -302,3 +302,42 @@ def test_a_close_racing_begins_leaves_none_open(tmp_path):
             assert {broker.txn.state_of(t.id) for t in begun} == {TxnState.ABORTED}
             with pytest.raises(AlreadyClosed):
                 client.new_transaction()
+
+
+def test_how_transactions_ended_is_kept_for_the_last_sequences_only(tmp_path, monkeypatch):
+    """The outcome kept for each ended transaction that wrote anything (what answers an end
+    re-sent after a restart) is let go once OUTCOMES_KEPT newer sequences were handed out,
+    by the coordinators' timer: the store holds a bounded number of them, the newest."""
+    from pulsartxn.txn import coordinator, log
+
+    monkeypatch.setattr(log, "OUTCOMES_KEPT", 16)
+    monkeypatch.setattr(coordinator, "OUTCOME_PAGE", 4)
+    path = str(tmp_path / "b")
+    with pulsartxn.Broker(path, num_coordinators=1) as broker:
+        client = broker.client()
+        producer = client.create_producer("t", batching_enabled=False)
+        ids = []
+        for i in range(60):
+            txn = client.new_transaction()
+            producer.send(b"%d" % i, txn=txn)
+            (txn.commit if i % 2 else txn.abort)()
+            ids.append(txn.id)
+        empty = client.new_transaction()  # writes nothing: nothing to keep
+        empty.commit()
+
+        def kept() -> list[int]:
+            env = broker.storage.env
+            with env.begin() as lmdb_txn:
+                db = env.open_db(log.OUTCOMES_DB, txn=lmdb_txn, create=False)
+                return [int.from_bytes(bytes(k)[4:], "big") for k, _ in lmdb_txn.cursor(db=db)]
+
+        newest = [t.sequence for t in ids][-12:]
+        wait_for(lambda: len(kept()) <= 16 + 4, what="the old outcomes pruned")
+        assert set(newest) <= set(kept()) and empty.id.sequence not in kept()
+    with pulsartxn.Broker(path, num_coordinators=1) as broker:
+        client = broker.client()
+        for i, txn_id in enumerate(ids[-12:], start=48):
+            state = TxnState.COMMITTED if i % 2 else TxnState.ABORTED
+            assert client.transaction(txn_id).state is state
+        with pytest.raises(pulsartxn.TransactionNotFound):
+            client.transaction(ids[0])  # let go: as any transaction the store forgot
