@@ -197,8 +197,10 @@ class Handle:
         self._closed = False
         self._calls = DeliveringCalls()
         # Messages given to lost calls of another kind, made again (_given_first): the next
-        # delivering calls return them first, in order.
+        # delivering calls return them first, in order (those of the server-side handle of
+        # _recovered_in: a new one delivers them again itself).
         self._recovered: list[Message] = []
+        self._recovered_in = -1
         self._recovering = threading.Lock()
 
     def _ensure(self) -> int:
@@ -252,8 +254,11 @@ class Handle:
         call is made again now, oldest first and waiting for nothing, and what they were
         given comes first, in order: never held by nobody, never overtaken by later ones."""
         with self._recovering:
+            self._ensure()
+            if self._recovered_in != self._generation:
+                self._recovered.clear()
             if not self._recovered:
-                self._ensure()
+                self._recovered_in = self._generation
                 for lost in self._calls.lost_mixed(self._generation, kind):
                     self._recovered.extend(self._again(lost))
             given, self._recovered[:n] = self._recovered[:n], []

@@ -247,7 +247,7 @@ class Coordinator(TransactionEnd):
             cursor = lmdb_txn.cursor(db=db)
             if not cursor.set_range(first):
                 return
-            while cursor.key() < end:
+            while bytes(cursor.key()) < end:
                 if not cursor.delete():
                     break
 
