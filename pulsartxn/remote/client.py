@@ -45,6 +45,7 @@ from .handles import (
     RemoteTransaction,
     SendDeadline,
     ServerWait,
+    Unreachable,
     txn_str,
     unreachable,
 )
@@ -484,11 +485,31 @@ class RemoteClient(Calls, SessionGate):
     def create_topic(self, topic: str, partitions: int = 0) -> None:
         self._create_topic(topic, partitions, uuid.uuid4().hex)
 
-    def _create_topic(self, topic: str, partitions: int, create_id: str) -> None:
+    def _create_topic(
+        self, topic: str, partitions: int, create_id: str, retry_s: float | None = None
+    ) -> None:
         """The create named `create_id`: re-sent after its answer was lost (a broker
-        restart, a dropped connection), it finds the topic it made and succeeds."""
+        restart, a dropped connection), it finds the topic it made and succeeds. So is one
+        the broker answered BrokerUnavailable (a cluster's ZooKeeper out of its reach: the
+        topic may be recorded there all the same), within `retry_s` (reconnect_timeout_s; a
+        cluster client's own for its connections); a caller's own retry would be a new call,
+        and TopicAlreadyExists if the first had gone through."""
         args = {"topic": topic, "partitions": partitions, "create_id": create_id}
-        self._json("create_topic", args)
+        deadline = time.monotonic() + (self._reconnect_s if retry_s is None else retry_s)
+        delay = 0.05
+        while True:
+            try:
+                self._json("create_topic", args)
+                return
+            except Unreachable:
+                raise  # the connection's own retries are over
+            except errors.BrokerUnavailable:
+                send_by = self._deadline.at
+                by = deadline if send_by is None else min(deadline, send_by)
+                if self._closing.is_set() or time.monotonic() + delay > by:
+                    raise
+                self._closing.wait(delay)
+                delay = min(delay * 2, 1.0)
 
     def topic_partitions(self, topic: str) -> list[str]:
         return self._json("topic_partitions", {"topic": topic})["partitions"]

@@ -458,7 +458,7 @@ class ClusterClient(ClusterRouting):
         self._check_open()
         # One name for every broker it is sent to: one that made it and could not answer.
         create_id = uuid.uuid4().hex
-        self._any(lambda c: c._create_topic(topic, partitions, create_id))
+        self._any(lambda c: c._create_topic(topic, partitions, create_id, self._reconnect_s))
 
     def topic_partitions(self, topic: str) -> list[str]:
         self._check_open()

@@ -701,3 +701,40 @@ def test_a_create_topic_lost_with_its_broker_is_re_sent_to_another_and_succeeds(
         assert len(c.topic_partitions(topic)) == PARTITIONS
         with pytest.raises(errors.TopicAlreadyExists):
             c.create_topic(topic, PARTITIONS)
+
+
+def test_a_create_answered_unavailable_while_zookeeper_is_out_of_reach_is_made_again(
+    zookeeper, tmp_path
+):
+    """The broker records a topic in ZooKeeper and loses ZooKeeper before it hears back: past
+    its ZooKeeper session it answers BrokerUnavailable. The client makes the same call again
+    (its create id) until the broker reaches ZooKeeper again, and it finds the topic it made:
+    created, where a caller's own retry would have been TopicAlreadyExists."""
+    from pulsartxn.cluster import ClusterMetadata
+
+    host, port = zookeeper.address.split(":")
+    proxy = LosingProxy((host, int(port)))
+    root = f"t-{uuid.uuid4().hex[:8]}"
+    cluster = LocalCluster(
+        tmp_path, 1, zookeeper=f"127.0.0.1:{proxy.port}", root=root, num_coordinators=2, sync=False
+    ).start()
+    topic = "persistent://public/default/zk-out-of-reach"
+    try:
+        with (
+            pulsartxn.Client(cluster.service_url) as client,
+            ClusterMetadata(f"zk://{zookeeper.address}/{root}") as direct,
+        ):
+            proxy.hold_answers()
+            call, got = in_thread(lambda: client.create_topic(topic, 2))
+            wait_for(lambda: direct.topic(topic) == 2, what="ZooKeeper recorded the topic")
+            time.sleep(6)  # past the broker's ZooKeeper session (4 s): it answers unavailable
+            assert got == []  # still trying
+            proxy.cut()  # ZooKeeper is back for the broker
+            call.join(60)
+            assert got == [None]
+            assert len(client.topic_partitions(topic)) == 2
+            with pytest.raises(errors.TopicAlreadyExists):
+                client.create_topic(topic, 2)  # a new call of its own: the topic exists
+    finally:
+        cluster.close()
+        proxy.close()
