@@ -282,6 +282,52 @@ def in_thread(fn):
     return thread, got
 
 
+def racing(n: int, fn) -> list:
+    """fn(i) for i in range(n), each in a thread of its own, let go together: what each
+    returned or raised, in the order of i."""
+    import threading
+
+    start = threading.Barrier(n)
+
+    def run(i):
+        start.wait()
+        return fn(i)
+
+    calls = [in_thread(lambda i=i: run(i)) for i in range(n)]
+    for thread, _ in calls:
+        thread.join(60)
+    return [got[0] for _, got in calls]
+
+
+def the_one_winner(outcomes: list, loses: type) -> int:
+    """Of racing()'s outcomes, the index of the one call that returned; every other raised
+    `loses`."""
+    winners = [i for i, o in enumerate(outcomes) if not isinstance(o, BaseException)]
+    assert len(winners) == 1, outcomes
+    assert all(isinstance(o, loses) for i, o in enumerate(outcomes) if i != winners[0]), outcomes
+    return winners[0]
+
+
+def answer_lost(proxies, fn, landed=None) -> list:
+    """fn() run in a thread while every one of `proxies` (LosingProxy) drops the server's
+    answers; once it has landed (`landed()` returns, by default half a second later) the
+    connections are cut, and fn() goes on after reconnecting: what it returned or raised
+    (a list of one)."""
+    import time
+
+    for proxy in proxies:
+        proxy.hold_answers()
+    call, got = in_thread(fn)
+    if landed is None:
+        time.sleep(0.5)
+    else:
+        landed()
+    for proxy in proxies:
+        proxy.cut()
+    call.join(60)
+    return got
+
+
 @contextmanager
 def losing_answers(proxies, seed: int, cuts: int):
     """While the block runs, one of `proxies` (LosingProxy) at a time drops the server's

@@ -5,7 +5,6 @@ partitions on both) all lose answers."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections import Counter
 from contextlib import contextmanager
@@ -17,9 +16,9 @@ from pulsartxn import ConsumerType
 from pulsartxn.cluster import LocalCluster
 from tests.helpers import (
     LosingProxy,
+    answer_lost,
     exactly_once_loop,
     free_ports,
-    in_thread,
     losing_answers,
     wait_for,
 )
@@ -102,14 +101,8 @@ def test_a_transactional_send_batch_cut_on_a_partition_makes_its_transaction_abo
         client.create_topic("t", 2)
         producer = client.create_producer("t")
         txn = client.new_transaction()
-        for proxy in proxies:
-            proxy.hold_answers()
         keys = [str(i) for i in range(20)]
-        call, got = in_thread(lambda: producer.send_batch([b"v"] * 20, keys, txn=txn))
-        time.sleep(0.5)
-        for proxy in proxies:
-            proxy.cut()
-        call.join(60)
+        got = answer_lost(proxies, lambda: producer.send_batch([b"v"] * 20, keys, txn=txn))
         assert isinstance(got[0], pulsartxn.PulsarTxnError), got
         with pytest.raises(pulsartxn.InvalidTxnStatus):
             txn.commit()

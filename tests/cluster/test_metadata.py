@@ -15,7 +15,7 @@ import pytest
 
 from pulsartxn.cluster import ClusterMetadata, LocalZooKeeper, parse_cluster_url
 from pulsartxn.errors import BrokerUnavailable, InvalidConfiguration, TopicAlreadyExists
-from tests.helpers import LosingProxy, in_thread
+from tests.helpers import LosingProxy, in_thread, racing, the_one_winner
 
 
 @pytest.fixture
@@ -270,21 +270,8 @@ def test_creates_racing_under_different_ids_make_one_topic(url):
     try:
         for round_ in range(10):
             topic = f"persistent://public/default/race-{round_}"
-            start = threading.Barrier(3)
-
-            def create(i, topic=topic, start=start):
-                start.wait()
-                metas[i].create_topic(topic, 2, f"call-{i}")
-                return i
-
-            calls = [in_thread(lambda i=i: create(i)) for i in range(3)]
-            for thread, _ in calls:
-                thread.join(30)
-            outcomes = [got[0] for _, got in calls]
-            winners = [o for o in outcomes if isinstance(o, int)]
-            assert len(winners) == 1, outcomes
-            assert all(isinstance(o, TopicAlreadyExists) for o in outcomes if o not in winners)
-            winner = winners[0]
+            outcomes = racing(3, lambda i, t=topic: metas[i].create_topic(t, 2, f"call-{i}"))
+            winner = the_one_winner(outcomes, TopicAlreadyExists)
             metas[(winner + 1) % 3].create_topic(topic, 2, f"call-{winner}")  # its id, anywhere
             for loser in set(range(3)) - {winner}:
                 with pytest.raises(TopicAlreadyExists):

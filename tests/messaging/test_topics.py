@@ -343,31 +343,17 @@ def test_creates_racing_under_different_ids_make_one_topic(tmp_path):
     """Four callers create one topic at once, each under its own id: exactly one succeeds,
     the others are TopicAlreadyExists, and only the winner's call made again finds the topic
     as its own."""
-    import threading
-
-    from tests.helpers import in_thread
+    from tests.helpers import racing, the_one_winner
 
     with pulsartxn.Broker(str(tmp_path / "b")) as broker:
         for round_ in range(20):
             topic = f"race-{round_}"
-            start = threading.Barrier(4)
-
-            def create(i, topic=topic, start=start):
-                start.wait()
-                broker.create_topic(topic, 2, create_id=f"call-{i}")
-                return i
-
-            calls = [in_thread(lambda i=i: create(i)) for i in range(4)]
-            for thread, _ in calls:
-                thread.join(30)
-            outcomes = [got[0] for _, got in calls]
-            winners = [o for o in outcomes if isinstance(o, int)]
-            assert len(winners) == 1, outcomes
-            assert all(
-                isinstance(o, pulsartxn.TopicAlreadyExists) for o in outcomes if o not in winners
+            outcomes = racing(
+                4, lambda i, t=topic: broker.create_topic(t, 2, create_id=f"call-{i}")
             )
-            broker.create_topic(topic, 2, create_id=f"call-{winners[0]}")
-            for loser in set(range(4)) - set(winners):
+            winner = the_one_winner(outcomes, pulsartxn.TopicAlreadyExists)
+            broker.create_topic(topic, 2, create_id=f"call-{winner}")
+            for loser in set(range(4)) - {winner}:
                 with pytest.raises(pulsartxn.TopicAlreadyExists):
                     broker.create_topic(topic, 2, create_id=f"call-{loser}")
             assert len(broker.topic_partitions(topic)) == 2

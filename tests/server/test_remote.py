@@ -18,7 +18,7 @@ from pulsartxn.errors import (
     TransactionNotFound,
 )
 from pulsartxn.server.protocol import frame
-from tests.helpers import LosingProxy, drain, in_thread, scanned, wait_for
+from tests.helpers import LosingProxy, answer_lost, drain, in_thread, scanned, wait_for
 
 
 def test_produce_consume_and_transactions_remotely(server):
@@ -32,12 +32,7 @@ def test_produce_consume_and_transactions_remotely(server):
     producer.flush()
     assert all(f.done() and f.exception() is None for f in futures)
     assert producer.send_batch(pa.array([b"x", b"y"], pa.binary())) == 2
-    consumer = client.subscribe(
-        "t",
-        "s",
-        subscription_type=ConsumerType.Shared,
-        initial_position=pulsartxn.InitialPosition.Earliest,
-    )
+    consumer = _consumer(client, ConsumerType.Shared)
     got = drain(consumer)
     assert len(got) == 53
     txn = client.new_transaction()
@@ -600,6 +595,13 @@ def _losing(server, **options):
     return s, proxy, client, producer
 
 
+def _consumer(client, kind):
+    """A consumer of kind `kind` on subscription "s" of topic "t", from the earliest."""
+    return client.subscribe(
+        "t", "s", subscription_type=kind, initial_position=pulsartxn.InitialPosition.Earliest
+    )
+
+
 def test_a_transactional_send_batch_whose_answer_was_lost_makes_its_transaction_abort(server):
     """The broker stores a transaction's send_batch and the connection drops before its
     answer: the caller gets BrokerUnavailable, which cannot say whether the batch is in the
@@ -612,7 +614,6 @@ def test_a_transactional_send_batch_whose_answer_was_lost_makes_its_transaction_
     for stream in (False, True):
         txn = client.new_transaction()
         producer.send(b"before", txn=txn)
-        proxy.hold_answers()
 
         def bulk(txn=txn, stream=stream):
             if not stream:
@@ -621,10 +622,7 @@ def test_a_transactional_send_batch_whose_answer_was_lost_makes_its_transaction_
                 out.write([b"a", b"b", b"c"])
             return out.count
 
-        call, got = in_thread(bulk)
-        time.sleep(0.5)  # stored by then (the broker's answer is held back)
-        proxy.cut()
-        call.join(30)
+        got = answer_lost([proxy], bulk)  # stored within its half second, the answer lost
         assert isinstance(got[0], pulsartxn.BrokerUnavailable), got
         with pytest.raises(pulsartxn.InvalidTxnStatus):
             txn.commit()
@@ -673,12 +671,7 @@ def test_a_receive_whose_answer_was_lost_gets_the_same_message_again(server):
     receive made again gets m0, not m1 (m0 would be held by nobody until the consumer
     closes, and a cumulative ack of m4 would acknowledge it unprocessed)."""
     s, proxy, client, producer = _losing(server)
-    consumer = client.subscribe(
-        "t",
-        "s",
-        subscription_type=ConsumerType.Exclusive,
-        initial_position=pulsartxn.InitialPosition.Earliest,
-    )
+    consumer = _consumer(client, ConsumerType.Exclusive)
     ids = [producer.send(b"m%d" % i) for i in range(5)]
     proxy.hold_answers()
     call, got = in_thread(lambda: consumer.receive(10_000))
@@ -703,12 +696,7 @@ def test_a_batch_receive_or_a_receive_that_got_no_answer_leaves_its_messages_to_
     (or a receive) not answered within the operation timeout raises OperationTimedOut, and
     the next call gets what it was given, first and in order."""
     s, proxy, client, producer = _losing(server, operation_timeout_seconds=1)
-    consumer = client.subscribe(
-        "t",
-        "s",
-        subscription_type=ConsumerType.Failover,
-        initial_position=pulsartxn.InitialPosition.Earliest,
-    )
+    consumer = _consumer(client, ConsumerType.Failover)
     for i in range(5):
         producer.send(b"m%d" % i)
     admin = pulsartxn.Client(s.url).admin
@@ -739,12 +727,7 @@ def test_a_lost_call_of_one_kind_gives_its_messages_to_a_call_of_another(server)
     lost, then receives: they return its messages first, in order, then the next ones. A
     reader's read_next lost, then read_many: m0 first. No message comes twice."""
     s, proxy, client, producer = _losing(server, operation_timeout_seconds=1)
-    consumer = client.subscribe(
-        "t",
-        "s",
-        subscription_type=ConsumerType.Exclusive,
-        initial_position=pulsartxn.InitialPosition.Earliest,
-    )
+    consumer = _consumer(client, ConsumerType.Exclusive)
     reader = client.create_reader("t", pulsartxn.MessageId.earliest)
     ids = [producer.send(b"m%d" % i) for i in range(7)]
     admin = pulsartxn.Client(s.url).admin
@@ -782,12 +765,7 @@ def test_a_redelivery_after_a_lost_receive_delivers_its_message_once(server):
     the consumer then asks for a redelivery of what it holds: m0 comes again once, from the
     redelivery, and the number of the lost call does not bring it a second time."""
     s, proxy, client, producer = _losing(server, operation_timeout_seconds=1)
-    consumer = client.subscribe(
-        "t",
-        "s",
-        subscription_type=ConsumerType.Exclusive,
-        initial_position=pulsartxn.InitialPosition.Earliest,
-    )
+    consumer = _consumer(client, ConsumerType.Exclusive)
     ids = [producer.send(b"m%d" % i) for i in range(3)]
     admin = pulsartxn.Client(s.url).admin
     proxy.hold_answers()
@@ -812,12 +790,7 @@ def test_a_receive_whose_answer_was_lost_across_a_broker_restart_gets_its_messag
     call is made again: the restarted broker kept no answer, and the re-sent receive gets m0
     from the redelivery of what was unacknowledged (not m1), then m1 and m2 once each."""
     s, proxy, client, producer = _losing(server)
-    consumer = client.subscribe(
-        "t",
-        "s",
-        subscription_type=ConsumerType.Exclusive,
-        initial_position=pulsartxn.InitialPosition.Earliest,
-    )
+    consumer = _consumer(client, ConsumerType.Exclusive)
     ids = [producer.send(b"m%d" % i) for i in range(3)]
     direct = pulsartxn.Client(s.url)
     proxy.hold_answers()
