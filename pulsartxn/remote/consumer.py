@@ -154,9 +154,7 @@ class RemoteConsumer(Handle):
         self._forget_given()  # what a lost call was given is redelivered now
 
     def has_message_available(self) -> bool:
-        if self._recovered:
-            return True
-        return self._client._json("has_message_available", {}, owner=self)["value"]
+        return self._message_available()
 
     def get_last_message_id(self) -> MessageId:
         out = self._client._json("get_last_message_id", {}, owner=self)

@@ -277,6 +277,13 @@ class Handle:
                 return []  # it had been given nothing: there is nothing to return
         return [protocol.decode_message(body) for body in bodies]
 
+    def _message_available(self) -> bool:
+        """A consumer's or reader's has_message_available: one kept from a lost call, or one
+        the broker has."""
+        if self._recovered:
+            return True
+        return self._client._json("has_message_available", {}, owner=self)["value"]
+
     def _forget_given(self) -> None:
         """A seek or a redelivery: nothing given before is given again by a lost call."""
         with self._recovering:

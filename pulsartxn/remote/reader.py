@@ -120,9 +120,7 @@ class RemoteReader(Handle):
         return out
 
     def has_message_available(self) -> bool:
-        if self._recovered:
-            return True
-        return self._client._json("has_message_available", {}, owner=self)["value"]
+        return self._message_available()
 
     def seek(self, position: MessageId | int) -> None:
         """As the embedded Reader's seek."""
