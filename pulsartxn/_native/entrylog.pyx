@@ -96,6 +96,12 @@ cdef class _Round:
 
 # -- the entry log on LMDB ------------------------------------------------------------------
 
+cdef uint64_t _first_id(first) except? 0:
+    if not isinstance(first, int) or isinstance(first, bool) or not 0 <= first < 1 << 63:
+        raise ValueError(f"first must be an entry id (0 <= id < 2**63), not {first!r}")
+    return first
+
+
 cdef class EntryLog:
     """One partition's ledger: a named LMDB database, u64 big-endian entry id -> entry.
 
@@ -132,32 +138,51 @@ cdef class EntryLog:
     def count(self, txn) -> int:
         return txn.stat(self.db)["entries"]
 
-    def append(self, txn, entries) -> int:
-        """Append entries after the last one in one putmulti; returns the first new entry id."""
+    def append(self, txn, entries, first=None) -> int:
+        """Append entries after the last one in one putmulti; returns the first new entry id.
+        `first`: their ids start there instead (after the last one, or into ids that hold no
+        entry: a claim made before later entries were written; ValueError if one does)."""
         if not isinstance(entries, (list, tuple)):
             raise TypeError(f"entries must be a list of bytes, not {type(entries).__name__}")
         cdef Py_ssize_t i, n = len(entries)
         for i in range(n):
             if not PyBytes_Check(entries[i]):
                 raise TypeError(f"entries[{i}] must be bytes, not {type(entries[i]).__name__}")
-        cdef uint64_t first = self.last_entry_id(txn) + 1
-        if n == 0:
-            return first
         pack = _BE64.pack
+        cdef int64_t last
+        cdef uint64_t start
+        if first is None:
+            start = self.last_entry_id(txn) + 1
+        else:
+            start = _first_id(first)
+            if n == 1 and txn.put(pack(start), entries[0], db=self.db, append=True):
+                return start  # after the last entry (LMDB refuses an append below it)
+        if n == 0:
+            return start
+        last = self.last_entry_id(txn)
+        if <int64_t>start <= last:  # filling claimed ids below the last entry
+            for i in range(n):
+                if txn.get(pack(start + i), db=self.db) is not None:
+                    raise ValueError(f"{self.name!r}: entry {start + i} exists already")
+            for i in range(n):
+                txn.put(pack(start + i), entries[i], db=self.db)
+            return start
         if n == 1:  # one put, no row list (a single send, a marker)
-            if not txn.put(pack(first), entries[0], db=self.db, append=True):
+            if not txn.put(pack(start), entries[0], db=self.db, append=True):
                 raise RuntimeError(f"{self.name!r}: appended 0 of 1 entries")
-            return first
-        rows = [(pack(first + i), entries[i]) for i in range(n)]
+            return start
+        rows = [(pack(start + i), entries[i]) for i in range(n)]
         consumed, added = txn.cursor(db=self.db).putmulti(rows, append=True)
         if added != n:
             raise RuntimeError(f"{self.name!r}: appended {added} of {n} entries")
-        return first
+        return start
 
     def append_messages(self, txn, values, keys=None, properties=None, *, batch_size=1000,
                         max_entry_bytes=DEFAULT_MAX_ENTRY_BYTES, txn_msb=0, txn_lsb=0,
-                        producer_id=0, first_sequence_id=0, publish_time=0, metadata=None):
-        """Encode a bulk of messages into entries (as encode_entries) and append them.
+                        producer_id=0, first_sequence_id=0, publish_time=0, metadata=None,
+                        first_entry_id=None):
+        """Encode a bulk of messages into entries (as encode_entries) and append them (from
+        `first_entry_id` on, if given: after the last entry, else ValueError).
 
         Returns (first entry id, messages per entry). The entries are written from a reused
         per-thread arena, never materialised as bytes objects.
@@ -167,7 +192,10 @@ cdef class EntryLog:
         check_bulk(batch_size, max_entry_bytes, first_sequence_id, 1)
         cdef Messages m = gather(values, keys, properties, metadata)
         check_bulk(batch_size, max_entry_bytes, first_sequence_id, m.n)
-        cdef uint64_t first = self.last_entry_id(txn) + 1
+        cdef int64_t last = self.last_entry_id(txn)
+        cdef uint64_t first = last + 1 if first_entry_id is None else _first_id(first_entry_id)
+        if <int64_t>first <= last:
+            raise ValueError(f"{self.name!r}: entry {first} is not after the last ({last})")
         cdef uint64_t seq = first_sequence_id, total
         cdef Py_ssize_t i0 = 0, i
         cdef size_t used

@@ -77,6 +77,12 @@ class Partition:
                     len(self.buffer.aborts),
                 )
         self.next_entry_id = last + 1 if last >= 0 else 0
+        # Entry ids are taken when an append is applied (under _ids_lock), or claimed before
+        # (``claim``): every id below _applied_to is written, being written or skipped, every
+        # one below _claimed_to is written or claimed; a new one starts above both.
+        self._ids_lock = threading.Lock()
+        self._applied_to = self.next_entry_id
+        self._claimed_to = 0
         snapshots.recovered(replay_from > 0)
         self.subscriptions: dict[str, Subscription] = {}
         self.readers: dict[str, Subscription] = {}  # non-durable: no cursor stored, no stats
@@ -163,6 +169,12 @@ class Partition:
         return self.next_entry_id - 1
 
     @property
+    def latest_entry_id(self) -> int:
+        """Where a subscription at Latest starts after: the last entry published or claimed
+        (a send of an open in-process transaction, written with its end)."""
+        return max(self.next_entry_id, self._claimed_to) - 1
+
+    @property
     def total_messages(self) -> int:
         return self._cumulative[-1]
 
@@ -175,6 +187,30 @@ class Partition:
 
     # -- appends (writer thread) -----------------------------------------------------------
 
+    def claim(self, n: int) -> int:
+        """The ids of `n` entries an in-process transaction writes later, with its end: its
+        MessageIds are known at the send. Until then they hold no entry, and the transaction
+        buffer keeps readers below them (``TransactionBuffer.claimed``)."""
+        with self._ids_lock:
+            first = max(self._applied_to, self._claimed_to)
+            self._claimed_to = first + n
+        return first
+
+    def _write_entries(self, lmdb_txn, entries: list[bytes], at: int | None) -> int:
+        """Put `entries` in the ledger from `at` (claimed) or at the next free id."""
+        with self._ids_lock:
+            first = self.log.append(lmdb_txn, entries, self._next_id() if at is None else at)
+            if first + len(entries) > self._applied_to:
+                self._applied_to = first + len(entries)
+        return first
+
+    def _next_id(self) -> int | None:
+        """_ids_lock held: where an unclaimed append starts (None, with no claim ever made:
+        after the last entry, where one whose write failed started too)."""
+        if not self._claimed_to:
+            return None
+        return max(self._applied_to, self._claimed_to)
+
     def append_op(
         self,
         entries: list[bytes],
@@ -185,15 +221,17 @@ class Partition:
         on_published=None,
         before_publish=None,
         resend: bool = False,
+        at: int | None = None,
     ) -> WriteOp:
         """A group-commit operation appending encoded `entries`; its result is the first id.
 
         before_publish(first) runs under the partition lock just before the entries become
         visible (the transaction buffer records them there); on_published(first) after.
-        `resend`: the entries hold sequence ids stored before in aborted entries."""
+        `resend`: the entries hold sequence ids stored before in aborted entries. `at`: the
+        first of the ids claimed for them (``claim``)."""
 
         def apply(lmdb_txn):
-            first = self.log.append(lmdb_txn, entries)
+            first = self._write_entries(lmdb_txn, entries, at)
             self._index_sequences(lmdb_txn, first, counts, producer, first_sequence, resend)
             return first
 
@@ -230,19 +268,22 @@ class Partition:
         lsb = txn_id.least_sig_bits if txn_id is not None else 0
 
         def apply(lmdb_txn):
-            first, counts = self.log.append_messages(
-                lmdb_txn,
-                values,
-                keys,
-                properties,
-                batch_size=batch_size,
-                producer_id=producer_id,
-                first_sequence_id=first_sequence,
-                publish_time=publish_time,
-                txn_msb=msb,
-                txn_lsb=lsb,
-                metadata=metadata,
-            )
+            with self._ids_lock:
+                first, counts = self.log.append_messages(
+                    lmdb_txn,
+                    values,
+                    keys,
+                    properties,
+                    batch_size=batch_size,
+                    producer_id=producer_id,
+                    first_sequence_id=first_sequence,
+                    publish_time=publish_time,
+                    txn_msb=msb,
+                    txn_lsb=lsb,
+                    metadata=metadata,
+                    first_entry_id=self._next_id(),
+                )
+                self._applied_to = max(self._applied_to, first + len(counts))
             self._index_sequences(lmdb_txn, first, counts, producer, first_sequence)
             return first, counts
 
@@ -310,8 +351,9 @@ class Partition:
 
     def _published(self, first: int, counts: list[int], nbytes: int) -> None:
         with self.lock:
-            if not self._counts and self.next_entry_id == 0:
-                self.first_entry_id = first
+            if first < self.next_entry_id:
+                self._published_claimed(first, counts, nbytes)
+                return
             while self.next_entry_id < first:
                 self._push_count(0)
                 self.next_entry_id += 1
@@ -328,6 +370,17 @@ class Partition:
             awaited = list(self.awaited) if self.awaited else ()
         for sub in awaited:
             sub.notify()
+
+    def _published_claimed(self, first: int, counts: list[int], nbytes: int) -> None:
+        """Lock held: claimed entries published after later ones (counted 0 until now)."""
+        i = first - self.first_entry_id
+        cumulative = np.frombuffer(self._cumulative, dtype=np.int64)
+        for n in counts:
+            self._counts[i] = n
+            cumulative[i + 1 :] += n
+            i += 1
+        self.msg_in += sum(counts)
+        self.bytes_in += nbytes
 
     def dispatch_end(self, read_committed: bool = True) -> int:
         """Entry id (exclusive) up to which readers may read: the transaction buffer's max read

@@ -54,7 +54,7 @@ def partition_of(position: MessageId, partitions: list[Partition], topic: str) -
 def start_of(part: Partition, position, inclusive: bool = True) -> Start:
     """Where a cursor on `part` must be for the next message delivered to be the one at
     `position` (inclusive) or the first after it; a position past the end is the end."""
-    first, end = part.first_entry_id, part.next_entry_id
+    first, end = part.first_entry_id, part.latest_entry_id + 1  # claimed ids included
     if not isinstance(position, MessageId):
         return first_published_at(part, position) - 1, None
     if is_earliest(position):

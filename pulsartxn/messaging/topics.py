@@ -207,7 +207,7 @@ class Topics:
             if sub is not None:
                 return sub
             self.room_for_subscription([part], name)
-            start = part.first_entry_id - 1 if earliest else part.last_entry_id
+            start = part.first_entry_id - 1 if earliest else part.latest_entry_id
             if at is not None:
                 start = at
             cursor = Cursor(start)

@@ -119,6 +119,14 @@ class TransactionBatches:
             publish_time=int(time.time() * 1000),
         )
         n = len(batch.values)
+        # An in-process transaction's batch is written with its end (or the next group
+        # commit): its entry id is claimed now, so the send has its MessageIds at once.
+        held = self.client._owner == IN_PROCESS
+        claim = None
+        if held:
+            with partition.lock:
+                claim = partition.claim(1)
+                partition.buffer.claimed(txn.id, claim)
 
         def before_publish(first: int) -> None:
             partition.buffer.appended(txn.id, first)
@@ -129,9 +137,10 @@ class TransactionBatches:
             batch.nbytes,
             self.name,
             batch.first_sequence,
-            on_published=batch.landed,
+            on_published=None if held else batch.landed,
             before_publish=before_publish,
             resend=batch.resent,
+            at=claim,
         )
         if staged is not None:
             op.prepend(staged[0])
@@ -140,18 +149,28 @@ class TransactionBatches:
         # durable on its own: the commit's flush makes it so. An in-process transaction's is
         # held: it dies with the process anyway, so its record may wait for the next one.
         op.durable = False
-        op.held = self.client._owner == IN_PROCESS
+        op.held = held
         fut = partition.storage.submit(op, lazy=True)
         txn._riding.append((op, staged is not None, partition.topic))
         txn._send_counts[partition.topic] = txn._send_counts.get(partition.topic, 0) + n
-        batch.inflight = fut
+        if claim is None:
+            batch.inflight = fut
+        else:
+            # Answered now, durable by the commit (decision 2), as send_batch's; among the
+            # container's batches in flight until written, for resends to find.
+            part.inflight.append(batch)
+            batch.landed(claim)
 
         def failed(f):
             batch.inflight = None  # no cycle batch -> future -> this callback -> batch
+            if claim is not None:
+                part._landed(batch)
             exc = f.exception()
             if staged is not None:
                 staged[1](exc is None)
             if exc is not None:
+                if claim is not None:
+                    partition.buffer.claim_failed(claim)
                 partition.buffer.append_failed(txn.id)
                 _dropped(batch)
                 batch.fail(exc)

@@ -30,6 +30,7 @@ class TransactionBuffer:
         self.cond = QuietCondition(partition.lock)
         self.ongoing: OrderedDict[TxnID, int] = OrderedDict()  # txn -> its first entry id
         self.inflight: dict[TxnID, int] = {}  # appends submitted, not yet published or failed
+        self.claims: dict[int, TxnID] = {}  # claimed entry ids not yet published (claimed)
         self.ended: dict[TxnID, bool] = {}  # ended here (late appends refused), until below lwm
         self.low_watermarks: dict[int, int] = {}  # coordinator id -> last low watermark seen
         self.max_ended = MAX_ENDED
@@ -54,7 +55,8 @@ class TransactionBuffer:
         """Entry id (exclusive) below which everything is decided: readable when committed."""
         with self.lock:
             if self.ongoing:
-                return next(iter(self.ongoing.values()))
+                # A claim can be ongoing above entries still being written.
+                return min(next(iter(self.ongoing.values())), self.partition.next_entry_id)
             return self.partition.next_entry_id
 
     def aborted_mask(self, msb, lsb):
@@ -143,12 +145,38 @@ class TransactionBuffer:
                 self.txn_check(txn_id, "produce in")
             self.inflight[txn_id] = self.inflight.get(txn_id, 0) + 1
 
+    def claimed(self, txn_id: TxnID, entry_id: int) -> None:
+        """Lock held: `entry_id` is claimed for an entry of txn_id (Partition.claim), written
+        later: the transaction is ongoing here from it on, so readers stop below it."""
+        self.claims[entry_id] = txn_id
+        self._ongoing_from(txn_id, entry_id)
+
+    def claim_failed(self, entry_id: int) -> None:
+        """The claimed entry was never written (its transaction can only abort)."""
+        with self.lock:
+            self.claims.pop(entry_id, None)
+
     def appended(self, txn_id: TxnID, first_entry_id: int) -> None:
         """An append is durable (writer thread, partition lock held, before publishing)."""
-        if txn_id not in self.ongoing:
-            self.ongoing[txn_id] = first_entry_id
-            self._ongoing_seq.add(txn_id)
+        if self.claims:
+            self.claims.pop(first_entry_id, None)
+        self._ongoing_from(txn_id, first_entry_id)
         self._settled(txn_id)
+
+    def _ongoing_from(self, txn_id: TxnID, first_entry_id: int) -> None:
+        """Lock held: txn_id is ongoing from `first_entry_id` on, unless from before. ongoing
+        stays in entry order (max_read_position takes its first): a claim can come before an
+        entry written below it is published."""
+        ongoing = self.ongoing
+        if txn_id in ongoing:
+            return
+        behind = bool(ongoing) and first_entry_id < next(reversed(ongoing.values()))
+        ongoing[txn_id] = first_entry_id
+        self._ongoing_seq.add(txn_id)
+        if behind:
+            in_order = sorted(ongoing.items(), key=lambda item: item[1])
+            ongoing.clear()
+            ongoing.update(in_order)
 
     def append_failed(self, txn_id: TxnID) -> None:
         with self.lock:

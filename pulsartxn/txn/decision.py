@@ -70,9 +70,12 @@ class TransactionEnd(Finalize):
         the wait for the transaction's writes in flight (Timeout; nothing is decided)."""
         taken = self.storage.commits.take_lazy([r[0] for r in riding]) if riding else []
         if taken and not commit:
-            # An abort does not need them written: they never are.
-            _fail_ops(taken, InvalidTxnStatus(f"transaction {self.id}:{seq} was aborted"))
-            taken = []
+            # An abort does not need them written, but an in-process transaction's sends hold
+            # claimed entry ids and have answered: those are written, aborted, as Pulsar has
+            # them in the ledger (their sequence ids then do not count, after a restart too).
+            dropped = [o for o in taken if not o.held]
+            _fail_ops(dropped, InvalidTxnStatus(f"transaction {self.id}:{seq} was aborted"))
+            taken = [o for o in taken if o.held]
         try:
             per_partition, staged = self._riding(riding, taken, commit)
             meta, empty, index, lwm, first = self._start_end(
@@ -149,33 +152,40 @@ class TransactionEnd(Finalize):
             ops.append(self._delete_op(meta, meta.records if written else 0))
         else:
             ops.insert(end_at, self._end_op(meta, index))
-        ops[:0] = taken
+        ops[:0] = [_answered_if_written(o) for o in taken]
         if first is not None and not atomic:
             ops.insert(0, self._put_op(first.key, first.value))
         try:
             decision = combine(ops)
         except BaseException as exc:
-            _fail_ops(ops, exc)
+            _fail_ops(ops + taken, exc)
             raise
         try:
             self.storage.run(decision)
-        except Exception as exc:  # noqa: BLE001 - decided below without them
-            if taken:  # its data failed with it: it cannot commit
-                if isinstance(exc, StorageError):  # a full disk says so
-                    raise abort_only(exc) from None
-                raise abort_only(
-                    InvalidTxnStatus(
-                        f"cannot commit transaction {meta.txn_id}: its sends could "
-                        f"not be written: {exc}"
-                    )
-                ) from exc
+        except Exception:  # noqa: BLE001 - decided below without them
             # A participant's part failed with it (nothing was written): decide alone, then
             # finalize every participant the slow way, retried until each succeeds.
             done.clear()
             with self.lock:
-                meta.atomic_end = False
+                meta.atomic_end = False  # registrations riding with its data are written now
+            if taken:
+                # Its data, alone: if that fails too, the transaction cannot commit.
+                try:
+                    self.storage.run(combine(taken))
+                except Exception as data_exc:  # noqa: BLE001
+                    if meta.commit:
+                        if isinstance(data_exc, StorageError):  # a full disk says so
+                            raise abort_only(data_exc) from None
+                        raise abort_only(
+                            InvalidTxnStatus(
+                                f"cannot commit transaction {meta.txn_id}: its sends could "
+                                f"not be written: {data_exc}"
+                            )
+                        ) from data_exc
             self._decide_alone(meta, index, expected_acks, first)
             return
+        # Landed; a stand-in whose publication raised left its op unanswered: answer it.
+        _fail_ops(taken, InvalidTxnStatus(f"a send of transaction {meta.txn_id} was lost"))
         if atomic:
             self._landed_atomic(meta, told, done)
 
@@ -373,6 +383,19 @@ class TransactionEnd(Finalize):
 def _in_order(names) -> list:
     """A transaction's participants of one kind, sorted (the order its end writes them)."""
     return sorted(names) if len(names) > 1 else list(names)
+
+
+def _answered_if_written(op: WriteOp) -> WriteOp:
+    """`op` in a write that may fail as a whole: if it does, `op` stays unanswered (to be
+    written again alone); if it lands, `op` is answered as if written itself."""
+    stand_in = WriteOp(op.apply, op.nbytes, op.records, op.on_commit, durable=op.durable)
+
+    def answer(fut) -> None:
+        if fut.exception() is None:
+            op.future.set_result(fut.result())
+
+    stand_in.future.add_done_callback(answer)
+    return stand_in
 
 
 def _fail_ops(ops, exc) -> None:

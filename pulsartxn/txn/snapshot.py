@@ -138,6 +138,12 @@ class BufferSnapshots:
             dropped = self.buffer.drop_trimmed(first_entry)
             position = part.next_entry_id
             ongoing = list(self.buffer.ongoing.items())
+            claims = self.buffer.claims
+            if claims:
+                # Claimed entries are not written yet: the replay starts at the first, and
+                # finds their transactions there if they are.
+                position = min(position, min(claims))
+                ongoing = [(t, first) for t, first in ongoing if first not in claims]
             new = [(t, p) for t, p in self.new_aborts if p >= first_entry]
             self.new_aborts = []
             gone = [s for s in self.segments if s[1] < first_entry]

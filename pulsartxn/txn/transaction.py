@@ -46,6 +46,7 @@ class Transaction(TransactionContext, metaclass=abc.ABCMeta):  # noqa: B024 - fo
         "id",
         "_final",
         "_partitions",
+        "_staged",
         "_subscriptions",
         "_producers",
         "_error",
@@ -63,6 +64,7 @@ class Transaction(TransactionContext, metaclass=abc.ABCMeta):  # noqa: B024 - fo
         self._final: TxnState | None = None
         # Participants this client has already registered with the coordinator (once each).
         self._partitions: set = set()
+        self._staged: set = set()  # partitions whose registration rides in a write in flight
         self._subscriptions: set = set()
         # Producers with batches of this transaction, id -> weak reference (made at the
         # first: most have none; a WeakSet costs more to walk at every end).
@@ -160,13 +162,15 @@ class Transaction(TransactionContext, metaclass=abc.ABCMeta):  # noqa: B024 - fo
         """None once the coordinator has `topic` on record for this transaction; else
         ``(apply, landed)``: ``apply`` goes into the write of the data (one LMDB transaction,
         one fsync), ``landed(ok)`` is called when that write has landed or failed."""
-        if topic in self._partitions:
+        if topic in self._partitions or topic in self._staged:
             return None
         apply, done = self._service.stage_partitions(self.id, [topic])
-        partitions = self._partitions
+        partitions, staged = self._partitions, self._staged
+        staged.add(topic)  # the next send there, before this one has landed, adds no record
 
         def landed(ok: bool) -> None:
             done(ok)
+            staged.discard(topic)
             if ok:
                 partitions.add(topic)
 

@@ -305,6 +305,33 @@ def test_entry_log_append_scan_read_trim(impl, env, tmp_path):
     again.close()
 
 
+def test_entry_log_writes_at_claimed_ids(impl, env):
+    """`first`: entries at ids set aside earlier, after the last entry or into ids that hold
+    none (a claim written after later entries); an id holding an entry is refused, whole."""
+    log = impl.EntryLog(env, b"ledger/claims")
+    one = [impl.encode_entry([b"x"])]
+    with env.begin(write=True) as txn:
+        assert log.append(txn, one, 2) == 2  # 0 and 1 claimed, written later
+        assert log.append(txn, [impl.encode_entry([b"y"])] * 2, 5) == 5
+        assert log.append(txn, one) == 7
+        assert log.append(txn, one, 0) == 0  # below the last: fills the hole
+        assert log.append(txn, [impl.encode_entry([b"z"])] * 2, 3) == 3
+        first, counts = log.append_messages(txn, [b"a", b"b"], batch_size=1, first_entry_id=9)
+        assert (first, counts) == (9, [1, 1])
+        for bad in (-1, True, 1 << 63, "1"):
+            with pytest.raises(ValueError):
+                log.append(txn, one, bad)
+        for taken in (2, 1):  # holds an entry; 1 is free but 2 is not: nothing written
+            with pytest.raises(ValueError, match="exists already"):
+                log.append(txn, one * 2, taken)
+        with pytest.raises(ValueError, match="not after the last"):
+            log.append_messages(txn, [b"c"], first_entry_id=10)
+    with env.begin() as txn:
+        ids, _ = log.scan(txn)
+        assert ids == [0, 2, 3, 4, 5, 6, 7, 9, 10]
+        assert log.read(txn).values() == [b"x", b"x", b"z", b"z", b"y", b"y", b"x", b"a", b"b"]
+
+
 def test_corrupt_stored_entry_names_its_position(impl, env):
     log = impl.EntryLog(env, b"ledger/c")
     with env.begin(write=True) as txn:

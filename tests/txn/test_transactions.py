@@ -327,10 +327,14 @@ def test_a_local_end_is_one_write_that_leaves_nothing_in_the_log(env, durable_be
     p.send_async(b"a1", txn=riding)
     q.send_async(b"b1", txn=riding)
     assert len(_logged(broker, riding.id)) == int(durable_begin)
-    landed = client.new_transaction()  # a synchronous send logs it (NEW and partition)
+    landed = client.new_transaction()  # its send written before its end logs it
     p.send(b"a2", txn=landed)
     q.send_async(b"b2", txn=landed)
-    assert len(_logged(broker, landed.id)) == 2
+    if not isinstance(broker, helpers.Served):
+        # In process, the send's entry id is claimed: it rides too, until a group takes it.
+        assert len(_logged(broker, landed.id)) == int(durable_begin)
+        broker.storage.commits.flush_lazy(durable=False, lead=True)
+    assert len(_logged(broker, landed.id)) == 2  # NEW and the partition
     again = client.new_transaction()
     p.send(b"a3", txn=again)
     q.send_async(b"b3", txn=again)

@@ -15,6 +15,12 @@ __all__ = ["EntryLog"]
 _BE64 = struct.Struct(">Q")
 
 
+def _first_id(first) -> int:
+    if not isinstance(first, int) or isinstance(first, bool) or not 0 <= first < 1 << 63:
+        raise ValueError(f"first must be an entry id (0 <= id < 2**63), not {first!r}")
+    return first
+
+
 class EntryLog:
     """One partition's ledger in a named LMDB database (see the native module)."""
 
@@ -43,20 +49,34 @@ class EntryLog:
     def count(self, txn) -> int:
         return txn.stat(self.db)["entries"]
 
-    def append(self, txn, entries) -> int:
+    def append(self, txn, entries, first=None) -> int:
         if not isinstance(entries, (list, tuple)):
             raise TypeError(f"entries must be a list of bytes, not {type(entries).__name__}")
         for i, entry in enumerate(entries):
             if not isinstance(entry, bytes):
                 raise TypeError(f"entries[{i}] must be bytes, not {type(entry).__name__}")
-        first = self.last_entry_id(txn) + 1
+        if first is None:
+            start = self.last_entry_id(txn) + 1
+        else:
+            start = _first_id(first)
+            key = _BE64.pack(start)
+            if len(entries) == 1 and txn.put(key, entries[0], db=self.db, append=True):
+                return start  # after the last entry (LMDB refuses an append below it)
         if not entries:
-            return first
-        rows = [(_BE64.pack(first + i), entry) for i, entry in enumerate(entries)]
-        _, added = txn.cursor(db=self.db).putmulti(rows, append=True)
+            return start
+        last = self.last_entry_id(txn)
+        keys = [_BE64.pack(start + i) for i in range(len(entries))]
+        if start <= last:  # filling claimed ids below the last entry
+            for i, key in enumerate(keys):
+                if txn.get(key, db=self.db) is not None:
+                    raise ValueError(f"{self.name!r}: entry {start + i} exists already")
+            for key, entry in zip(keys, entries):
+                txn.put(key, entry, db=self.db)
+            return start
+        _, added = txn.cursor(db=self.db).putmulti(list(zip(keys, entries)), append=True)
         if added != len(entries):
             raise RuntimeError(f"{self.name!r}: appended {added} of {len(entries)} entries")
-        return first
+        return start
 
     def append_messages(
         self,
@@ -73,6 +93,7 @@ class EntryLog:
         first_sequence_id=0,
         publish_time=0,
         metadata=None,
+        first_entry_id=None,
     ):
         entries = encode_entries(
             values,
@@ -88,7 +109,11 @@ class EntryLog:
             metadata=metadata,
         )
         counts = [decode_header(e, verify=False).message_count for e in entries]
-        return self.append(txn, entries), counts
+        last = self.last_entry_id(txn)
+        first = last + 1 if first_entry_id is None else _first_id(first_entry_id)
+        if first <= last:
+            raise ValueError(f"{self.name!r}: entry {first} is not after the last ({last})")
+        return self.append(txn, entries, first), counts
 
     def scan(self, txn, start=0, end=None, limit=None):
         lo, hi, cap = entry_range(start, end, limit)
