@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -212,3 +213,64 @@ def test_an_orphaned_claim_is_aborted_after_a_sigkill(tmp_path):
         assert after.entry_id() > last
         assert [m.data() for m in drain(consumer)] == [b"after"]
         _counts_agree(part)
+
+
+def test_claims_from_many_threads_never_show_what_was_not_committed(tmp_path):
+    """Threads claim, send plain, commit and abort on one partition while a consumer reads
+    read-committed: it gets every committed and plain message once, at its send's id, and
+    never one of an aborted transaction (nor one above an open claim that then aborted)."""
+    with pulsartxn.Broker(tmp_path / "d", sync=True) as broker:
+        client = broker.client()
+        consumer = client.subscribe("t", "s", initial_position=InitialPosition.Earliest)
+        kept: dict = {}
+        dropped: set = set()
+        lock = threading.Lock()
+        received: list = []
+        stop = threading.Event()
+
+        def work(seed: int) -> None:
+            rng = random.Random(seed)
+            producer = client.create_producer("t", batching_enabled=rng.random() < 0.5)
+            for i in range(150):
+                value = b"%d-%d" % (seed, i)
+                if rng.random() < 0.3:
+                    mid = producer.send(value)
+                    with lock:
+                        kept[mid] = value
+                    continue
+                txn = client.new_transaction()
+                sent = {}
+                for j in range(rng.randrange(1, 3)):
+                    sent[producer.send(value + b"-%d" % j, txn=txn)] = value + b"-%d" % j
+                if rng.random() < 0.7:
+                    txn.commit()
+                    with lock:
+                        kept.update(sent)
+                else:
+                    txn.abort()
+                    with lock:
+                        dropped.update(sent)
+
+        def read() -> None:
+            while not stop.is_set():
+                try:
+                    msg = consumer.receive(timeout_millis=50)
+                except pulsartxn.Timeout:
+                    continue
+                received.append((msg.message_id(), msg.data()))
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        workers = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        helpers.wait_for(lambda: len(received) >= len(kept), what="every kept message")
+        stop.set()
+        reader.join()
+        assert dict(received) == kept and len(received) == len(kept)
+        assert not dropped & {mid for mid, _ in received}
+        ids = [mid for mid, _ in received]
+        assert ids == sorted(ids)  # one Exclusive consumer: in entry order
+        _counts_agree(broker.topics.partition(broker.topic_partitions("t")[0]))
