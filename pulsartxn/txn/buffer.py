@@ -166,13 +166,17 @@ class TransactionBuffer:
     def _ongoing_from(self, txn_id: TxnID, first_entry_id: int) -> None:
         """Lock held: txn_id is ongoing from `first_entry_id` on, unless from before. ongoing
         stays in entry order (max_read_position takes its first): a claim can come before an
-        entry written below it is published."""
+        entry written below it is published, of another transaction or of its own."""
         ongoing = self.ongoing
-        if txn_id in ongoing:
+        current = ongoing.get(txn_id)
+        if current is not None and current <= first_entry_id:
             return
-        behind = bool(ongoing) and first_entry_id < next(reversed(ongoing.values()))
+        if current is None:
+            self._ongoing_seq.add(txn_id)
+            behind = bool(ongoing) and first_entry_id < next(reversed(ongoing.values()))
+        else:
+            behind = True  # moved down in place
         ongoing[txn_id] = first_entry_id
-        self._ongoing_seq.add(txn_id)
         if behind:
             in_order = sorted(ongoing.items(), key=lambda item: item[1])
             ongoing.clear()
