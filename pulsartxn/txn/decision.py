@@ -70,9 +70,9 @@ class TransactionEnd(Finalize):
         the wait for the transaction's writes in flight (Timeout; nothing is decided)."""
         taken = self.storage.commits.take_lazy([r[0] for r in riding]) if riding else []
         if taken and not commit:
-            # An abort does not need them written, but an in-process transaction's sends hold
-            # claimed entry ids and have answered: those are written, aborted, as Pulsar has
-            # them in the ledger (their sequence ids then do not count, after a restart too).
+            # An in-process transaction's batches (held) are written, aborted, as Pulsar has
+            # them in the ledger: its sends answered with claimed entry ids, and the sequence
+            # ids of all of them then do not count, after a restart too. Others are dropped.
             dropped = [o for o in taken if not o.held]
             _fail_ops(dropped, InvalidTxnStatus(f"transaction {self.id}:{seq} was aborted"))
             taken = [o for o in taken if o.held]
