@@ -282,3 +282,25 @@ def test_claims_from_many_threads_never_show_what_was_not_committed(tmp_path):
         ids = [mid for _, mid in received]
         assert ids == sorted(ids)  # one Exclusive consumer: in entry order
         _counts_agree(broker.topics.partition(broker.topic_partitions("t")[0]))
+
+
+def test_a_claim_of_a_transaction_that_times_out_is_written_aborted(tmp_path):
+    """A claimed send whose transaction times out before its end: the coordinator's abort
+    waits for the claim's write, readers pass it once the marker is there, its message is
+    never read, and the late commit raises."""
+    with pulsartxn.Broker(tmp_path / "d", sync=True) as broker:
+        client = broker.client()
+        producer = client.create_producer("t", batching_enabled=False)
+        consumer = client.subscribe("t", "s", initial_position=InitialPosition.Earliest)
+        part = broker.topics.partition(broker.topic_partitions("t")[0])
+        txn = client.new_transaction(timeout_ms=200)
+        claimed = producer.send(b"late", txn=txn)
+        plain = producer.send(b"plain")
+        assert drain(consumer) == []  # behind the open claim
+        helpers.wait_for(lambda: txn.state is pulsartxn.TxnState.TIMEOUT, what="the timeout")
+        helpers.wait_for(lambda: not part.buffer.ongoing, what="the abort marker")
+        assert [(m.data(), m.message_id()) for m in drain(consumer)] == [(b"plain", plain)]
+        assert (claimed.entry_id(), 1) in _ledger(part)  # written, aborted
+        with pytest.raises(pulsartxn.InvalidTxnStatus):
+            txn.commit()
+        _counts_agree(part)
