@@ -73,8 +73,8 @@ def test_parts_watched_while_another_keeps_moving_are_not_held_back():
     flusher = _BatchFlusher(30.0)
     try:
         busy, idle = Part(), Part()
-        flusher.watch(idle, time.monotonic() + 0.03)
         due = time.monotonic() + 0.03
+        flusher.watch(idle, due)
         end = time.monotonic() + 0.2
         while time.monotonic() < end:
             flusher.watch(busy, time.monotonic() + 0.03)
