@@ -1,5 +1,6 @@
 """A producer's transactional batching: a batch per (partition, transaction) waits until it
-fills or its transaction ends; a commit takes it into its end's write, an abort drops it unsent.
+fills or its transaction ends, which takes it into its end's write (an abort's too: aborted
+there); a transaction that ended without it (a timeout) drops it unsent.
 
 ``TransactionBatches`` is the part of :class:`~pulsartxn.messaging.producer.Producer` that
 does this; it uses the producer's partition producers, batching limits and client.
@@ -203,7 +204,8 @@ class TransactionBatches:
                     pass
 
     def _txn_drop(self, txn) -> None:
-        """An abort: this transaction's waiting messages are never sent."""
+        """`txn` ended without them (timed out, or ended elsewhere): its waiting messages
+        are never sent (their sequence ids are remembered here as dropped)."""
         for key, batch in list(self._txn_batches.items()):
             if batch.txn.id == txn.id:
                 with batch.part.lock:

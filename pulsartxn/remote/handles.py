@@ -385,6 +385,15 @@ class RemoteTransaction(TransactionContext):
             producer._answered()
 
     def _end(self, commit: bool, timeout_ms) -> None:
+        if not commit:
+            # Its queued sends go first, as a commit's do: stored in it, then aborted with
+            # it, their sequence ids do not count (after a restart too), and their futures
+            # are answered now, not when the batching delay would have sent them.
+            for producer in list(self._producers):
+                try:
+                    producer._answered()
+                except errors.PulsarTxnError:
+                    pass  # not answered in time: the abort goes on, later sends are late
         if commit:
             self._flush_for_commit()
             if self._error is not None:

@@ -143,12 +143,11 @@ class Transaction(TransactionContext, metaclass=abc.ABCMeta):  # noqa: B024 - fo
 
     def _end(self, commit: bool, timeout_ms, counts=None) -> None:
         self._client._check_open()
-        if commit:
-            for producer in self._live_producers():
-                producer._txn_flush(self, wait=False)
-        else:
-            for producer in self._live_producers():
-                producer._txn_drop(self)
+        # What producers still hold of it goes into its end's write, an abort's too (aborted
+        # there, as Pulsar's abort waits for the sends before it): their sequence ids then do
+        # not count, after a restart or in a new producer as well.
+        for producer in self._live_producers():
+            producer._txn_flush(self, wait=False)
         timeout_s = None if timeout_ms is None else max(float(timeout_ms), 0.0) / 1000.0
         acks = sends = None
         if commit:

@@ -74,31 +74,66 @@ def test_a_plain_resend_of_an_aborted_send_is_stored_again(env):
     assert scanned(client, "t") == [b"o-retry", b"v1-retry"]
 
 
-def test_a_resend_of_an_aborted_send_never_written_is_stored_again(env):
-    """The sends of a transaction wait in the producer (or ride with a later write), and an
-    abort drops them unwritten: their sequence ids do not count either."""
+def test_sends_waiting_in_the_producer_at_an_abort_are_written_aborted(env):
+    """The sends of a transaction still waiting in the producer (a long batching delay) go
+    with its abort, as Pulsar's abort waits for the sends before it: answered at once,
+    written aborted, never read. Their sequence ids do not count, before a restart, after
+    it and in a new producer, though a later sequence id was stored plainly meanwhile."""
     broker = env()
     client = broker.client()
-    p = client.create_producer(
-        "t", producer_name="p", batching_max_messages=3, batching_max_publish_delay_ms=60_000
-    )
+    options = {"batching_max_messages": 3, "batching_max_publish_delay_ms": 60_000}
+    p = client.create_producer("t", producer_name="p", **options)
     t1 = client.new_transaction()
-    waiting = [p.send_async(b"w%d" % i, sequence_id=i, txn=t1) for i in range(4)]
+    waiting = [p.send_async(b"w%d" % i, sequence_id=i, txn=t1) for i in range(5)]
     t1.abort()
-    p.flush()
-    # The full batch may have been written before the abort; the last one never is.
-    assert all(f.exception() is None for f in waiting[:3]) or all(
-        isinstance(f.exception(), InvalidTxnStatus) for f in waiting[:3]
-    )
-    assert isinstance(waiting[3].exception(), InvalidTxnStatus)
+    ids = [f.result(timeout=5) for f in waiting]  # not after the 60 s delay
+    assert len(set(ids)) == 5 and all(m.entry_id() >= 0 for m in ids)
+    ten = p.send(b"ten", sequence_id=10)
     w1 = p.send(b"w1-retry", sequence_id=1)
-    t2 = client.new_transaction()
-    w3 = p.send(b"w3-retry", sequence_id=3, txn=t2)
-    t2.commit()
-    assert w1.entry_id() >= 0 and w3.entry_id() > w1.entry_id()
+    assert w1.entry_id() > ten.entry_id() > max(m.entry_id() for m in ids)
     assert p.send(b"w1-again", sequence_id=1) == w1
+    assert scanned(client, "t") == [b"ten", b"w1-retry"]
+    broker.close()
+
+    broker = env()
+    client = broker.client()
+    p = client.create_producer("t", producer_name="p", **options)
+    assert p.send(b"w1-again", sequence_id=1) == w1
+    assert p.send(b"ten-again", sequence_id=10) == ten
+    w3 = p.send(b"w3-retry", sequence_id=3)
+    t2 = client.new_transaction()
+    w4 = p.send(b"w4-retry", sequence_id=4, txn=t2)
+    t2.commit()
+    assert w4.entry_id() > w3.entry_id() > w1.entry_id()
+    other = client.create_producer("t", producer_name="p2")
+    assert other.send(b"unrelated", sequence_id=0).entry_id() > w4.entry_id()
+    p.close()
+    p = client.create_producer("t", producer_name="p", **options)
     assert p.send(b"w3-again", sequence_id=3) == w3
-    assert scanned(client, "t") == [b"w1-retry", b"w3-retry"]
+    assert p.send(b"w4-again", sequence_id=4) == w4
+    assert p.send(b"w2-retry", sequence_id=2).entry_id() > w4.entry_id()
+    assert scanned(client, "t") == [
+        b"ten",
+        b"unrelated",
+        b"w1-retry",
+        b"w2-retry",
+        b"w3-retry",
+        b"w4-retry",
+    ]
+
+
+def test_sends_waiting_for_a_transaction_that_timed_out_fail_at_the_next_flush(env):
+    broker = env()
+    client = broker.client()
+    options = {"batching_max_messages": 3, "batching_max_publish_delay_ms": 60_000}
+    p = client.create_producer("t", producer_name="p", **options)
+    txn = client.new_transaction(timeout_ms=50)
+    waiting = p.send_async(b"late", sequence_id=0, txn=txn)
+    helpers.wait_for(lambda: txn.state.value == "TIMEOUT", what="the timeout")
+    p.flush()
+    assert isinstance(waiting.exception(timeout=5), InvalidTxnStatus)
+    assert p.send(b"again", sequence_id=0).entry_id() >= 0
+    assert scanned(client, "t") == [b"again"]
 
 
 def test_a_resend_waiting_in_its_transaction_batch_is_a_duplicate(env):
