@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <time.h>
 
 #if defined(__linux__) && __has_include(<linux/io_uring.h>)
 #include <linux/io_uring.h>
@@ -43,8 +44,33 @@ int ptx_ring_open(ptx_ring *ring) {
     ring->cq_tail = (unsigned *)(cq + p.cq_off.tail);
     ring->cq_mask = (unsigned *)(cq + p.cq_off.ring_mask);
     ring->cqes = cq + p.cq_off.cqes;
+#ifdef IORING_FEAT_EXT_ARG
+    ring->timed = (p.features & IORING_FEAT_EXT_ARG) != 0;
+#endif
     ring->fd = fd;
     return 0;
+}
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* One io_uring_enter that waits for a completion, for at most left_ns (< 0: no bound). */
+static long enter_wait(ptx_ring *ring, int64_t left_ns) {
+#ifdef IORING_FEAT_EXT_ARG
+    if (left_ns >= 0 && ring->timed) {
+        struct __kernel_timespec ts = {left_ns / 1000000000, left_ns % 1000000000};
+        struct io_uring_getevents_arg arg;
+        memset(&arg, 0, sizeof arg);
+        arg.ts = (uint64_t)(uintptr_t)&ts;
+        return syscall(__NR_io_uring_enter, ring->fd, 0, 1,
+                       IORING_ENTER_GETEVENTS | IORING_ENTER_EXT_ARG, &arg, sizeof arg);
+    }
+#endif
+    (void)left_ns;
+    return syscall(__NR_io_uring_enter, ring->fd, 0, 1, IORING_ENTER_GETEVENTS, NULL, 0);
 }
 
 int ptx_ring_write(ptx_ring *ring, int fd, const void *addr, unsigned len, uint64_t offset) {
@@ -71,8 +97,9 @@ int ptx_ring_write(ptx_ring *ring, int fd, const void *addr, unsigned len, uint6
     }
 }
 
-int64_t ptx_ring_wait(ptx_ring *ring, int *err) {
+int64_t ptx_ring_wait(ptx_ring *ring, int64_t timeout_ns, int *err) {
     *err = 0;
+    int64_t deadline = timeout_ns < 0 ? -1 : now_ns() + timeout_ns;
     for (;;) {
         unsigned head = *ring->cq_head;
         if (head != __atomic_load_n(ring->cq_tail, __ATOMIC_ACQUIRE)) {
@@ -81,8 +108,16 @@ int64_t ptx_ring_wait(ptx_ring *ring, int *err) {
             __atomic_store_n(ring->cq_head, head + 1, __ATOMIC_RELEASE);
             return res;
         }
-        long n = syscall(__NR_io_uring_enter, ring->fd, 0, 1, IORING_ENTER_GETEVENTS, NULL, 0);
-        if (n < 0 && errno != EINTR) {
+        int64_t left = -1;
+        if (deadline >= 0) {
+            left = deadline - now_ns();
+            if (left <= 0) {
+                *err = ETIME;
+                return -ETIME;
+            }
+        }
+        long n = enter_wait(ring, left);
+        if (n < 0 && errno != EINTR && errno != ETIME) {
             *err = errno;
             return -errno;
         }
@@ -109,8 +144,8 @@ int ptx_ring_write(ptx_ring *ring, int fd, const void *addr, unsigned len, uint6
     (void)ring, (void)fd, (void)addr, (void)len, (void)offset;
     return -ENOSYS;
 }
-int64_t ptx_ring_wait(ptx_ring *ring, int *err) {
-    (void)ring;
+int64_t ptx_ring_wait(ptx_ring *ring, int64_t timeout_ns, int *err) {
+    (void)ring, (void)timeout_ns;
     *err = ENOSYS;
     return -ENOSYS;
 }

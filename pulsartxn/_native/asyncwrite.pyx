@@ -7,14 +7,19 @@ commits the group's LMDB transaction while the device works on it. Where there i
 (an old kernel, a seccomp filter, kernel.io_uring_disabled), ``start`` writes synchronously
 with ``pwrite`` and ``wait`` gives its result (``asynchronous`` says which). The twin is
 ``reference/asyncwrite.py``, always synchronous.
+
+A wait can be bounded: a write the kernel never completes (seen once, a buffered write on a
+loaded VM) then raises OSError(ETIME) instead of hanging its caller. That write may still be
+running: its buffer stays held for good, and the writer takes no other write.
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
-from libc.errno cimport errno
+from libc.errno cimport ETIME, errno
 from libc.stdint cimport int64_t
 
 from .includes.uring cimport ptx_ring, ptx_ring_close, ptx_ring_open, ptx_ring_wait, ptx_ring_write
 
+import math
 import os
 
 
@@ -30,16 +35,18 @@ cdef class AsyncWriter:
     cdef int _fd
     cdef Py_buffer _view
     cdef bint _busy
+    cdef bint _stuck  # a bounded wait for the write in flight ran out: never released
     cdef int64_t _done  # a synchronous write's result (or -errno)
 
     def __cinit__(self, int fd):
         self._fd = fd
         self._busy = False
+        self._stuck = False
         self._open = ptx_ring_open(&self._ring) == 0
 
     def __dealloc__(self):
-        if self._busy:
-            self._finish()
+        if self._busy and not self._stuck:
+            self._finish(-1)
         if self._open:
             ptx_ring_close(&self._ring)
 
@@ -47,6 +54,12 @@ cdef class AsyncWriter:
     def asynchronous(self):
         """Whether writes run while the caller goes on (an io_uring was granted)."""
         return bool(self._open)
+
+    @property
+    def bounded(self):
+        """Whether ``wait(timeout)`` is bounded (synchronous writes are; an io_uring where
+        the kernel has IORING_FEAT_EXT_ARG, Linux 5.11)."""
+        return not self._open or bool(self._ring.timed)
 
     @property
     def busy(self):
@@ -58,6 +71,8 @@ cdef class AsyncWriter:
         when the kernel refuses the submission (nothing was written)."""
         cdef int rc
         cdef ssize_t n
+        if self._stuck:
+            raise OSError(ETIME, "an earlier write never completed: the writer takes no more")
         if self._busy:
             raise RuntimeError("a write is in flight: wait() for it first")
         if self._fd < 0:
@@ -76,21 +91,33 @@ cdef class AsyncWriter:
                 self._done = n if n >= 0 else -errno
         self._busy = True
 
-    def wait(self):
-        """The bytes the write wrote; OSError if it failed."""
+    def wait(self, timeout=None):
+        """The bytes the write wrote; OSError if it failed. `timeout` (seconds, None: none)
+        bounds the wait where ``bounded``: past it, OSError(ETIME), the write still in flight
+        (a later wait may yet collect it)."""
+        cdef int64_t timeout_ns = -1
+        if timeout is not None:
+            if type(timeout) not in (int, float) or not math.isfinite(timeout) or timeout < 0:
+                raise ValueError(f"timeout must be a finite number >= 0, not {timeout!r}")
+            timeout_ns = <int64_t>(timeout * 1e9)
         if not self._busy:
             raise RuntimeError("no write is in flight")
-        cdef int64_t res = self._finish()
+        cdef int64_t res = self._finish(timeout_ns)
+        if res == -ETIME and self._busy:
+            self._stuck = True
+            raise OSError(ETIME, f"the write did not complete within {timeout} s")
         if res < 0:
             raise OSError(<int>-res, os.strerror(<int>-res))
         return res
 
-    cdef int64_t _finish(self):
+    cdef int64_t _finish(self, int64_t timeout_ns):
         cdef int err = 0
         cdef int64_t res
         if self._open:
             with nogil:
-                res = ptx_ring_wait(&self._ring, &err)
+                res = ptx_ring_wait(&self._ring, timeout_ns, &err)
+            if err == ETIME:
+                return -ETIME  # still in flight: the ring and the buffer stay
             if err:
                 # The wait failed, not the write: the ring is no longer to be trusted, and the
                 # buffer may still be read by the kernel (keep it).
@@ -102,12 +129,14 @@ cdef class AsyncWriter:
             res = self._done
         PyBuffer_Release(&self._view)
         self._busy = False
+        self._stuck = False
         return res
 
     def close(self):
-        """Wait for a write in flight, release the ring. Idempotent."""
-        if self._busy:
-            self._finish()
+        """Wait for a write in flight (not for one a bounded wait gave up on: its buffer
+        stays held), release the ring. Idempotent."""
+        if self._busy and not self._stuck:
+            self._finish(-1)
         if self._open:
             ptx_ring_close(&self._ring)
             self._open = False

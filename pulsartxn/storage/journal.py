@@ -47,6 +47,11 @@ from .ops import free_bytes
 
 _LOG = logging.getLogger("pulsartxn.journal")
 
+# How long a record's direct write may take before the journal gives it up for lost (a
+# completion the kernel never delivered): the group fails and the journal halts, as after a
+# failed write, rather than every writer hanging behind it.
+WRITE_WAIT_S = 30.0
+
 
 class Journal(JournalRecovery):
     """The journal file of one store. Writers (the group commit, under its commit lock) call
@@ -315,7 +320,7 @@ class Journal(JournalRecovery):
         pos, n = self._writing
         self._writing = None
         try:
-            done = self._writer.wait()
+            done = self._writer.wait(WRITE_WAIT_S)
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise

@@ -29,7 +29,7 @@ def _run(ns, path, flags, writes):
             stage[: len(data)] = data
             writer.start(memoryview(stage)[: len(data)], offset)
             assert writer.busy
-            results.append(writer.wait())
+            results.append(writer.wait(timeout=60))  # a lost completion fails, not hangs
             assert not writer.busy
     finally:
         writer.close()
@@ -152,4 +152,96 @@ def test_the_native_writer_overlaps_where_io_uring_is_granted(tmp_path):
         writer.close()
         assert TWIN.AsyncWriter(fd).asynchronous is False
     finally:
+        os.close(fd)
+
+
+def _full_pipe():
+    """(read end, write end, bytes in it) of a pipe whose buffer is full: a write to it waits
+    until its reader reads."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    filled = 0
+    try:
+        while True:
+            filled += os.write(w, bytes(4096))
+    except BlockingIOError:
+        pass
+    os.set_blocking(w, True)
+    return r, w, filled
+
+
+def _read(fd, n) -> bytes:
+    got = b""
+    while len(got) < n:
+        got += os.read(fd, n - len(got))
+    return got
+
+
+def test_a_write_that_never_completes_times_out_and_holds_the_writer(tmp_path):
+    """A bounded wait for a write the kernel does not complete (into a full pipe here, a
+    lost completion in the journal) raises ETIME in time instead of hanging; the write
+    stays in flight, the writer takes no other, and a later wait collects it."""
+    writer = NATIVE.AsyncWriter(-1)
+    if not (writer.asynchronous and writer.bounded):
+        pytest.skip("no io_uring with bounded waits here: every write is synchronous")
+    writer.close()
+    r, w, filled = _full_pipe()
+    writer = NATIVE.AsyncWriter(w)
+    stage = mmap.mmap(-1, BLOCK)
+    stage[:] = b"y" * BLOCK
+    try:
+        writer.start(memoryview(stage), 0)
+        with pytest.raises(OSError) as info:
+            writer.wait(timeout=0.2)
+        assert info.value.errno == errno.ETIME and writer.busy
+        with pytest.raises(OSError) as info:
+            writer.start(b"other", 0)
+        assert info.value.errno == errno.ETIME
+        with pytest.raises(BufferError):
+            stage.close()  # the kernel may still read it: the writer holds it
+        assert _read(r, filled) == bytes(filled)  # room: the write completes
+        assert _read(r, BLOCK) == b"y" * BLOCK
+        assert writer.wait(timeout=5) == BLOCK
+        assert not writer.busy
+        writer.start(b"z", 0)
+        assert writer.wait(timeout=5) == 1
+    finally:
+        writer.close()
+        os.close(r)
+        os.close(w)
+    stage.close()
+
+
+def test_closing_a_writer_whose_write_never_completed_does_not_wait():
+    writer = NATIVE.AsyncWriter(-1)
+    if not (writer.asynchronous and writer.bounded):
+        pytest.skip("no io_uring with bounded waits here: every write is synchronous")
+    writer.close()
+    r, w, _ = _full_pipe()
+    writer = NATIVE.AsyncWriter(w)
+    stage = mmap.mmap(-1, BLOCK)
+    try:
+        writer.start(memoryview(stage), 0)
+        with pytest.raises(OSError):
+            writer.wait(timeout=0.05)
+        writer.close()  # returns: the buffer stays held, the ring is let go
+        assert not writer.asynchronous
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+@pytest.mark.parametrize("ns", [NATIVE, TWIN], ids=["native", "twin"])
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "1", True])
+def test_a_wait_bound_must_be_a_finite_number(tmp_path, ns, bad):
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o644)
+    writer = ns.AsyncWriter(fd)
+    try:
+        writer.start(b"data", 0)
+        with pytest.raises(ValueError):
+            writer.wait(timeout=bad)
+        assert writer.busy  # nothing changed
+        assert writer.wait(timeout=5) == 4
+    finally:
+        writer.close()
         os.close(fd)

@@ -17,6 +17,7 @@ typedef struct ptx_ring {
     unsigned *sq_tail, *sq_mask, *sq_array;
     unsigned *cq_head, *cq_tail, *cq_mask;
     void *cqes;
+    int timed; /* the kernel bounds a wait (IORING_FEAT_EXT_ARG, Linux 5.11) */
 } ptx_ring;
 
 /* 0, or -errno (the ring is then unusable and needs no close). */
@@ -24,8 +25,10 @@ int ptx_ring_open(ptx_ring *ring);
 /* Queue and submit one write of len bytes at addr to fd at offset: 0 or -errno. */
 int ptx_ring_write(ptx_ring *ring, int fd, const void *addr, unsigned len, uint64_t offset);
 /* Wait for the one submitted operation: its result (bytes written, or -errno), or -errno of
-   the wait itself in *err (then the operation may still be in flight). Takes no lock. */
-int64_t ptx_ring_wait(ptx_ring *ring, int *err);
+   the wait itself in *err (then the operation may still be in flight). timeout_ns >= 0 bounds
+   the wait where the kernel can (ring->timed; else it is unbounded): past it, -ETIME in *err.
+   Takes no lock. */
+int64_t ptx_ring_wait(ptx_ring *ring, int64_t timeout_ns, int *err);
 void ptx_ring_close(ptx_ring *ring);
 
 #endif

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 
@@ -10,6 +11,7 @@ class AsyncWriter:
     """The twin of ``AsyncWriter`` in asyncwrite.pyx: never asynchronous."""
 
     asynchronous = False
+    bounded = True  # nothing to wait for: the write ran at start
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
@@ -31,7 +33,11 @@ class AsyncWriter:
             self._done = OSError(exc.errno, os.strerror(exc.errno))
         self._busy = True
 
-    def wait(self) -> int:
+    def wait(self, timeout: float | None = None) -> int:
+        if timeout is not None and (
+            type(timeout) not in (int, float) or not math.isfinite(timeout) or timeout < 0
+        ):
+            raise ValueError(f"timeout must be a finite number >= 0, not {timeout!r}")
         if not self._busy:
             raise RuntimeError("no write is in flight")
         self._busy = False
