@@ -23,7 +23,7 @@ import lmdb
 
 import pulsartxn
 
-from ._harness import Row
+from ._harness import Row, paired
 
 
 def _run_threads(n_threads: int, per_thread: int, body) -> float:
@@ -85,6 +85,20 @@ def _ours(path: str, sync: bool, n_threads: int, per_thread: int, kind: str = "e
         return _run_threads(n_threads, per_thread, one)
 
 
+def _alternating(rounds: int, ours, base) -> tuple[list[float], list[float]]:
+    """ours(r) and base(r) for each round r, which of them goes first alternating: the VM's
+    pace drifts, so each round's pair shares its moment (``paired`` takes their ratios)."""
+    mine, theirs = [], []
+    for r in range(rounds):
+        if r % 2:
+            mine.append(ours(r))
+            theirs.append(base(r))
+        else:
+            theirs.append(base(r))
+            mine.append(ours(r))
+    return mine, theirs
+
+
 def measure(quick: bool = False) -> list[Row]:
     rows = []
     tmp = tempfile.mkdtemp(prefix="pulsartxn-bench-txn-")
@@ -120,17 +134,22 @@ def measure(quick: bool = False) -> list[Row]:
                     ("durable-begin", "new + commit, empty, durable_begin=True"),
                     ("one-message", "new + send 1 msg + commit"),
                 ):
-                    mine = [
-                        _ours(f"{tmp}/{kind}-{n_threads}-{r}", sync, n_threads, per_thread, kind)
-                        for r in range(3)
-                    ]
+                    mine, base = _alternating(
+                        5,
+                        lambda r: _ours(
+                            f"{tmp}/{kind}-{n_threads}-{r}", sync, n_threads, per_thread, kind
+                        ),
+                        lambda r: _raw(
+                            f"{tmp}/raw-{kind}-{n_threads}-{r}", sync, n_threads, per_thread
+                        ),
+                    )
                     rows.append(
-                        Row(
+                        paired(
                             f"{label}, {n_threads} thr, sync=True",
                             per_thread * n_threads,
                             "txns",
-                            median(mine),
-                            median(raw),
+                            mine,
+                            base,
                             f"raw lmdb, 1 synced put/txn, {n_threads} thr",
                             1.0 if kind == "one-message" and n_threads == 1 else None,
                         )
