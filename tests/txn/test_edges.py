@@ -13,8 +13,8 @@ from pulsartxn import Broker, ConsumerType, InitialPosition, MessageId
 from pulsartxn.errors import (
     AlreadyClosed,
     InvalidMessageId,
-    InvalidTxnStatus,
     TransactionConflict,
+    TransactionTimeout,
 )
 from pulsartxn.storage import WriteOp
 from tests import helpers
@@ -122,7 +122,9 @@ def test_sends_waiting_in_the_producer_at_an_abort_are_written_aborted(env):
     ]
 
 
-def test_sends_waiting_for_a_transaction_that_timed_out_fail_at_the_next_flush(env):
+@pytest.mark.parametrize("then", ["flush", "abort", "commit"])
+def test_sends_waiting_for_a_transaction_that_timed_out_fail(env, then):
+    """They fail at the next flush, or at a late end of the transaction (which raises)."""
     broker = env()
     client = broker.client()
     options = {"batching_max_messages": 3, "batching_max_publish_delay_ms": 60_000}
@@ -130,8 +132,12 @@ def test_sends_waiting_for_a_transaction_that_timed_out_fail_at_the_next_flush(e
     txn = client.new_transaction(timeout_ms=50)
     waiting = p.send_async(b"late", sequence_id=0, txn=txn)
     helpers.wait_for(lambda: txn.state.value == "TIMEOUT", what="the timeout")
-    p.flush()
-    assert isinstance(waiting.exception(timeout=5), InvalidTxnStatus)
+    if then == "flush":
+        p.flush()
+    else:
+        with pytest.raises(TransactionTimeout):
+            getattr(txn, then)()
+    assert isinstance(waiting.exception(timeout=5), TransactionTimeout)
     assert p.send(b"again", sequence_id=0).entry_id() >= 0
     assert scanned(client, "t") == [b"again"]
 
