@@ -83,6 +83,9 @@ class BrokerModel(RuleBasedStateMachine):
         self.outstanding = {s: {} for s in SUBSCRIPTIONS}
         self.fresh_high = {s: {} for s in SUBSCRIPTIONS}
         self.seen = {s: set() for s in SUBSCRIPTIONS}  # delivered since the last (re)start
+        # Per topic: sequence ids of sends an abort took from a batching producer's waiting
+        # batch, to be sent again later (after other sends, maybe after a restart).
+        self.to_resend: dict[str, list[int]] = {t: [] for t in TOPICS}
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -99,6 +102,13 @@ class BrokerModel(RuleBasedStateMachine):
         # each on one partition, where its sequence ids are counted.
         self.sequenced = {
             t: self.client.create_producer(t, producer_name=f"seq-{t}", batching_enabled=False)
+            for t in TOPICS
+        }
+        # Batching with a long delay: a transaction's sends wait in it until its end.
+        self.batching = {
+            t: self.client.create_producer(
+                t, producer_name=f"batching-{t}", batching_max_publish_delay_ms=60_000
+            )
             for t in TOPICS
         }
         self.consumers = {
@@ -435,6 +445,42 @@ class BrokerModel(RuleBasedStateMachine):
         self._record_send(topic, retry, again, second)
         second.handle.commit()
         self._end(second, True)
+
+    @rule(topic=st.sampled_from(sorted(TOPICS)), count=st.integers(1, 3))
+    def abort_waiting_sends(self, topic, count) -> None:
+        """Sends of a transaction still waiting in a batching producer when it aborts: the
+        abort takes them (answered, written aborted). Then a plain send with a higher
+        sequence id; the aborted ones are sent again later (resend_aborted)."""
+        producer = self.batching[topic]
+        first = producer.last_sequence_id() + 1
+        txn = self._open_txn(0)
+        sent = [(self._next(), seq) for seq in range(first, first + count)]
+        futures = [
+            producer.send_async(data, sequence_id=seq, partition_key="k", txn=txn.handle)
+            for data, seq in sent
+        ]
+        txn.handle.abort()
+        for (data, _), fut in zip(sent, futures):
+            self._record_send(topic, data, fut.result(timeout=WAIT_S), txn)
+        self._end(txn, False)
+        event("sends waiting at an abort")
+        data = self._next()
+        later = producer.send(data, sequence_id=first + count, partition_key="k")
+        self._record_send(topic, data, later, None)
+        self.to_resend[topic].extend(seq for _, seq in sent)
+
+    @rule(topic=st.sampled_from(sorted(TOPICS)))
+    def resend_aborted(self, topic) -> None:
+        """What abort_waiting_sends aborted, sent again plainly: stored, though a higher
+        sequence id of the producer is (and whatever restarts came between)."""
+        seqs, self.to_resend[topic] = self.to_resend[topic], []
+        if seqs:
+            event("resend of sends aborted while waiting")
+        for seq in seqs:
+            data = self._next()
+            mid = self.batching[topic].send(data, sequence_id=seq, partition_key="k")
+            assert mid.entry_id() >= 0, f"the resend of aborted sequence id {seq} was dropped"
+            self._record_send(topic, data, mid, None)
 
     @rule(sub=st.sampled_from(SUBSCRIPTIONS))
     def unsubscribe_with_holds(self, sub) -> None:
