@@ -66,3 +66,18 @@ def paired(
     ratio = median(b / o for o, b in zip(ours, base))
     native = median(ours)
     return Row(figure, items, unit, native, native * ratio, baseline, target)
+
+
+def alternating(rounds: int, ours, base) -> tuple[list[float], list[float]]:
+    """(ours(r) for each round r, base(r) for each): which of them goes first alternates, as
+    the VM's pace drifts, so each round's pair shares its moment (``paired`` takes their
+    ratios)."""
+    mine, theirs = [], []
+    for r in range(rounds):
+        if r % 2:
+            mine.append(ours(r))
+            theirs.append(base(r))
+        else:
+            theirs.append(base(r))
+            mine.append(ours(r))
+    return mine, theirs

@@ -23,7 +23,7 @@ import lmdb
 
 import pulsartxn
 
-from ._harness import Row, paired
+from ._harness import Row, alternating, paired
 
 
 def _run_threads(n_threads: int, per_thread: int, body) -> float:
@@ -85,20 +85,6 @@ def _ours(path: str, sync: bool, n_threads: int, per_thread: int, kind: str = "e
         return _run_threads(n_threads, per_thread, one)
 
 
-def _alternating(rounds: int, ours, base) -> tuple[list[float], list[float]]:
-    """ours(r) and base(r) for each round r, which of them goes first alternating: the VM's
-    pace drifts, so each round's pair shares its moment (``paired`` takes their ratios)."""
-    mine, theirs = [], []
-    for r in range(rounds):
-        if r % 2:
-            mine.append(ours(r))
-            theirs.append(base(r))
-        else:
-            theirs.append(base(r))
-            mine.append(ours(r))
-    return mine, theirs
-
-
 def measure(quick: bool = False) -> list[Row]:
     rows = []
     tmp = tempfile.mkdtemp(prefix="pulsartxn-bench-txn-")
@@ -134,7 +120,7 @@ def measure(quick: bool = False) -> list[Row]:
                     ("durable-begin", "new + commit, empty, durable_begin=True"),
                     ("one-message", "new + send 1 msg + commit"),
                 ):
-                    mine, base = _alternating(
+                    mine, base = alternating(
                         5,
                         lambda r: _ours(
                             f"{tmp}/{kind}-{n_threads}-{r}", sync, n_threads, per_thread, kind

@@ -37,7 +37,7 @@ import lmdb
 import pulsartxn
 
 from ..benchmarks.txn._recovery import build_recovery, drop_snapshots, raw_iterate, reopen
-from ._harness import Row, paired, timed
+from ._harness import Row, alternating, paired, timed
 
 PAYLOAD = 100
 PER_TXN = 1000
@@ -346,14 +346,11 @@ def _ack_rows(client, values: list[bytes], n_acks: int, rounds: int) -> list[Row
         ("receive + acknowledge(msg, txn), commit per 1000", in_txn, plain),
         ("batch_receive(1000) + acknowledge(msg, txn) + commit", txn_batch, plain_batch),
     ):
-        ours, base = [], []
-        for r in range(rounds):
-            if r % 2:
-                ours.append(timed(ours_fn))
-                base.append(timed(base_fn))
-            else:
-                base.append(timed(base_fn))
-                ours.append(timed(ours_fn))
+        ours, base = alternating(
+            rounds,
+            lambda _, fn=ours_fn: timed(fn),
+            lambda _, fn=base_fn: timed(fn),
+        )
         rows.append(
             paired(
                 f"{what}, {n_acks} msgs (vs the same without txn)",

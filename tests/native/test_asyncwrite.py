@@ -155,9 +155,15 @@ def test_the_native_writer_overlaps_where_io_uring_is_granted(tmp_path):
         os.close(fd)
 
 
-def _full_pipe():
+@pytest.fixture
+def full_pipe():
     """(read end, write end, bytes in it) of a pipe whose buffer is full: a write to it waits
-    until its reader reads."""
+    until its reader reads. Skips where the native writer cannot bound a wait."""
+    probe = NATIVE.AsyncWriter(-1)
+    bounded = probe.asynchronous and probe.bounded
+    probe.close()
+    if not bounded:
+        pytest.skip("no io_uring with bounded waits here: every write is synchronous")
     r, w = os.pipe()
     os.set_blocking(w, False)
     filled = 0
@@ -167,7 +173,9 @@ def _full_pipe():
     except BlockingIOError:
         pass
     os.set_blocking(w, True)
-    return r, w, filled
+    yield r, w, filled
+    os.close(r)
+    os.close(w)
 
 
 def _read(fd, n) -> bytes:
@@ -177,15 +185,11 @@ def _read(fd, n) -> bytes:
     return got
 
 
-def test_a_write_that_never_completes_times_out_and_holds_the_writer(tmp_path):
+def test_a_write_that_never_completes_times_out_and_holds_the_writer(full_pipe):
     """A bounded wait for a write the kernel does not complete (into a full pipe here, a
     lost completion in the journal) raises ETIME in time instead of hanging; the write
     stays in flight, the writer takes no other, and a later wait collects it."""
-    writer = NATIVE.AsyncWriter(-1)
-    if not (writer.asynchronous and writer.bounded):
-        pytest.skip("no io_uring with bounded waits here: every write is synchronous")
-    writer.close()
-    r, w, filled = _full_pipe()
+    r, w, filled = full_pipe
     writer = NATIVE.AsyncWriter(w)
     stage = mmap.mmap(-1, BLOCK)
     stage[:] = b"y" * BLOCK
@@ -207,28 +211,17 @@ def test_a_write_that_never_completes_times_out_and_holds_the_writer(tmp_path):
         assert writer.wait(timeout=5) == 1
     finally:
         writer.close()
-        os.close(r)
-        os.close(w)
     stage.close()
 
 
-def test_closing_a_writer_whose_write_never_completed_does_not_wait():
-    writer = NATIVE.AsyncWriter(-1)
-    if not (writer.asynchronous and writer.bounded):
-        pytest.skip("no io_uring with bounded waits here: every write is synchronous")
-    writer.close()
-    r, w, _ = _full_pipe()
-    writer = NATIVE.AsyncWriter(w)
+def test_closing_a_writer_whose_write_never_completed_does_not_wait(full_pipe):
+    writer = NATIVE.AsyncWriter(full_pipe[1])
     stage = mmap.mmap(-1, BLOCK)
-    try:
-        writer.start(memoryview(stage), 0)
-        with pytest.raises(OSError):
-            writer.wait(timeout=0.05)
-        writer.close()  # returns: the buffer stays held, the ring is let go
-        assert not writer.asynchronous
-    finally:
-        os.close(r)
-        os.close(w)
+    writer.start(memoryview(stage), 0)
+    with pytest.raises(OSError):
+        writer.wait(timeout=0.05)
+    writer.close()  # returns: the buffer stays held, the ring is let go
+    assert not writer.asynchronous
 
 
 @pytest.mark.parametrize("ns", [NATIVE, TWIN], ids=["native", "twin"])
