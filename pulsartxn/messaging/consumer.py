@@ -376,27 +376,27 @@ class Consumer(metaclass=abc.ABCMeta):  # noqa: B024 - for register()
         and the transaction can then only abort)."""
         if unknown:
             raise refused(Consumer.acknowledge, unknown)
-        self._check_open()
-        sub, mid = self._sub_for(msg_or_id)
-        if txn is None:
-            sub.acknowledge(mid)
-            return None
-        return self._txn_ack(sub, mid, txn, cumulative=False)
+        self._acknowledge(msg_or_id, txn, cumulative=False)
 
     def acknowledge_cumulative(
         self, msg_or_id: Message | MessageId, txn: Transaction | TxnID | None = None
     ) -> None:
+        self._acknowledge(msg_or_id, txn, cumulative=True)
+
+    def _acknowledge(self, msg_or_id, txn, cumulative: bool) -> tuple[str, str] | None:
+        """Either acknowledge; the (partition, subscription) a transactional one registered
+        the transaction with (the network service settles it), None for a plain one."""
         self._check_open()
-        if self._type in MULTI:
+        if cumulative and self._type in MULTI:
             raise InvalidConfiguration(
                 f"cumulative acknowledgement is not allowed on {TYPE_NAMES[self._type]} "
                 f"subscription {self._subscription_name}"
             )
         sub, mid = self._sub_for(msg_or_id)
         if txn is None:
-            sub.acknowledge(mid, cumulative=True)
+            sub.acknowledge(mid, cumulative=cumulative)
             return None
-        return self._txn_ack(sub, mid, txn, cumulative=True)
+        return self._txn_ack(sub, mid, txn, cumulative=cumulative)
 
     def _txn_ack(self, sub, mid: MessageId, txn, cumulative: bool) -> tuple[str, str]:
         txn = self._client._txn_for(txn, "acknowledge in")

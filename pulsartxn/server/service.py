@@ -365,10 +365,7 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
         s = self.sessions.get(args)
         c = self._consumer(s, args)
         txn = self.sessions.txn(s, args.get("txn"), capability=args.get("capability"))
-        if args.get("cumulative"):
-            name = c.acknowledge_cumulative(self._mid(args), txn=txn)
-        else:
-            name = c.acknowledge(self._mid(args), txn=txn)
+        name = c._acknowledge(self._mid(args), txn, cumulative=bool(args.get("cumulative")))
         self._settle(txn, name)
         return {"participant": list(name) if name else None}
 

@@ -446,3 +446,19 @@ def test_transaction_internals_are_private(client):
     public = {n for n in dir(txn) if not n.startswith("_")}
     assert public == {"id", "state", "commit", "abort", "capability"}
     txn.commit()
+
+
+def test_acknowledgements_return_none_on_both_clients(client):
+    """As pulsar-client's: what a transactional ack registered is the broker's business."""
+    producer = client.create_producer("t", batching_enabled=False)
+    for i in range(4):
+        producer.send(b"m%d" % i)
+    consumer = client.subscribe("t", "s", initial_position=EARLIEST)
+    msgs = [consumer.receive(timeout_millis=5000) for _ in range(4)]
+    txn = client.new_transaction()
+    assert consumer.acknowledge(msgs[0], txn=txn) is None
+    assert consumer.acknowledge_cumulative(msgs[1], txn=txn) is None
+    assert consumer.acknowledge(msgs[2]) is None
+    txn.commit()
+    assert consumer.acknowledge_cumulative(msgs[3]) is None
+    assert client.admin.topic_stats("t")["subscriptions"]["s"]["backlog"] == 0
