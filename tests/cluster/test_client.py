@@ -198,6 +198,28 @@ def test_a_transaction_across_three_brokers_commits_and_aborts_atomically(cluste
         c.close()
 
 
+def test_an_abort_takes_the_sends_waiting_in_its_producers(cluster, client):
+    """As the embedded and remote clients' (decision 24): the waiting sends are answered at
+    the abort, not after the batching delay, and stored aborted, so their sequence ids do
+    not count: a resend below a later sequence id is stored."""
+    topic = _topic(client)
+    options = {"batching_max_messages": 10, "batching_max_publish_delay_ms": 60_000}
+    p = client.create_producer(topic, producer_name="p", **options)
+    txn = client.new_transaction()
+    waiting = [
+        p.send_async(b"w%d" % i, sequence_id=i, partition_key="k", txn=txn) for i in range(3)
+    ]
+    txn.abort()
+    ids = [f.result(timeout=10) for f in waiting]
+    assert len(set(ids)) == 3
+    later = p.send(b"later", sequence_id=10, partition_key="k")
+    retry = p.send(b"w1-retry", sequence_id=1, partition_key="k")
+    assert retry.entry_id() > later.entry_id() > max(m.entry_id() for m in ids)
+    assert p.send(b"w1-again", sequence_id=1, partition_key="k") == retry
+    consumer = client.subscribe(topic, "s", initial_position=pulsartxn.InitialPosition.Earliest)
+    assert sorted(m.data() for m in _drain(consumer, 2)) == [b"later", b"w1-retry"]
+
+
 def test_groups_and_commit_all(cluster, client):
     topic = _topic(client)
     keys = _keys_per_partition(client, topic)
