@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 
 import pulsartxn
@@ -262,41 +263,73 @@ def _consume(args) -> int:
     if args.timeout is not None and not args.timeout > 0:
         raise ValueError(f"--timeout must be a positive number of seconds, not {args.timeout}")
     client, closer = _connect(args)
-    received = 0
+    received = [0]
+    stop = threading.Event()
+    done = threading.Event()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            _consume_until(args, client, received, stop)
+        except BaseException as exc:  # noqa: BLE001 - raised in the main thread
+            failed.append(exc)
+        finally:
+            done.set()
+
+    # The calls run on a thread of their own: Ctrl-C then ends the command at once, also
+    # while a call waits for a broker that does not answer (up to the operation timeout).
     try:
-        consumer = client.subscribe(
-            args.topic,
-            args.subscription_name,
-            subscription_type=SUBSCRIPTION_TYPES[args.subscription_type],
-            initial_position=POSITIONS[args.subscription_position],
-        )
-        # Waits are sliced so that Ctrl-C is seen within a second on every client.
-        slice_ms = 1000
-        idle_since = time.monotonic()
-        while args.num_messages == 0 or received < args.num_messages:
-            wait_ms = slice_ms
-            if args.timeout is not None:
-                left = idle_since + args.timeout - time.monotonic()
-                if left <= 0:
-                    print(
-                        f"pulsartxn consume: {received} messages; none more within "
-                        f"{args.timeout:g} s",
-                        file=sys.stderr,
-                    )
-                    break
-                wait_ms = max(1, min(slice_ms, int(left * 1000)))
-            try:
-                msg = consumer.receive(timeout_millis=wait_ms)
-            except pulsartxn.Timeout:
-                continue
-            print(format_message(msg, args.hex), flush=True)
-            consumer.acknowledge(msg)
-            received += 1
-            idle_since = time.monotonic()
-        consumer.close()
+        threading.Thread(target=run, name="pulsartxn-consume", daemon=True).start()
+        while not done.wait(0.1):
+            pass
+        if failed:
+            raise failed[0]
     except KeyboardInterrupt:
-        print(f"pulsartxn consume: interrupted after {received} messages", file=sys.stderr)
+        stop.set()
+        print(f"pulsartxn consume: interrupted after {received[0]} messages", file=sys.stderr)
         return 0 if args.num_messages == 0 else 130
     finally:
-        closer.close()
+        try:
+            closer.close()  # a remote client waits 5 s at most for a silent broker
+        except KeyboardInterrupt:
+            pass  # Ctrl-C again while closing: what was acknowledged is stored
     return 0
+
+
+def _consume_until(args, client, received: list, stop: threading.Event) -> None:
+    """Receive, print and acknowledge until -n messages, --timeout idle or `stop`; counts
+    into received[0]."""
+    consumer = client.subscribe(
+        args.topic,
+        args.subscription_name,
+        subscription_type=SUBSCRIPTION_TYPES[args.subscription_type],
+        initial_position=POSITIONS[args.subscription_position],
+    )
+    # Waits are sliced so that a stop is seen within a second.
+    slice_ms = 1000
+    idle_since = time.monotonic()
+    while args.num_messages == 0 or received[0] < args.num_messages:
+        if stop.is_set():
+            return
+        wait_ms = slice_ms
+        if args.timeout is not None:
+            left = idle_since + args.timeout - time.monotonic()
+            if left <= 0:
+                print(
+                    f"pulsartxn consume: {received[0]} messages; none more within "
+                    f"{args.timeout:g} s",
+                    file=sys.stderr,
+                )
+                break
+            wait_ms = max(1, min(slice_ms, int(left * 1000)))
+        try:
+            msg = consumer.receive(timeout_millis=wait_ms)
+        except pulsartxn.Timeout:
+            continue
+        if stop.is_set():
+            return  # not printed, not acknowledged: delivered again to the next consumer
+        print(format_message(msg, args.hex), flush=True)
+        consumer.acknowledge(msg)
+        received[0] += 1
+        idle_since = time.monotonic()
+    consumer.close()

@@ -225,6 +225,51 @@ def test_processes_consume_until_ctrl_c(server, capsys):
     )
 
 
+def test_ctrl_c_ends_consume_at_once_while_the_broker_does_not_answer(tmp_path):
+    """A consume waiting on a broker that stopped answering (paused here) ends on SIGINT
+    within the client's close bound, not after its call's operation timeout (30 s)."""
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    cmd = [sys.executable, "-m", "pulsartxn"]
+    broker = subprocess.Popen(
+        [*cmd, "serve", "--port", "0", "--no-sync", "--data-dir", str(tmp_path / "data")]
+        + ["--token-file", str(tmp_path / "token")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    consumer = None
+    try:
+        url = re.search(r"pulsartxn://127\.0\.0\.1:\d+", broker.stdout.readline()).group(0)
+        remote = ["--url", url, "--token-file", str(tmp_path / "token")]
+        consumer = subprocess.Popen(
+            [*cmd, "consume", "t", "-s", "s", "-n", "0", "-p", "Earliest", *remote],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        produced = subprocess.run(
+            [*cmd, "produce", "t", "-m", "one", *remote], capture_output=True, timeout=60
+        )
+        assert produced.returncode == 0, produced.stderr
+        assert consumer.stdout.readline().rstrip("\n").endswith("content:one")
+        broker.send_signal(signal.SIGSTOP)
+        time.sleep(1.5)  # the consumer's next receive is on the wire, unanswered
+        consumer.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        _, err = consumer.communicate(timeout=25)
+        took = time.monotonic() - started
+    finally:
+        broker.send_signal(signal.SIGCONT)
+        if consumer is not None and consumer.poll() is None:
+            consumer.kill()
+            consumer.communicate()
+        broker.send_signal(signal.SIGTERM)
+        broker.wait(30)
+    assert consumer.returncode == 0
+    assert err.strip() == "pulsartxn consume: interrupted after 1 messages"
+    assert took < 15, f"took {took:.1f} s"
+
+
 def test_version_agrees_with_pyproject(capsys):
     declared = re.search(r'(?m)^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text())
     assert pulsartxn.__version__ == declared.group(1)
