@@ -35,6 +35,17 @@ def consume_all(capsys, *argv) -> list[str]:
     return out
 
 
+def interruptible(argv: list[str]) -> subprocess.Popen:
+    """`argv` started as a command in a terminal is: SIGINT (Ctrl-C) at its default. A process
+    that ignores SIGINT (a background job of a shell without job control, as a CI runner may
+    start the tests) passes SIG_IGN on to its children, and Ctrl-C would do nothing there."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)  # reset to SIG_DFL by exec
+    try:
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """One `pulsartxn serve` with a client token and an admin token, for the whole module."""
@@ -196,11 +207,8 @@ def test_processes_consume_until_ctrl_c(server, capsys):
     url, tmp = server
     remote = ["--url", url, "--token-file", str(tmp / "token")]
     cmd = [sys.executable, "-m", "pulsartxn"]
-    consumer = subprocess.Popen(
-        [*cmd, "consume", "pt", "-s", "s", "-n", "0", "-p", "Earliest", *remote],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    consumer = interruptible(
+        [*cmd, "consume", "pt", "-s", "s", "-n", "0", "-p", "Earliest", *remote]
     )
     try:
         produced = subprocess.run(
@@ -241,11 +249,8 @@ def test_ctrl_c_ends_consume_at_once_while_the_broker_does_not_answer(tmp_path):
     try:
         url = re.search(r"pulsartxn://127\.0\.0\.1:\d+", broker.stdout.readline()).group(0)
         remote = ["--url", url, "--token-file", str(tmp_path / "token")]
-        consumer = subprocess.Popen(
-            [*cmd, "consume", "t", "-s", "s", "-n", "0", "-p", "Earliest", *remote],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        consumer = interruptible(
+            [*cmd, "consume", "t", "-s", "s", "-n", "0", "-p", "Earliest", *remote]
         )
         produced = subprocess.run(
             [*cmd, "produce", "t", "-m", "one", *remote], capture_output=True, timeout=60
