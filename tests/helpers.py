@@ -212,13 +212,15 @@ class LosingProxy:
     def cut(self) -> None:
         with self._lock:
             conns, self._conns = self._conns, []
-            self._holding = False
         for s in conns:
             try:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
             s.close()
+        # Only now: cleared before the shutdown, a pump could pass on the tail of an answer
+        # whose head it dropped (a gRPC status with no result), which no network does.
+        self._holding = False
 
     def close(self) -> None:
         self._closed = True

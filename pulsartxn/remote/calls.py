@@ -15,6 +15,8 @@ from ..server import protocol
 from ..server.protocol import SessionLost, frame, unframe
 from .handles import CLOSE_TIMEOUT_S, OperationTimedOut, SendTimedOut, unreachable
 
+# Actions whose answer may be no result at all (a read that found nothing).
+MAY_ANSWER_NOTHING = frozenset({"read_many"})
 # What a broker waits at most for a receive and for a decision when its hello does not say.
 SERVER_MAX_WAIT_MS = 10_000
 SERVER_OPERATION_TIMEOUT_MS = 30_000
@@ -46,7 +48,12 @@ class Calls:
 
         def attempt(options) -> list[bytes]:
             results = self._flight.do_action(flight.Action(action, body), options)
-            return [r.body.to_pybytes() for r in results]
+            out = [r.body.to_pybytes() for r in results]
+            if not out and action not in MAY_ANSWER_NOTHING:
+                # Every other action answers at least once: none is an answer lost on the
+                # way (never a raw unpacking error to the caller), retried as one.
+                raise flight.FlightUnavailableError(f"{name}: the broker's answer was lost")
+            return out
 
         return self._retrying(name, seen, attempt)
 

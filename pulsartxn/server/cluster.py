@@ -388,6 +388,8 @@ class ClusterNode:
         try:
             results = client.do_action(flight.Action(action, frame(args)), self._options)
             out = [r.body.to_pybytes() for r in results]
+            if not out:  # every action answers once: none is an answer lost on the way
+                raise flight.FlightUnavailableError(f"{action}: the answer was lost")
         except (flight.FlightUnavailableError, flight.FlightTimedOutError) as exc:
             with self._lock:  # the next call a new channel (RemoteClient._channel_lost)
                 if self._peers.get(address) is client:
@@ -395,7 +397,7 @@ class ClusterNode:
             raise errors.BrokerUnavailable(f"broker at {address} unreachable: {exc}") from None
         except flight.FlightError as exc:
             raise protocol.from_flight_error(exc) from None
-        return unframe(out[0], 1 << 62)[0] if out else {}
+        return unframe(out[0], 1 << 62)[0]
 
     def call_coordinator(self, txn_id: TxnID, action: str, args: dict) -> dict:
         address = self.address_of("coordinator", str(txn_id.coordinator_id))
