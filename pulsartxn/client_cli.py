@@ -265,7 +265,6 @@ def _consume(args) -> int:
     client, closer = _connect(args)
     received = [0]
     stop = threading.Event()
-    done = threading.Event()
     failed: list[BaseException] = []
 
     def run() -> None:
@@ -273,15 +272,14 @@ def _consume(args) -> int:
             _consume_until(args, client, received, stop)
         except BaseException as exc:  # noqa: BLE001 - raised in the main thread
             failed.append(exc)
-        finally:
-            done.set()
 
     # The calls run on a thread of their own: Ctrl-C then ends the command at once, also
     # while a call waits for a broker that does not answer (up to the operation timeout).
+    worker = threading.Thread(target=run, name="pulsartxn-consume", daemon=True)
     try:
-        threading.Thread(target=run, name="pulsartxn-consume", daemon=True).start()
-        while not done.wait(0.1):
-            pass
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.1)  # in slices: the main thread sees Ctrl-C between them
         if failed:
             raise failed[0]
     except KeyboardInterrupt:

@@ -46,6 +46,24 @@ def interruptible(argv: list[str]) -> subprocess.Popen:
         signal.signal(signal.SIGINT, old)
 
 
+def serve(tmp: Path, *options: str) -> tuple[subprocess.Popen, str]:
+    """(the process, its url) of a `pulsartxn serve` on tmp/data with the token in tmp/token."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pulsartxn", "serve", "--port", "0", "--no-sync"]
+        + ["--data-dir", str(tmp / "data"), "--token-file", str(tmp / "token"), *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    line = proc.stdout.readline()
+    found = re.search(r"pulsartxn://127\.0\.0\.1:\d+", line)
+    if not found:
+        proc.kill()
+        proc.wait()
+    assert found, f"serve printed {line!r}"
+    return proc, found.group(0)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """One `pulsartxn serve` with a client token and an admin token, for the whole module."""
@@ -53,19 +71,9 @@ def server(tmp_path_factory):
     (tmp / "token").write_text(TOKEN + "\n")
     (tmp / "admin").write_text(ADMIN)
     (tmp / "wrong").write_text("not-the-token")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pulsartxn", "serve", "--port", "0", "--no-sync"]
-        + ["--data-dir", str(tmp / "data"), "--token-file", str(tmp / "token")]
-        + ["--admin-token-file", str(tmp / "admin")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    proc, url = serve(tmp, "--admin-token-file", str(tmp / "admin"))
     try:
-        line = proc.stdout.readline()
-        found = re.search(r"pulsartxn://127\.0\.0\.1:\d+", line)
-        assert found, f"serve printed {line!r}"
-        yield found.group(0), tmp
+        yield url, tmp
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
@@ -238,16 +246,9 @@ def test_ctrl_c_ends_consume_at_once_while_the_broker_does_not_answer(tmp_path):
     within the client's close bound, not after its call's operation timeout (30 s)."""
     (tmp_path / "token").write_text(TOKEN + "\n")
     cmd = [sys.executable, "-m", "pulsartxn"]
-    broker = subprocess.Popen(
-        [*cmd, "serve", "--port", "0", "--no-sync", "--data-dir", str(tmp_path / "data")]
-        + ["--token-file", str(tmp_path / "token")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    broker, url = serve(tmp_path)
     consumer = None
     try:
-        url = re.search(r"pulsartxn://127\.0\.0\.1:\d+", broker.stdout.readline()).group(0)
         remote = ["--url", url, "--token-file", str(tmp_path / "token")]
         consumer = interruptible(
             [*cmd, "consume", "t", "-s", "s", "-n", "0", "-p", "Earliest", *remote]

@@ -381,19 +381,15 @@ class RemoteTransaction(TransactionContext):
         error = self._client._streams.close_for_commit(str(self.id))
         if error is not None:
             self._send_failed(error)
+        self._queued_answered()
+
+    def _queued_answered(self) -> None:
+        """Its producers' queued sends sent and answered (SendTimedOut past the thread's
+        send deadline, which they share)."""
         for producer in list(self._producers):
             producer._answered()
 
     def _end(self, commit: bool, timeout_ms) -> None:
-        if not commit:
-            # Its queued sends go first, as a commit's do: stored in it, then aborted with
-            # it, their sequence ids do not count (after a restart too), and their futures
-            # are answered now, not when the batching delay would have sent them.
-            for producer in list(self._producers):
-                try:
-                    producer._answered()
-                except errors.PulsarTxnError:
-                    pass  # not answered in time: the abort goes on, later sends are late
         if commit:
             self._flush_for_commit()
             if self._error is not None:
@@ -403,6 +399,14 @@ class RemoteTransaction(TransactionContext):
                 except errors.PulsarTxnError as exc:
                     outcome = f"its abort failed too ({exc})"
                 self._check_committable(outcome)
+        else:
+            # Its queued sends go first, as a commit's do: stored in it, then aborted with
+            # it, their sequence ids do not count (after a restart too), and their futures
+            # are answered now, not when the batching delay would have sent them.
+            try:
+                self._queued_answered()
+            except errors.PulsarTxnError:
+                pass  # not answered in time: the abort goes on, later sends are late
         retries = self._client._retries
         wait = None if timeout_ms is None else max(float(timeout_ms), 0.0) / 1000.0
         what = "commit" if commit else "abort"
