@@ -60,11 +60,12 @@ def test_an_earlier_time_wakes_the_waiter_and_a_later_one_postpones_it(timer):
     thread.join(2)
     assert out and out[0][0] is True and out[0][1] >= due - 0.001
     # Later while waiting: it returns at the later time, not the earlier.
-    first = time.monotonic() + 0.03
+    # `first` leaves the setting of `later` 0.3 s (it took over 30 ms in a loaded CI run).
+    first = time.monotonic() + 0.3
     timer.set(first)
     thread, out = _waiter(timer)
     time.sleep(0.01)
-    later = time.monotonic() + 0.1
+    later = time.monotonic() + 0.4
     timer.set(later)
     thread.join(2)
     assert out and out[0][1] >= later - 0.001
