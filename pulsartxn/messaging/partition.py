@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 _U64 = struct.Struct(">Q")
 _DEDUP = struct.Struct("<q")
 _DEDUP_INDEX = struct.Struct("<QIq")  # entry id, messages in it, first sequence id
+# The entry id of an index row for sequences a producer took and never wrote (dropped with a
+# transaction that ended first): a resend of one is stored anew, across restarts too.
+_NEVER_WRITTEN = (1 << 64) - 1
 
 
 class Partition:
@@ -349,6 +352,27 @@ class Partition:
             cursor.delete()
             key = bytes(cursor.key())
 
+    def never_written_op(self, producer: str, ranges: list[tuple[int, int]]) -> WriteOp:
+        """Record that `producer` took sequences first..end-1 of each range and never wrote
+        them: they count as sent (its highest sequence moves past them, so the sequences it
+        takes next follow them) but a resend of one is stored anew, after a restart too."""
+        key = self._dedup_prefix + producer.encode()
+
+        def apply(lmdb_txn) -> None:
+            raw = lmdb_txn.get(key, db=self._dedup_db)
+            highest = _DEDUP.unpack(raw)[0] if raw is not None else -1
+            for first, end in ranges:
+                self._reindex_range(lmdb_txn, key + b"\0", first, end)
+                lmdb_txn.put(
+                    key + b"\0" + _U64.pack(first),
+                    _DEDUP_INDEX.pack(_NEVER_WRITTEN, end - first, first),
+                    db=self._dedup_index_db,
+                )
+                highest = max(highest, end - 1)
+            lmdb_txn.put(key, _DEDUP.pack(highest), db=self._dedup_db)
+
+        return WriteOp(apply, nbytes=32 * len(ranges))
+
     def _published(self, first: int, counts: list[int], nbytes: int) -> None:
         with self.lock:
             if first < self.next_entry_id:
@@ -456,7 +480,8 @@ class Partition:
     def lookup_sequence(self, producer: str, sequence_id: int) -> tuple[int, int, int] | None:
         """(entry id, messages in entry, batch index) of a persisted (producer, sequence)."""
         with self.storage.read() as lmdb_txn:
-            return self._lookup_sequence(lmdb_txn, producer, sequence_id)
+            found = self._lookup_sequence(lmdb_txn, producer, sequence_id)
+        return None if found is None or found[0] == _NEVER_WRITTEN else found
 
     def _lookup_sequence(self, lmdb_txn, producer: str, sequence_id: int):
         prefix = self._dedup_prefix + producer.encode() + b"\0"
@@ -483,6 +508,8 @@ class Partition:
             if found is None:
                 return MessageId(-1, -1, self.index)
             entry_id, n, batch_index = found
+            if entry_id == _NEVER_WRITTEN:
+                return None
             _, bufs = self.log.scan(lmdb_txn, entry_id, entry_id + 1)
             head = decode_header(bufs[0], verify=False) if bufs else None
         if (

@@ -1,6 +1,7 @@
 """A producer's transactional batching: a batch per (partition, transaction) waits until it
 fills or its transaction ends, which takes it into its end's write (an abort's too: aborted
-there); a transaction that ended without it (a timeout) drops it unsent.
+there); a transaction that ended without it (a timeout) drops it unsent, and its sequence ids
+are recorded as never written.
 
 ``TransactionBatches`` is the part of :class:`~pulsartxn.messaging.producer.Producer` that
 does this; it uses the producer's partition producers, batching limits and client.
@@ -105,8 +106,7 @@ class TransactionBatches:
         except Exception as exc:  # noqa: BLE001 - every message of the batch gets it
             if staged is not None:
                 staged[1](False)
-            _dropped(batch)
-            batch.fail(exc)
+            batch.inflight = _dropped(batch, exc)  # a flush waits until they have failed
             txn._failed(exc)
             return
         entry = encode_entry(
@@ -211,8 +211,39 @@ class TransactionBatches:
                 with batch.part.lock:
                     if self._txn_batches.pop(key, None) is batch:
                         batch.part.txn_sealed(batch)
-                        _dropped(batch)
-                        batch.fail(InvalidTxnStatus(f"transaction {txn.id} was aborted"))
+                        _dropped(batch, InvalidTxnStatus(f"transaction {txn.id} was aborted"))
+
+    def _refused(self, sends, exc: Exception) -> list[Future]:
+        """Sends of a transaction that ended before they reached a batch here: a remote
+        producer's, whose client took their sequence ids and queued them, as a batch here
+        waits. Their ids are recorded as never written, as a dropped batch's are; then each
+        send's future fails with `exc`. `sends`: (partition key, sequence id) pairs."""
+        ranges: dict = {}  # partition producer -> sequence ids new there
+        for key, seq in sends:
+            if type(seq) is not int or not 0 <= seq <= MAX_SEQUENCE_ID:
+                continue  # refused all the same
+            part = self._part_for(key)
+            with part.lock:
+                if seq <= part.last_sequence:
+                    continue  # stored, or recorded already: the refusal answers it
+                part.last_sequence = seq
+                part.dropped.append((seq, seq + 1))
+            ranges.setdefault(part, []).append(seq)
+        for part, seqs in ranges.items():
+            runs = []  # consecutive ids as (first, end)
+            for seq in seqs:
+                if runs and runs[-1][1] == seq:
+                    runs[-1] = (runs[-1][0], seq + 1)
+                else:
+                    runs.append((seq, seq + 1))
+            storage = part.partition.storage
+            storage.wait(storage.submit(part.partition.never_written_op(self.name, runs)))
+        futures = []
+        for _ in sends:
+            fut: Future = Future()
+            fut.set_exception(exc)
+            futures.append(fut)
+        return futures
 
     def _drop_ended(self) -> None:
         """Drop the waiting batches of transactions that have ended (timed out or aborted
@@ -259,8 +290,19 @@ class _SendNow:
         return True
 
 
-def _dropped(batch) -> None:
+def _dropped(batch, exc: Exception | None = None) -> Future | None:
     """`batch` is never written (its transaction can only abort): its sequence ids do not
-    count, a resend of one is stored anew."""
+    count, a resend of one is stored anew. With `exc`, that goes on record too (for a new
+    producer, or after a restart, whose highest sequence may be past them), and the batch's
+    messages fail with `exc` once it has; the future of that write. The record rides lazily
+    with the next group, so it lands before anything this producer writes after it."""
     first = batch.first_sequence
-    batch.part.dropped.append((first, first + len(batch.values)))
+    part = batch.part
+    part.dropped.append((first, first + len(batch.values)))
+    if exc is None:
+        return None
+    partition = part.partition
+    op = partition.never_written_op(part.producer.name, [(first, first + len(batch.values))])
+    fut = partition.storage.submit(op, lazy=True)
+    fut.add_done_callback(lambda _: batch.fail(exc))
+    return fut

@@ -256,15 +256,17 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
             raise TypeError(f"messages must be a list of maps, not {errors.excerpt(messages)}")
         for m in messages:
             protocol.check_args("send_many message", m, protocol.MESSAGE_ARGS)
-        for m in messages:
+            if not isinstance(m["n"], int) or m["n"] < 0:
+                raise ValueError(f"malformed send: message length {errors.excerpt(m['n'])}")
+        if sum(m["n"] for m in messages) > len(payload):
+            raise ValueError("malformed send: message lengths past the payload")
+        for i, m in enumerate(messages):
             n = m["n"]
-            if not isinstance(n, int) or n < 0 or off + n > len(payload):
-                raise ValueError("malformed send: message lengths past the payload")
             content = bytes(payload[off : off + n])
             off += n
             meta = protocol.metadata_args(m.get("meta"))
-            futures.append(
-                p.send_async(
+            try:
+                fut = p.send_async(
                     content,
                     properties=m.get("props"),
                     partition_key=m.get("key"),
@@ -272,7 +274,15 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
                     txn=txn,
                     **meta,
                 )
-            )
+            except (errors.InvalidTxnStatus, errors.TransactionNotFound) as exc:
+                if txn is None:
+                    raise
+                # The transaction ended while the client held these: as a batch waiting
+                # here would be, they are dropped, their sequence ids on record.
+                rest = [(r.get("key"), r.get("seq")) for r in messages[i:]]
+                futures.extend(p._refused(rest, exc))
+                break
+            futures.append(fut)
         p.flush()
         ids, errs = [], []
         stored: dict = {}  # a transaction's messages per partition, for its commit

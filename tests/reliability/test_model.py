@@ -469,10 +469,46 @@ class BrokerModel(RuleBasedStateMachine):
         self._record_send(topic, data, later, None)
         self.to_resend[topic].extend(seq for _, seq in sent)
 
+    @rule(topic=st.sampled_from(sorted(TOPICS)), count=st.integers(1, 3), go=st.integers(0, 5))
+    def time_out_waiting_sends(self, topic, count, go) -> None:
+        """Sends of a transaction still waiting in a batching producer when it times out:
+        never written, they fail at the next flush. Then a plain send with a higher sequence
+        id; the failed ones are sent again later (resend_aborted). (One draw in six.)"""
+        if go:
+            return
+        producer = self.batching[topic]
+        first = producer.last_sequence_id() + 1
+        handle = self.client.new_transaction(timeout_ms=SHORT_TIMEOUT_MS)
+        self.txn_list.append(Txn(len(self.txn_list), handle))
+        futures = []
+        for seq in range(first, first + count):
+            try:
+                futures.append(
+                    producer.send_async(
+                        self._next(), sequence_id=seq, partition_key="k", txn=handle
+                    )
+                )
+            except InvalidTxnStatus:
+                break  # timed out already (a slow machine): this id was not taken
+        seqs = range(first, first + len(futures))
+        deadline = time.monotonic() + WAIT_S
+        while handle.state is not TxnState.TIMEOUT:
+            assert time.monotonic() < deadline, f"{handle.id} never timed out: {handle.state}"
+            time.sleep(0.01)
+        producer.flush()
+        assert all(isinstance(f.exception(timeout=WAIT_S), TransactionTimeout) for f in futures)
+        self._end(self.txn_list[-1], False)
+        event("sends waiting at a timeout")
+        data = self._next()
+        later = producer.send(data, sequence_id=seqs.stop, partition_key="k")
+        self._record_send(topic, data, later, None)
+        self.to_resend[topic].extend(seqs)
+
     @rule(topic=st.sampled_from(sorted(TOPICS)))
     def resend_aborted(self, topic) -> None:
-        """What abort_waiting_sends aborted, sent again plainly: stored, though a higher
-        sequence id of the producer is (and whatever restarts came between)."""
+        """What abort_waiting_sends aborted (or time_out_waiting_sends dropped), sent again
+        plainly: stored, though a higher sequence id of the producer is (and whatever
+        restarts came between)."""
         seqs, self.to_resend[topic] = self.to_resend[topic], []
         if seqs:
             event("resend of sends aborted while waiting")

@@ -4,6 +4,11 @@ transactions hold acks, and message ids that name a batch index without the batc
 from __future__ import annotations
 
 import functools
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -142,6 +147,47 @@ def test_sends_waiting_for_a_transaction_that_timed_out_fail(env, then):
     assert scanned(client, "t") == [b"again"]
 
 
+@pytest.mark.parametrize("then", ["flush", "abort"])
+def test_sequences_of_sends_dropped_at_a_timeout_do_not_count_after_a_restart(env, then):
+    """Sends that waited for a transaction that timed out are never written. Their sequence
+    ids do not count, in this producer and, once it has failed them, after a restart and in
+    a new producer too, though a later sequence id was stored plainly since: each resend is
+    stored anew. (The remote client holds them until the broker refuses them.)"""
+    broker = env()
+    client = broker.client()
+    options = {"batching_max_messages": 10, "batching_max_publish_delay_ms": 60_000}
+    p = client.create_producer("t", producer_name="p", **options)
+    txn = client.new_transaction(timeout_ms=50)
+    waiting = [p.send_async(b"w%d" % i, sequence_id=i, txn=txn) for i in range(5)]
+    helpers.wait_for(lambda: txn.state.value == "TIMEOUT", what="the timeout")
+    if then == "flush":
+        p.flush()
+    else:
+        with pytest.raises(TransactionTimeout):
+            txn.abort()
+    assert all(isinstance(f.exception(timeout=5), TransactionTimeout) for f in waiting)
+    ten = p.send(b"ten", sequence_id=10)
+    w1 = p.send(b"w1-retry", sequence_id=1)
+    assert w1.entry_id() > ten.entry_id()
+    broker.close()
+
+    broker = env()
+    client = broker.client()
+    p = client.create_producer("t", producer_name="p", **options)
+    assert p.send(b"w1-again", sequence_id=1) == w1
+    assert p.send(b"ten-again", sequence_id=10) == ten
+    w3 = p.send(b"w3-retry", sequence_id=3)
+    assert w3.entry_id() > w1.entry_id()
+    p.close()
+    p = client.create_producer("t", producer_name="p", **options)
+    assert p.send(b"w3-again", sequence_id=3) == w3
+    t2 = client.new_transaction()
+    w4 = p.send(b"w4-retry", sequence_id=4, txn=t2)
+    t2.commit()
+    assert w4.entry_id() > w3.entry_id()
+    assert scanned(client, "t") == [b"ten", b"w1-retry", b"w3-retry", b"w4-retry"]
+
+
 def test_a_resend_waiting_in_its_transaction_batch_is_a_duplicate(env):
     broker = env()
     client = broker.client()
@@ -228,6 +274,102 @@ def test_each_aborted_sequence_of_an_entry_is_stored_again_alone_and_after_a_res
     assert p.send(b"eleven-again", sequence_id=11).entry_id() > r7.entry_id()
     assert p.send(b"eleven-again", sequence_id=11) != r7
     assert scanned(client, "t") == [b"eleven", b"r0", b"r5", b"r7", b"ten"]
+
+
+def test_each_dropped_sequence_is_stored_again_alone_and_after_a_restart(env):
+    """Dropped sends held sequences 3..7: storing 5 alone must not hide 3, 4, 6 or 7, and a
+    sequence the producer never took (8, 9) stays a gap, before and after a restart."""
+    broker = env()
+    client = broker.client()
+    options = {"batching_max_messages": 10, "batching_max_publish_delay_ms": 60_000}
+    p = client.create_producer("t", producer_name="p", **options)
+    for i in range(3):
+        p.send(b"s%d" % i, sequence_id=i)
+    txn = client.new_transaction(timeout_ms=50)
+    waiting = [p.send_async(b"w%d" % i, sequence_id=i, txn=txn) for i in range(3, 8)]
+    helpers.wait_for(lambda: txn.state.value == "TIMEOUT", what="the timeout")
+    p.flush()
+    assert all(isinstance(f.exception(timeout=5), TransactionTimeout) for f in waiting)
+    r5 = p.send(b"r5", sequence_id=5)
+    ten = p.send(b"ten", sequence_id=10)
+    assert p.send(b"r5-again", sequence_id=5) == r5
+    broker.close()
+
+    broker = env()
+    client = broker.client()
+    p = client.create_producer("t", producer_name="p", **options)
+    assert p.send(b"r5-again", sequence_id=5) == r5
+    assert p.send(b"ten-again", sequence_id=10) == ten
+    assert p.send(b"gap", sequence_id=8).entry_id() < 0
+    stored = {i: p.send(b"r%d" % i, sequence_id=i) for i in (7, 3, 6, 4)}
+    assert all(m.entry_id() > ten.entry_id() for m in stored.values())
+    assert all(p.send(b"again", sequence_id=i) == m for i, m in stored.items())
+    assert p.send(b"s1-again", sequence_id=1).entry_id() < ten.entry_id()
+    assert p.send(b"eleven").entry_id() > ten.entry_id()  # after the highest, 10
+    assert scanned(client, "t") == [
+        b"eleven",
+        b"r3",
+        b"r4",
+        b"r5",
+        b"r6",
+        b"r7",
+        b"s0",
+        b"s1",
+        b"s2",
+        b"ten",
+    ]
+
+
+DROPPED_THEN_KILLED = textwrap.dedent(
+    """
+    import sys
+    import pulsartxn
+
+    broker = pulsartxn.Broker(sys.argv[1], sync=True, txn_timeout_tick_ms=10)
+    client = broker.client()
+    p = client.create_producer(
+        "t", producer_name="p", batching_max_messages=10, batching_max_publish_delay_ms=60_000
+    )
+    txn = client.new_transaction(timeout_ms=50)
+    waiting = [p.send_async(b"w%d" % i, sequence_id=i, txn=txn) for i in range(5)]
+    print(p.send(b"ten", sequence_id=10).entry_id(), flush=True)
+    while txn.state.value != "TIMEOUT":
+        pass
+    p.flush()
+    print(sorted({type(f.exception()).__name__ for f in waiting}), flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def test_dropped_sequences_are_on_record_when_their_sends_fail(tmp_path):
+    """A SIGKILL right after the sends of a timed-out transaction failed: their sequence ids
+    were on record by then, so after the restart a resend is stored anew, though sequence 10
+    was stored before them."""
+    data = str(tmp_path / "d")
+    script = tmp_path / "child.py"
+    script.write_text(DROPPED_THEN_KILLED)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), data],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=dict(os.environ, PYTHONPATH=os.getcwd()),
+        text=True,
+    )
+    try:
+        ten = int(proc.stdout.readline())
+        assert proc.stdout.readline().strip() == "['TransactionTimeout']"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    with Broker(data, sync=True) as broker:
+        client = broker.client()
+        p = client.create_producer("t", producer_name="p")
+        assert p.send(b"ten-again", sequence_id=10).entry_id() == ten
+        w3 = p.send(b"w3-retry", sequence_id=3)
+        assert w3.entry_id() > ten
+        assert p.send(b"w3-again", sequence_id=3) == w3
+        assert scanned(client, "t") == [b"ten", b"w3-retry"]
 
 
 # -- unsubscribing while transactions hold acks ------------------------------------------------
