@@ -65,7 +65,11 @@ class TransactionBatches:
             fut = batch.add(content, properties, partition_key)
             if resent:
                 batch.resent = True
-            if not self.batching_enabled or len(batch.values) >= self.batching_max_messages:
+            if (
+                not self.batching_enabled
+                or len(batch.values) >= self.batching_max_messages
+                or txn._final is not None  # ended meanwhile, after its end's last flush
+            ):
                 self._txn_send_locked(key)
         return fut
 

@@ -192,7 +192,8 @@ class TransactionBuffer:
             self.inflight[txn_id] = n
         else:
             self.inflight.pop(txn_id, None)
-            self.cond.notify_all()
+        # Every time: an end waits until no more than the appends riding with it are left.
+        self.cond.notify_all()
 
     # -- the participant interface ---------------------------------------------------------
 

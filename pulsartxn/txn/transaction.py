@@ -156,6 +156,11 @@ class Transaction(TransactionContext, metaclass=abc.ABCMeta):  # noqa: B024 - fo
         state = self._service.end(self.id, commit, timeout_s, acks, riding, sends)
         if state in FINAL:
             self._final = state
+            # A send that raced this end, into a batch after the flush above, is refused now
+            # (never written, its ids on record) rather than left until its producer flushes;
+            # one that comes after this sees _final (Producer._txn_add).
+            for producer in self._live_producers():
+                producer._txn_flush(self, wait=False)
 
     def _stage_partition(self, topic):
         """None once the coordinator has `topic` on record for this transaction; else

@@ -18,6 +18,7 @@ from pulsartxn import Broker, ConsumerType, InitialPosition, MessageId
 from pulsartxn.errors import (
     AlreadyClosed,
     InvalidMessageId,
+    InvalidTxnStatus,
     TransactionConflict,
     TransactionTimeout,
 )
@@ -186,6 +187,49 @@ def test_sequences_of_sends_dropped_at_a_timeout_do_not_count_after_a_restart(en
     t2.commit()
     assert w4.entry_id() > w3.entry_id()
     assert scanned(client, "t") == [b"ten", b"w1-retry", b"w3-retry", b"w4-retry"]
+
+
+def test_sends_racing_an_abort_from_another_thread_are_each_written_aborted_or_refused(env):
+    """A thread sends into a batching producer while another aborts the transaction: each
+    send is answered (written aborted) or fails, none is left waiting once the abort has
+    returned and the sender has seen it, none is read, and a resend of any sequence id the
+    sender used is stored anew, after a restart too."""
+    broker = env()
+    client = broker.client()
+    options = {"batching_max_messages": 7, "batching_max_publish_delay_ms": 60_000}
+    p = client.create_producer("t", producer_name="p", **options)
+    txn = client.new_transaction()
+    futures: list = []
+    refused = threading.Event()
+
+    def sender() -> None:
+        for seq in range(5_000):
+            try:
+                futures.append(p.send_async(b"x%d" % seq, sequence_id=seq, txn=txn))
+            except InvalidTxnStatus:
+                refused.set()
+                return
+
+    thread = threading.Thread(target=sender, daemon=True)
+    thread.start()
+    helpers.wait_for(lambda: len(futures) >= 50, what="the first sends")
+    txn.abort()
+    thread.join(30)
+    assert not thread.is_alive()
+    used = len(futures)
+    outcomes = [f.exception(timeout=10) for f in futures]
+    assert all(e is None or isinstance(e, InvalidTxnStatus) for e in outcomes), set(outcomes)
+    assert outcomes.count(None) >= 50  # those before the abort: written aborted
+    assert scanned(client, "t") == []
+    later = p.send(b"later", sequence_id=used + 10)
+    broker.close()
+
+    broker = env()
+    client = broker.client()
+    p = client.create_producer("t", producer_name="p", **options)
+    again = [p.send(b"r%d" % seq, sequence_id=seq) for seq in range(0, used, max(1, used // 25))]
+    assert all(m.entry_id() > later.entry_id() for m in again)
+    assert len(scanned(client, "t")) == len(again) + 1
 
 
 def test_a_resend_waiting_in_its_transaction_batch_is_a_duplicate(env):
