@@ -172,63 +172,92 @@ def _payloads(args) -> list[bytes]:
     return out
 
 
-def _produce(args) -> int:
+def _interruptibly(args, work, interrupted) -> int:
+    """``work(client)`` connected as the command says, on a thread of its own; the main thread
+    joins it in slices, so that Ctrl-C ends the command at once, also while a call (the
+    connect's too) waits for a broker that does not answer. Then ``interrupted()`` gives the
+    exit code, and the client is closed: a remote one waits 5 s at most for a silent broker;
+    an embedded broker aborts its open transactions, a remote session's are aborted once it
+    has ended."""
+    opened: list = []
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            client, closer = _connect(args)
+            opened.append(closer)
+            outcome.append(work(client))
+        except BaseException as exc:  # noqa: BLE001 - raised in the main thread
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run, name=f"pulsartxn-{args.command}", daemon=True)
     try:
-        return _send_all(args)
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.1)
     except KeyboardInterrupt:
-        print("pulsartxn produce: interrupted", file=sys.stderr)
-        return 130
+        return interrupted()
+    finally:
+        for closer in opened:
+            try:
+                closer.close()
+            except KeyboardInterrupt:
+                pass  # Ctrl-C again while closing: what was acknowledged is stored
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 
-def _send_all(args) -> int:
+def _produce(args) -> int:
     if args.num_produce < 1:
         raise ValueError(f"-n/--num-produce must be at least 1, not {args.num_produce}")
     if not args.rate >= 0:  # NaN too
         raise ValueError(f"-r/--rate must not be negative, not {args.rate}")
     payloads = _payloads(args)
     properties = _properties(args.properties)
-    client, closer = _connect(args)
+
+    def interrupted() -> int:
+        print("pulsartxn produce: interrupted", file=sys.stderr)
+        return 130
+
+    return _interruptibly(
+        args, lambda client: _send_all(args, client, payloads, properties), interrupted
+    )
+
+
+def _send_all(args, client, payloads: list[bytes], properties) -> int:
+    producer = client.create_producer(args.topic)
+    txn = client.new_transaction() if args.txn else None
+    interval = 1.0 / args.rate if args.rate else 0.0
+    start = time.monotonic()
+    sent = 0
     try:
-        producer = client.create_producer(args.topic)
-        txn = client.new_transaction() if args.txn else None
-        interval = 1.0 / args.rate if args.rate else 0.0
-        start = time.monotonic()
-        sent = 0
-        try:
-            futures = []
-            for _ in range(args.num_produce):
-                for payload in payloads:
-                    if interval:
-                        time.sleep(max(0.0, start + sent * interval - time.monotonic()))
-                    futures.append(
-                        producer.send_async(
-                            payload, None, properties, partition_key=args.key, txn=txn
-                        )
-                    )
-                    sent += 1
-            if txn is not None:
-                txn.commit()
-            else:
-                producer.flush()
-            for fut in futures:
-                fut.result()
-        except (ValueError, TypeError, OSError, pulsartxn.PulsarTxnError) as exc:
-            if txn is None:
-                raise
-            _abort(txn)
-            error = " ".join(str(exc).split())
-            print(
-                f"pulsartxn produce: {error} (transaction {txn.id} aborted: nothing produced)",
-                file=sys.stderr,
-            )
-            return 2
-        except BaseException:
-            if txn is not None:
-                _abort(txn)
+        futures = []
+        for _ in range(args.num_produce):
+            for payload in payloads:
+                if interval:
+                    time.sleep(max(0.0, start + sent * interval - time.monotonic()))
+                futures.append(
+                    producer.send_async(payload, None, properties, partition_key=args.key, txn=txn)
+                )
+                sent += 1
+        if txn is not None:
+            txn.commit()
+        else:
+            producer.flush()
+        for fut in futures:
+            fut.result()
+    except (ValueError, TypeError, OSError, pulsartxn.PulsarTxnError) as exc:
+        if txn is None:
             raise
-        producer.close()
-    finally:
-        closer.close()
+        _abort(txn)
+        error = " ".join(str(exc).split())
+        print(
+            f"pulsartxn produce: {error} (transaction {txn.id} aborted: nothing produced)",
+            file=sys.stderr,
+        )
+        return 2
+    producer.close()
     where = f" in transaction {txn.id}" if txn is not None else ""
     print(f"{sent} messages produced to {args.topic}{where}", flush=True)
     return 0
@@ -262,36 +291,19 @@ def _consume(args) -> int:
         raise ValueError(f"-n/--num-messages must not be negative, not {args.num_messages}")
     if args.timeout is not None and not args.timeout > 0:
         raise ValueError(f"--timeout must be a positive number of seconds, not {args.timeout}")
-    client, closer = _connect(args)
     received = [0]
     stop = threading.Event()
-    failed: list[BaseException] = []
 
-    def run() -> None:
-        try:
-            _consume_until(args, client, received, stop)
-        except BaseException as exc:  # noqa: BLE001 - raised in the main thread
-            failed.append(exc)
-
-    # The calls run on a thread of their own: Ctrl-C then ends the command at once, also
-    # while a call waits for a broker that does not answer (up to the operation timeout).
-    worker = threading.Thread(target=run, name="pulsartxn-consume", daemon=True)
-    try:
-        worker.start()
-        while worker.is_alive():
-            worker.join(0.1)  # in slices: the main thread sees Ctrl-C between them
-        if failed:
-            raise failed[0]
-    except KeyboardInterrupt:
+    def interrupted() -> int:
         stop.set()
         print(f"pulsartxn consume: interrupted after {received[0]} messages", file=sys.stderr)
         return 0 if args.num_messages == 0 else 130
-    finally:
-        try:
-            closer.close()  # a remote client waits 5 s at most for a silent broker
-        except KeyboardInterrupt:
-            pass  # Ctrl-C again while closing: what was acknowledged is stored
-    return 0
+
+    def work(client) -> int:
+        _consume_until(args, client, received, stop)
+        return 0
+
+    return _interruptibly(args, work, interrupted)
 
 
 def _consume_until(args, client, received: list, stop: threading.Event) -> None:

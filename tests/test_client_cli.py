@@ -241,6 +241,26 @@ def test_processes_consume_until_ctrl_c(server, capsys):
     )
 
 
+def test_ctrl_c_ends_consume_on_the_embedded_default(tmp_path, capsys):
+    """`consume` on the embedded broker (a data directory, no server) ends with exit 0 on
+    SIGINT, its broker closed: the directory is free for the next command at once."""
+    data = ["--data-dir", str(tmp_path / "data")]
+    code, _, err = run(capsys, "produce", "et", "-m", "one,two", *data)
+    assert code == 0, err
+    cmd = [sys.executable, "-m", "pulsartxn"]
+    consumer = interruptible([*cmd, "consume", "et", "-s", "s", "-n", "0", "-p", "Earliest", *data])
+    try:
+        lines = [consumer.stdout.readline().rstrip("\n") for _ in range(2)]
+        assert [x.split("content:")[1] for x in lines] == ["one", "two"]
+    finally:
+        consumer.send_signal(signal.SIGINT)
+        _, err = consumer.communicate(timeout=30)
+    assert consumer.returncode == 0
+    assert err.strip() == "pulsartxn consume: interrupted after 2 messages"
+    code, _, err = run(capsys, "produce", "et", "-m", "three", *data)
+    assert code == 0, err
+
+
 def test_ctrl_c_ends_consume_at_once_while_the_broker_does_not_answer(tmp_path):
     """A consume waiting on a broker that stopped answering (paused here) ends on SIGINT
     within the client's close bound, not after its call's operation timeout (30 s)."""
@@ -274,6 +294,45 @@ def test_ctrl_c_ends_consume_at_once_while_the_broker_does_not_answer(tmp_path):
     assert consumer.returncode == 0
     assert err.strip() == "pulsartxn consume: interrupted after 1 messages"
     assert took < 15, f"took {took:.1f} s"
+
+
+@pytest.mark.parametrize("when", ["connecting", "sending"])
+def test_ctrl_c_ends_produce_at_once_while_the_broker_does_not_answer(tmp_path, capsys, when):
+    """A transactional produce whose broker stopped answering (paused here), while it
+    connects or while it sends, ends on SIGINT within the client's close bound; nothing it
+    sent is ever read."""
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    cmd = [sys.executable, "-m", "pulsartxn"]
+    broker, url = serve(tmp_path)
+    remote = ["--url", url, "--token-file", str(tmp_path / "token")]
+    producer = None
+    try:
+        if when == "connecting":
+            broker.send_signal(signal.SIGSTOP)
+        producer = interruptible(
+            [*cmd, "produce", "t", "-m", "x", "-n", "50", "-r", "5", "--txn", *remote]
+        )
+        time.sleep(1.5)
+        if when == "sending":
+            broker.send_signal(signal.SIGSTOP)
+            time.sleep(0.5)  # a send is on the wire, unanswered
+        producer.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        out, err = producer.communicate(timeout=25)
+        took = time.monotonic() - started
+    finally:
+        broker.send_signal(signal.SIGCONT)
+        if producer is not None and producer.poll() is None:
+            producer.kill()
+            producer.communicate()
+    try:
+        assert producer.returncode == 130 and out == ""
+        assert err.strip() == "pulsartxn produce: interrupted"
+        assert took < 15, f"took {took:.1f} s"
+        assert consume_all(capsys, "t", "-s", "s", "-p", "Earliest", *remote) == []
+    finally:
+        broker.send_signal(signal.SIGTERM)
+        broker.wait(30)
 
 
 def test_version_agrees_with_pyproject(capsys):
