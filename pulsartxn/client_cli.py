@@ -172,30 +172,44 @@ def _payloads(args) -> list[bytes]:
     return out
 
 
+# After Ctrl-C, how long the work may take to finish the step it is in before the close.
+FINISH_STEP_S = 1.5
+
+
 def _interruptibly(args, work, interrupted) -> int:
-    """``work(client)`` connected as the command says, on a thread of its own; the main thread
-    joins it in slices, so that Ctrl-C ends the command at once, also while a call (the
-    connect's too) waits for a broker that does not answer. Then ``interrupted()`` gives the
-    exit code, and the client is closed: a remote one waits 5 s at most for a silent broker;
+    """``work(client, stop)`` connected as the command says, on a thread of its own; the main
+    thread joins it in slices, so that Ctrl-C ends the command at once, also while a call (the
+    connect's too) waits for a broker that does not answer. Then `stop` is set, the work has
+    FINISH_STEP_S to end the step it is in, ``interrupted()`` gives the exit code, and the
+    client is closed: a remote one waits 5 s at most for a silent broker;
     an embedded broker aborts its open transactions, a remote session's are aborted once it
     has ended."""
     opened: list = []
     outcome: list = []
+    stop = threading.Event()
+    # Not Thread.join: a join that Ctrl-C interrupts marks a live thread stopped (Python
+    # 3.11's bpo-45274 handling releases the thread's own lock), and a second join returns
+    # at once.
+    finished = threading.Event()
 
     def run() -> None:
         try:
             client, closer = _connect(args)
             opened.append(closer)
-            outcome.append(work(client))
+            outcome.append(work(client, stop))
         except BaseException as exc:  # noqa: BLE001 - raised in the main thread
             outcome.append(exc)
+        finally:
+            finished.set()
 
     worker = threading.Thread(target=run, name=f"pulsartxn-{args.command}", daemon=True)
     try:
         worker.start()
-        while worker.is_alive():
-            worker.join(0.1)
+        while not finished.wait(0.1):  # in slices: the main thread sees Ctrl-C between them
+            pass
     except KeyboardInterrupt:
+        stop.set()
+        finished.wait(FINISH_STEP_S)  # the step it is in (a print and its ack), if it can
         return interrupted()
     finally:
         for closer in opened:
@@ -221,11 +235,12 @@ def _produce(args) -> int:
         return 130
 
     return _interruptibly(
-        args, lambda client: _send_all(args, client, payloads, properties), interrupted
+        args, lambda client, stop: _send_all(args, client, payloads, properties, stop), interrupted
     )
 
 
-def _send_all(args, client, payloads: list[bytes], properties) -> int:
+def _send_all(args, client, payloads: list[bytes], properties, stop: threading.Event) -> int:
+    """Send (and commit); 130 without a commit once `stop` is set (Ctrl-C)."""
     producer = client.create_producer(args.topic)
     txn = client.new_transaction() if args.txn else None
     interval = 1.0 / args.rate if args.rate else 0.0
@@ -235,12 +250,15 @@ def _send_all(args, client, payloads: list[bytes], properties) -> int:
         futures = []
         for _ in range(args.num_produce):
             for payload in payloads:
-                if interval:
-                    time.sleep(max(0.0, start + sent * interval - time.monotonic()))
+                delay = start + sent * interval - time.monotonic() if interval else 0.0
+                if stop.wait(delay) if delay > 0 else stop.is_set():
+                    return 130  # its transaction is never committed: the close ends it
                 futures.append(
                     producer.send_async(payload, None, properties, partition_key=args.key, txn=txn)
                 )
                 sent += 1
+        if stop.is_set():
+            return 130
         if txn is not None:
             txn.commit()
         else:
@@ -292,14 +310,12 @@ def _consume(args) -> int:
     if args.timeout is not None and not args.timeout > 0:
         raise ValueError(f"--timeout must be a positive number of seconds, not {args.timeout}")
     received = [0]
-    stop = threading.Event()
 
     def interrupted() -> int:
-        stop.set()
         print(f"pulsartxn consume: interrupted after {received[0]} messages", file=sys.stderr)
         return 0 if args.num_messages == 0 else 130
 
-    def work(client) -> int:
+    def work(client, stop: threading.Event) -> int:
         _consume_until(args, client, received, stop)
         return 0
 
@@ -339,7 +355,7 @@ def _consume_until(args, client, received: list, stop: threading.Event) -> None:
         if stop.is_set():
             return  # not printed, not acknowledged: delivered again to the next consumer
         print(format_message(msg, args.hex), flush=True)
+        received[0] += 1  # printed: counted, though its ack may not land (it comes again)
         consumer.acknowledge(msg)
-        received[0] += 1
         idle_since = time.monotonic()
     consumer.close()

@@ -3,6 +3,7 @@ and against a real `serve` process; `pulsartxn --version`."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -44,6 +45,29 @@ def interruptible(argv: list[str]) -> subprocess.Popen:
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     finally:
         signal.signal(signal.SIGINT, old)
+
+
+def wait_connected(proc: subprocess.Popen, port: int, timeout: float = 60.0) -> None:
+    """Until `proc` has a TCP connection to 127.0.0.1:`port` (Linux /proc): it has started
+    up and is connecting, so a SIGINT now reaches its handler, not its start-up."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        inodes = set()
+        for fd in Path(f"/proc/{proc.pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[9] in inodes and int(fields[2].rsplit(":", 1)[1], 16) == port:
+                    return
+        time.sleep(0.05)
+    raise AssertionError(f"no connection to port {port} within {timeout} s")
 
 
 def serve(tmp: Path, *options: str) -> tuple[subprocess.Popen, str]:
@@ -312,8 +336,9 @@ def test_ctrl_c_ends_produce_at_once_while_the_broker_does_not_answer(tmp_path, 
         producer = interruptible(
             [*cmd, "produce", "t", "-m", "x", "-n", "50", "-r", "5", "--txn", *remote]
         )
-        time.sleep(1.5)
+        wait_connected(producer, int(url.rsplit(":", 1)[1]))
         if when == "sending":
+            time.sleep(1.0)  # sending, at 5 a second
             broker.send_signal(signal.SIGSTOP)
             time.sleep(0.5)  # a send is on the wire, unanswered
         producer.send_signal(signal.SIGINT)
