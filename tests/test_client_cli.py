@@ -3,6 +3,7 @@ and against a real `serve` process; `pulsartxn --version`."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -285,18 +286,43 @@ def test_ctrl_c_ends_consume_on_the_embedded_default(tmp_path, capsys):
     assert code == 0, err
 
 
+@contextlib.contextmanager
+def pausable_serve(tmp: Path):
+    """(the `serve` process, its --url and --token-file flags, a list for the test's children)
+    of a broker the test may pause (SIGSTOP). At the end it is resumed and stopped, and the
+    children still running are killed."""
+    (tmp / "token").write_text(TOKEN + "\n")
+    broker, url = serve(tmp)
+    children: list[subprocess.Popen] = []
+    try:
+        yield broker, ["--url", url, "--token-file", str(tmp / "token")], children
+    finally:
+        broker.send_signal(signal.SIGCONT)
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
+        broker.send_signal(signal.SIGTERM)
+        broker.wait(30)
+
+
+def interrupted(proc: subprocess.Popen) -> tuple[str, str, float]:
+    """SIGINT (Ctrl-C) to `proc`: its (stdout, stderr, seconds it took to end)."""
+    proc.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    out, err = proc.communicate(timeout=25)
+    return out, err, time.monotonic() - started
+
+
 def test_ctrl_c_ends_consume_at_once_while_the_broker_does_not_answer(tmp_path):
     """A consume waiting on a broker that stopped answering (paused here) ends on SIGINT
     within the client's close bound, not after its call's operation timeout (30 s)."""
-    (tmp_path / "token").write_text(TOKEN + "\n")
     cmd = [sys.executable, "-m", "pulsartxn"]
-    broker, url = serve(tmp_path)
-    consumer = None
-    try:
-        remote = ["--url", url, "--token-file", str(tmp_path / "token")]
+    with pausable_serve(tmp_path) as (broker, remote, children):
         consumer = interruptible(
             [*cmd, "consume", "t", "-s", "s", "-n", "0", "-p", "Earliest", *remote]
         )
+        children.append(consumer)
         produced = subprocess.run(
             [*cmd, "produce", "t", "-m", "one", *remote], capture_output=True, timeout=60
         )
@@ -304,17 +330,7 @@ def test_ctrl_c_ends_consume_at_once_while_the_broker_does_not_answer(tmp_path):
         assert consumer.stdout.readline().rstrip("\n").endswith("content:one")
         broker.send_signal(signal.SIGSTOP)
         time.sleep(1.5)  # the consumer's next receive is on the wire, unanswered
-        consumer.send_signal(signal.SIGINT)
-        started = time.monotonic()
-        _, err = consumer.communicate(timeout=25)
-        took = time.monotonic() - started
-    finally:
-        broker.send_signal(signal.SIGCONT)
-        if consumer is not None and consumer.poll() is None:
-            consumer.kill()
-            consumer.communicate()
-        broker.send_signal(signal.SIGTERM)
-        broker.wait(30)
+        _, err, took = interrupted(consumer)
     assert consumer.returncode == 0
     assert err.strip() == "pulsartxn consume: interrupted after 1 messages"
     assert took < 15, f"took {took:.1f} s"
@@ -325,39 +341,25 @@ def test_ctrl_c_ends_produce_at_once_while_the_broker_does_not_answer(tmp_path, 
     """A transactional produce whose broker stopped answering (paused here), while it
     connects or while it sends, ends on SIGINT within the client's close bound; nothing it
     sent is ever read."""
-    (tmp_path / "token").write_text(TOKEN + "\n")
     cmd = [sys.executable, "-m", "pulsartxn"]
-    broker, url = serve(tmp_path)
-    remote = ["--url", url, "--token-file", str(tmp_path / "token")]
-    producer = None
-    try:
+    with pausable_serve(tmp_path) as (broker, remote, children):
         if when == "connecting":
             broker.send_signal(signal.SIGSTOP)
         producer = interruptible(
             [*cmd, "produce", "t", "-m", "x", "-n", "50", "-r", "5", "--txn", *remote]
         )
-        wait_connected(producer, int(url.rsplit(":", 1)[1]))
+        children.append(producer)
+        wait_connected(producer, int(remote[1].rsplit(":", 1)[1]))
         if when == "sending":
             time.sleep(1.0)  # sending, at 5 a second
             broker.send_signal(signal.SIGSTOP)
             time.sleep(0.5)  # a send is on the wire, unanswered
-        producer.send_signal(signal.SIGINT)
-        started = time.monotonic()
-        out, err = producer.communicate(timeout=25)
-        took = time.monotonic() - started
-    finally:
+        out, err, took = interrupted(producer)
         broker.send_signal(signal.SIGCONT)
-        if producer is not None and producer.poll() is None:
-            producer.kill()
-            producer.communicate()
-    try:
         assert producer.returncode == 130 and out == ""
         assert err.strip() == "pulsartxn produce: interrupted"
         assert took < 15, f"took {took:.1f} s"
         assert consume_all(capsys, "t", "-s", "s", "-p", "Earliest", *remote) == []
-    finally:
-        broker.send_signal(signal.SIGTERM)
-        broker.wait(30)
 
 
 def test_version_agrees_with_pyproject(capsys):
