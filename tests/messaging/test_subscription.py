@@ -9,13 +9,13 @@ import queue
 import random
 import threading
 import time
-import tracemalloc
 
 import pytest
 
 import pulsartxn
 from pulsartxn import ConsumerType
 from pulsartxn.messaging.readahead import READ_AHEAD_BYTES
+from tests import helpers
 
 QUEUE = 250  # the broker's receiver_queue_size in these tests
 MAX_QUEUE = 600  # its max_receiver_queue_size
@@ -155,21 +155,17 @@ def test_a_closed_consumer_leaves_positions_not_payloads(client, broker):
     ) as warm_up:  # what a first receive imports
         assert len(warm_up.batch_receive(1, 1000)) == 1
     gc.collect()
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        holder = client.subscribe(
-            "big",
-            "s",
-            subscription_type=ConsumerType.Shared,
-            initial_position=pulsartxn.InitialPosition.Earliest,
-        )
-        receive_all(holder, n)  # one message a call: each is larger than the budget
-        holder.close()
-        gc.collect()
-        held = tracemalloc.get_traced_memory()[0] - base
-    finally:
-        tracemalloc.stop()
+    base = helpers.heap_in_use()
+    holder = client.subscribe(
+        "big",
+        "s",
+        subscription_type=ConsumerType.Shared,
+        initial_position=pulsartxn.InitialPosition.Earliest,
+    )
+    receive_all(holder, n)  # one message a call: each is larger than the budget
+    holder.close()
+    gc.collect()
+    held = helpers.heap_in_use() - base
     assert held < 4 << 20, f"{held / 2**20:.1f} MiB held after the consumer closed"
     sub = subscription(broker, "big")
     assert sorted(sub._redeliver) == [(e, -1) for e in range(n)]
