@@ -41,9 +41,10 @@ class _MallInfo2(ctypes.Structure):
 
 def heap_in_use() -> int:
     """Bytes the C heap (glibc malloc) has handed out and not taken back: its arenas' blocks
-    in use and its mmapped blocks, in every thread. Python's objects (payloads included) live
-    there. Unlike tracemalloc, it hooks nothing: tracemalloc's stop() races with threads that
-    are not Python's (gRPC's, in a served test) and crashed a CI run in Python 3.11."""
+    in use and its mmapped blocks, in every thread. Python's objects over 512 bytes (payloads,
+    arrays) live there; its small ones are in pymalloc's own arenas, not counted. Unlike
+    tracemalloc, it hooks nothing: tracemalloc's stop() races with threads that are not
+    Python's (gRPC's, in a served test) and crashed a CI run in Python 3.11."""
     mallinfo2 = ctypes.CDLL(None).mallinfo2
     mallinfo2.restype = _MallInfo2
     info = mallinfo2()
