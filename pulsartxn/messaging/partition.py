@@ -477,12 +477,6 @@ class Partition:
             raw = lmdb_txn.get(self._dedup_prefix + producer.encode(), db=self._dedup_db)
         return _DEDUP.unpack(raw)[0] if raw is not None else -1
 
-    def lookup_sequence(self, producer: str, sequence_id: int) -> tuple[int, int, int] | None:
-        """(entry id, messages in entry, batch index) of a persisted (producer, sequence)."""
-        with self.storage.read() as lmdb_txn:
-            found = self._lookup_sequence(lmdb_txn, producer, sequence_id)
-        return None if found is None or found[0] == _NEVER_WRITTEN else found
-
     def _lookup_sequence(self, lmdb_txn, producer: str, sequence_id: int):
         prefix = self._dedup_prefix + producer.encode() + b"\0"
         target = prefix + _U64.pack(sequence_id)

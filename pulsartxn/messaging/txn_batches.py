@@ -222,26 +222,25 @@ class TransactionBatches:
         producer's, whose client took their sequence ids and queued them, as a batch here
         waits. Their ids are recorded as never written, as a dropped batch's are; then each
         send's future fails with `exc`. `sends`: (partition key, sequence id) pairs."""
-        ranges: dict = {}  # partition producer -> sequence ids new there
+        by_part: dict = {}  # partition producer -> the sequence ids sent there
         for key, seq in sends:
-            if type(seq) is not int or not 0 <= seq <= MAX_SEQUENCE_ID:
-                continue  # refused all the same
-            part = self._part_for(key)
+            if type(seq) is int and 0 <= seq <= MAX_SEQUENCE_ID:  # else refused all the same
+                by_part.setdefault(self._part_for(key), []).append(seq)
+        for part, seqs in by_part.items():
+            runs: list[tuple[int, int]] = []  # the new ones, consecutive ids as (first, end)
             with part.lock:
-                if seq <= part.last_sequence:
-                    continue  # stored, or recorded already: the refusal answers it
-                part.last_sequence = seq
-                part.dropped.append((seq, seq + 1))
-            ranges.setdefault(part, []).append(seq)
-        for part, seqs in ranges.items():
-            runs = []  # consecutive ids as (first, end)
-            for seq in seqs:
-                if runs and runs[-1][1] == seq:
-                    runs[-1] = (runs[-1][0], seq + 1)
-                else:
-                    runs.append((seq, seq + 1))
-            storage = part.partition.storage
-            storage.wait(storage.submit(part.partition.never_written_op(self.name, runs)))
+                for seq in seqs:
+                    if seq <= part.last_sequence:
+                        continue  # stored, or recorded already: the refusal answers it
+                    part.last_sequence = seq
+                    if runs and runs[-1][1] == seq:
+                        runs[-1] = (runs[-1][0], seq + 1)
+                    else:
+                        runs.append((seq, seq + 1))
+                part.dropped.extend(runs)
+            if runs:
+                storage = part.partition.storage
+                storage.wait(storage.submit(part.partition.never_written_op(self.name, runs)))
         futures = []
         for _ in sends:
             fut: Future = Future()
@@ -300,13 +299,13 @@ def _dropped(batch, exc: Exception | None = None) -> Future | None:
     producer, or after a restart, whose highest sequence may be past them), and the batch's
     messages fail with `exc` once it has; the future of that write. The record rides lazily
     with the next group, so it lands before anything this producer writes after it."""
-    first = batch.first_sequence
+    span = (batch.first_sequence, batch.first_sequence + len(batch.values))
     part = batch.part
-    part.dropped.append((first, first + len(batch.values)))
+    part.dropped.append(span)
     if exc is None:
         return None
     partition = part.partition
-    op = partition.never_written_op(part.producer.name, [(first, first + len(batch.values))])
+    op = partition.never_written_op(part.producer.name, [span])
     fut = partition.storage.submit(op, lazy=True)
     fut.add_done_callback(lambda _: batch.fail(exc))
     return fut
