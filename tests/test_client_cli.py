@@ -16,6 +16,7 @@ import pytest
 
 import pulsartxn
 from pulsartxn.cli import main
+from tests.helpers import Server
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN, ADMIN = "t0ken-for-clients", "t0ken-for-admin"
@@ -71,22 +72,11 @@ def wait_connected(proc: subprocess.Popen, port: int, timeout: float = 60.0) -> 
     raise AssertionError(f"no connection to port {port} within {timeout} s")
 
 
-def serve(tmp: Path, *options: str) -> tuple[subprocess.Popen, str]:
-    """(the process, its url) of a `pulsartxn serve` on tmp/data with the token in tmp/token."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pulsartxn", "serve", "--port", "0", "--no-sync"]
-        + ["--data-dir", str(tmp / "data"), "--token-file", str(tmp / "token"), *options],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    line = proc.stdout.readline()
-    found = re.search(r"pulsartxn://127\.0\.0\.1:\d+", line)
-    if not found:
-        proc.kill()
-        proc.wait()
-    assert found, f"serve printed {line!r}"
-    return proc, found.group(0)
+def serve(tmp: Path, *options: str) -> Server:
+    """A started `pulsartxn serve` on tmp/data with the token in tmp/token."""
+    server = Server(tmp / "data", "--token-file", str(tmp / "token"), *options)
+    server.start()
+    return server
 
 
 @pytest.fixture(scope="module")
@@ -96,12 +86,11 @@ def server(tmp_path_factory):
     (tmp / "token").write_text(TOKEN + "\n")
     (tmp / "admin").write_text(ADMIN)
     (tmp / "wrong").write_text("not-the-token")
-    proc, url = serve(tmp, "--admin-token-file", str(tmp / "admin"))
+    server = serve(tmp, "--admin-token-file", str(tmp / "admin"))
     try:
-        yield url, tmp
+        yield server.url, tmp
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        server.stop()
 
 
 def test_produce_then_consume_on_the_embedded_default(tmp_path, capsys, monkeypatch):
@@ -292,18 +281,17 @@ def pausable_serve(tmp: Path):
     of a broker the test may pause (SIGSTOP). At the end it is resumed and stopped, and the
     children still running are killed."""
     (tmp / "token").write_text(TOKEN + "\n")
-    broker, url = serve(tmp)
+    server = serve(tmp)
     children: list[subprocess.Popen] = []
     try:
-        yield broker, ["--url", url, "--token-file", str(tmp / "token")], children
+        yield server.proc, ["--url", server.url, "--token-file", str(tmp / "token")], children
     finally:
-        broker.send_signal(signal.SIGCONT)
+        server.proc.send_signal(signal.SIGCONT)
         for child in children:
             if child.poll() is None:
                 child.kill()
                 child.communicate()
-        broker.send_signal(signal.SIGTERM)
-        broker.wait(30)
+        server.stop()
 
 
 def interrupted(proc: subprocess.Popen) -> tuple[str, str, float]:

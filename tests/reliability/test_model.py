@@ -65,6 +65,13 @@ class Txn:
     acks: list = field(default_factory=list)  # (subscription key, data)
 
 
+def _wait_timed_out(handle) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while handle.state is not TxnState.TIMEOUT:
+        assert time.monotonic() < deadline, f"{handle.id} never timed out: {handle.state}"
+        time.sleep(0.01)
+
+
 class BrokerModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -367,10 +374,7 @@ class BrokerModel(RuleBasedStateMachine):
                 txn.acks.append((sub, data))
             except InvalidTxnStatus:
                 self.outstanding[sub][data] = msg  # the ack was refused: still ours
-        deadline = time.monotonic() + WAIT_S
-        while handle.state is not TxnState.TIMEOUT:
-            assert time.monotonic() < deadline, f"{handle.id} never timed out: {handle.state}"
-            time.sleep(0.01)
+        _wait_timed_out(handle)
         with pytest.raises(TransactionTimeout):
             handle.commit()
         self._end(txn, False)
@@ -491,10 +495,7 @@ class BrokerModel(RuleBasedStateMachine):
             except InvalidTxnStatus:
                 break  # timed out already (a slow machine): this id was not taken
         seqs = range(first, first + len(futures))
-        deadline = time.monotonic() + WAIT_S
-        while handle.state is not TxnState.TIMEOUT:
-            assert time.monotonic() < deadline, f"{handle.id} never timed out: {handle.state}"
-            time.sleep(0.01)
+        _wait_timed_out(handle)
         producer.flush()
         assert all(isinstance(f.exception(timeout=WAIT_S), TransactionTimeout) for f in futures)
         self._end(self.txn_list[-1], False)

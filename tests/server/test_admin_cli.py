@@ -13,8 +13,7 @@ import pytest
 import pulsartxn
 from pulsartxn import InitialPosition
 from pulsartxn.cli import main
-
-from .conftest import Server
+from tests.helpers import Server
 
 FULL = "persistent://public/default/"
 

@@ -17,9 +17,8 @@ import pytest
 import pulsartxn
 from pulsartxn.errors import AlreadyClosed, BrokerUnavailable, Timeout
 from pulsartxn.remote.handles import CLOSE_TIMEOUT_S
-from tests.helpers import frames
+from tests.helpers import Server, frames
 
-from .conftest import Server
 from .test_send_timeout import timed
 
 

@@ -16,9 +16,8 @@ import pytest
 import pulsartxn
 from pulsartxn import InitialPosition, TxnState
 from pulsartxn.errors import BrokerUnavailable, InvalidTxnStatus, Timeout
-from tests.helpers import paused
+from tests.helpers import Server, paused
 
-from .conftest import Server
 from .test_send_timeout import timed
 
 # Loose bounds: the machine is slow and shared. Never before the timeout, never near the

@@ -15,9 +15,7 @@ import pytest
 import pulsartxn
 from pulsartxn import TxnState
 from pulsartxn.errors import BrokerUnavailable, InvalidTxnStatus, Timeout
-from tests.helpers import paused, scanned
-
-from .conftest import Server
+from tests.helpers import Server, paused, scanned
 
 TIMEOUT_MS = 400
 # Loose bounds: the machine is slow and shared. Never before the timeout; well before the
