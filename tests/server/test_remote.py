@@ -16,6 +16,7 @@ from pulsartxn.errors import (
     Timeout,
     TransactionConflict,
     TransactionNotFound,
+    TransactionTimeout,
 )
 from pulsartxn.server.protocol import frame
 from tests.helpers import LosingProxy, answer_lost, drain, in_thread, scanned, wait_for
@@ -227,6 +228,45 @@ def test_server_killed_mid_transaction_client_carries_on(server):
     again.send(b"once", sequence_id=7)
     values = [v for b in client.scan("t") for v in b.column("value").to_pylist()]
     assert values.count(b"once") == 1
+    client.close()
+
+
+@pytest.mark.parametrize("partitions", [0, 2], ids=["topic", "partitioned"])
+def test_queued_sends_refused_at_a_timeout_stay_on_record_across_a_kill(server, partitions):
+    """A remote producer's sends still queued when their transaction timed out: the broker
+    refuses them at the flush and writes their sequence ids as never written before it answers.
+    Killed -9 right after, it still has that row, so after the restart a resend is stored
+    anew, though a later sequence id was stored on the same partition before the kill."""
+    s = server()
+    client = pulsartxn.Client(s.url, reconnect_timeout_s=30)
+    if partitions:
+        client.create_topic("t", partitions)
+    options = {"batching_max_messages": 100, "batching_max_publish_delay_ms": 60_000}
+    p = client.create_producer("t", producer_name="p", **options)
+    keys = [f"k{i}" for i in range(8)]
+    t1 = client.new_transaction(timeout_ms=50)
+    waiting = [
+        p.send_async(b"w%d" % i, sequence_id=i, txn=t1, partition_key=key)
+        for i, key in enumerate(keys)
+    ]
+    wait_for(lambda: t1.state.value == "TIMEOUT", what="the timeout")
+    p.flush()  # the broker refuses them (the failure is the futures')
+    assert all(isinstance(f.exception(timeout=5), TransactionTimeout) for f in waiting)
+    later = [p.send(b"later", sequence_id=100 + i, partition_key=key) for i, key in enumerate(keys)]
+    assert len({m.partition() for m in later}) == max(partitions, 1)
+    s.kill9()
+    s.start()
+    client.close()
+    client = pulsartxn.Client(s.url)
+    p = client.create_producer("t", producer_name="p")
+    for i, key in enumerate(keys):
+        retry = p.send(b"w%d-retry" % i, sequence_id=i, partition_key=key)
+        assert retry.entry_id() > later[i].entry_id()  # stored anew, after "later"
+        assert retry.partition() == later[i].partition()
+        assert p.send(b"again", sequence_id=i, partition_key=key) == retry
+    assert scanned(client, "t", sort=True) == sorted(
+        [b"later"] * len(keys) + [b"w%d-retry" % i for i in range(len(keys))]
+    )
     client.close()
 
 
