@@ -16,7 +16,7 @@ import pytest
 
 import pulsartxn
 from pulsartxn.cli import main
-from tests.helpers import Server
+from tests.helpers import Server, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN, ADMIN = "t0ken-for-clients", "t0ken-for-admin"
@@ -348,6 +348,37 @@ def test_ctrl_c_ends_produce_at_once_while_the_broker_does_not_answer(tmp_path, 
         assert err.strip() == "pulsartxn produce: interrupted"
         assert took < 15, f"took {took:.1f} s"
         assert consume_all(capsys, "t", "-s", "s", "-p", "Earliest", *remote) == []
+
+
+@pytest.mark.parametrize("txn", [True, False], ids=["txn", "plain"])
+def test_ctrl_c_ends_produce_on_the_embedded_default(tmp_path, capsys, txn):
+    """`produce` on the embedded broker ends on SIGINT with exit 130, its broker closed: the
+    directory is free for the next command at once. A transactional produce's open
+    transaction is aborted by that close: nothing it sent is ever read. A plain one's sends
+    made before the interrupt are stored: the close flushes them."""
+    data = ["--data-dir", str(tmp_path / "data")]
+    cmd = [sys.executable, "-m", "pulsartxn"]
+    flags = ["--txn"] if txn else []
+    producer = interruptible(
+        [*cmd, "produce", "et", "-m", "x", "-n", "200", "-r", "20", *flags, *data]
+    )
+    try:
+        wait_for(
+            lambda: (tmp_path / "data" / "data.mdb").exists() and producer.poll() is None,
+            timeout_s=60,
+            what="the embedded broker",
+        )
+        time.sleep(1.5)  # sending, at 20 a second
+    finally:
+        out, err, took = interrupted(producer)
+    assert producer.returncode == 130 and out == ""
+    assert err.strip() == "pulsartxn produce: interrupted"
+    assert took < 15, f"took {took:.1f} s"
+    read = consume_all(capsys, "et", "-s", "s", "-p", "Earliest", *data)
+    if txn:
+        assert read == []
+    else:
+        assert 0 < len(read) < 200 and all(x.endswith("content:x") for x in read)
 
 
 def test_version_agrees_with_pyproject(capsys):
