@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 
 from ._native import TxnID
 from ._native.keywords import strict_class
@@ -20,7 +21,8 @@ from .errors import (
 )
 from .messaging import admin_ops, positions
 from .messaging.message import MessageId
-from .messaging.topic_name import check_keyed_name
+from .messaging.once import OnceCall
+from .messaging.topic_name import TopicName, check_keyed_name
 from .txn.transaction import as_txn_id
 
 
@@ -109,10 +111,16 @@ class Admin:
         """Delete a topic, its messages and subscriptions, durably. Refused while an open
         transaction has written to it or holds acks on it (even with force); refused while
         producers, consumers or readers are connected unless force, which closes them."""
+        self._delete_topic(topic, force)
+
+    def _delete_topic(self, topic: str, force: bool = False, once: OnceCall | None = None):
+        """delete_topic, as call `once` (messaging/once.py) if given."""
         _check_flag("force", force)
         self._broker.check_open()
         topics = self._broker.topics
         with topics.lock:
+            if once is not None and once.done(TopicName.parse(topic).full)[0]:
+                return
             full, parts = topics.resolve(topic, create=False)
             if full not in dict(topics.listing()):
                 raise InvalidTopicName(f"{full} names a partition; delete its topic instead")
@@ -133,7 +141,7 @@ class Admin:
             for handle in [*producers, *consumers]:
                 handle.close()
             _check_no_txns(f"delete {full}", parts)  # a closed producer's last batch
-            topics.remove(full, parts)
+            topics.remove(full, parts, None if once is None else once.rider(full, None))
 
     def list_subscriptions(self, topic: str) -> list[str]:
         """The names of a topic's durable subscriptions (readers' are not), sorted."""
@@ -146,37 +154,51 @@ class Admin:
     ) -> None:
         """Create a durable subscription at "latest", "earliest" or a message id (its
         partition from that message on, any other from the latest)."""
+        self._create_subscription(topic, subscription, position)
+
+    def _create_subscription(self, topic, subscription, position="latest", once=None) -> None:
+        """create_subscription, as call `once` (messaging/once.py) if given: partitions it
+        created the subscription on before are left as they are."""
         self._broker.check_open()
         topics = self._broker.topics
         start = admin_ops.parse_id(position)
         with topics.lock:
             full, parts = topics.resolve(topic, create=False)
             check_keyed_name("subscription", subscription, [p.topic for p in parts])
-            if any(subscription in part.subscriptions for part in parts):
+            left = [p for p in parts if once is None or not once.done(p.topic)[0]]
+            if any(subscription in part.subscriptions for part in left):
                 raise SubscriptionAlreadyExists(
                     f"subscription {excerpt(subscription)} already exists on {full}"
                 )
-            topics.room_for_subscription(parts, subscription)
+            topics.room_for_subscription(left, subscription)
             named = None
             if not positions.is_everywhere(start):
                 named = positions.partition_of(start, parts, full)
             starts = [
                 positions.start_of(p, start if named in (None, p) else MessageId.latest)
-                for p in parts
+                for p in left
             ]
-            for part, (mark, partial) in zip(parts, starts):
-                sub = topics.subscription(part, subscription, False, at=mark)
+            for part, (mark, partial) in zip(left, starts):
+                rider = None if once is None else once.rider(part.topic, None)
+                sub = topics.subscription(part, subscription, False, at=mark, rider=rider)
                 if partial is not None:
                     positions.reset([sub], [(mark, partial)])
 
     def delete_subscription(self, topic: str, subscription: str, force: bool = False) -> None:
         """Delete a subscription, durably: refused while transactions hold acks on it (even
         with force), and while consumers are connected unless force, which closes them."""
+        self._delete_subscription(topic, subscription, force)
+
+    def _delete_subscription(self, topic, subscription, force=False, once=None) -> None:
+        """delete_subscription, as call `once` (messaging/once.py) if given: partitions it
+        deleted the subscription on before are left as they are."""
         _check_flag("force", force)
         self._broker.check_open()
         topics = self._broker.topics
         with topics.lock:
-            full, subs = self._subs(topic, subscription)
+            full, subs = self._subs(topic, subscription, once)
+            if not subs:
+                return  # this call deleted it everywhere before
             with contextlib.ExitStack() as locks:
                 for sub in subs:
                     locks.enter_context(sub.lock)
@@ -192,7 +214,7 @@ class Admin:
             for consumer in consumers:
                 consumer.close()
             for sub in subs:
-                topics.delete(sub)
+                topics.delete(sub, None if once is None else once.rider(sub.partition.topic, None))
 
     def reset_cursor(self, topic: str, subscription: str, position: MessageId | str | int) -> None:
         """Move a subscription as ``consumer.seek``: to a message id (that message comes
@@ -213,11 +235,22 @@ class Admin:
     def skip(self, topic: str, subscription: str, n: int) -> int:
         """Acknowledge the next n messages a consumer would get (fewer at the end), durably;
         how many were skipped."""
+        return self._skip(topic, subscription, n)
+
+    def _skip(self, topic: str, subscription: str, n: int, once: OnceCall | None = None) -> int:
+        """skip, as call `once` (messaging/once.py) if given: a partition it skipped on
+        before counts what it skipped there then, and is not skipped on again."""
         admin_ops.check_count(n)
         self._broker.check_open()
         done = 0
-        for sub in self._subs(topic, subscription)[1]:
-            done += admin_ops.skip(sub, n - done)
+        for sub in self._subs(topic, subscription, once, keep_done=True)[1]:
+            if isinstance(sub, int):
+                done += sub  # what this call skipped on that partition before
+            else:
+                memo = None
+                if once is not None:
+                    memo = functools.partial(once.rider, sub.partition.topic)
+                done += admin_ops.skip(sub, n - done, memo)
             if done == n:
                 break
         return done
@@ -242,13 +275,24 @@ class Admin:
                 break
         return out
 
-    def _subs(self, topic: str, subscription: str) -> tuple[str, list]:
-        """A topic's full name and its partitions' subscriptions named `subscription`."""
+    def _subs(self, topic: str, subscription: str, once=None, keep_done=False) -> tuple:
+        """A topic's full name and its partitions' subscriptions named `subscription`. With
+        a call `once`: the partitions it has taken effect on are left out, or with `keep_done`
+        given as what it did there; none is then no error if it did anything."""
         if not isinstance(subscription, str):
             raise TypeError(f"subscription must be a str, not {excerpt(subscription)}")
         full, parts = self._broker.topics.resolve(topic, create=False)
-        subs = [p.subscriptions[subscription] for p in parts if subscription in p.subscriptions]
-        if not subs:
+        subs: list = []
+        did_any = False
+        for p in parts:
+            done, did = (False, None) if once is None else once.done(p.topic)
+            if done:
+                did_any = True
+                if keep_done:
+                    subs.append(did)
+            elif subscription in p.subscriptions:
+                subs.append(p.subscriptions[subscription])
+        if not subs and not did_any:
             raise SubscriptionNotFound(
                 f"subscription {excerpt(subscription)} does not exist on {full}"
             )

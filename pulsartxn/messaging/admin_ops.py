@@ -96,15 +96,18 @@ def peek(sub: Subscription, n: int) -> list[dict]:
     return out
 
 
-def skip(sub: Subscription, n: int) -> int:
+def skip(sub: Subscription, n: int, memo=None) -> int:
     """Acknowledge the next n messages (fewer at the end); how many were skipped. Durable
-    when it returns."""
+    when it returns. ``memo(count)``: a write (a once-call's row) made with the first cursor
+    record that holds the skip, or before it, never after."""
     with sub.lock:
         items = _next(sub, n)
         for (entry_id, batch_index), payload in items:
             sub.cursor.ack(entry_id, batch_index, payload[4] if batch_index >= 0 else 0)
             sub._pending.pop((entry_id, batch_index), None)
-        if items:
+        if memo is not None:
+            sub.ride(memo(len(items)))
+        if items or memo is not None:
             sub._persist()
     sub.wait_persisted()
     return len(items)

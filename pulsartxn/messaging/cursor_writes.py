@@ -10,7 +10,8 @@ from ..storage import WriteOp
 
 class CursorWrites:
     """Mixed into Subscription, whose attributes it uses: lock, cursor, key, partition,
-    committing, unsubscribed, durable, _persist_queued, _persist_requested, _last_persist."""
+    committing, riders, unsubscribed, durable, _persist_queued, _persist_requested,
+    _last_persist."""
 
     def _persist(self) -> None:
         """Persist the cursor soon: acks within one flush interval share one write, as
@@ -38,18 +39,34 @@ class CursorWrites:
         committing = self.committing
         return self.cursor.serialize(tuple(committing.values()) if committing else ())
 
+    def ride(self, write) -> None:
+        """``write(lmdb_txn)`` goes with every cursor record written from now on until one of
+        them has landed (lock held): in the write that makes the cursor's present state
+        durable, or an earlier one (a once-call's row, messaging/once.py)."""
+        self.riders.append(write)
+
     def _write_cursor(self):
         storage = self.partition.storage
         db = storage.open_db(b"cursors")
+        carried: list = []
 
         def apply(lmdb_txn):
             with self.lock:
                 self._persist_queued = False
                 data = None if self.unsubscribed else self.cursor_record()
+                carried[:] = self.riders
             if data is not None:
                 lmdb_txn.put(self.key, data, db=db)
+            for write in carried:
+                write(lmdb_txn)
 
-        self._last_persist = storage.submit(WriteOp(apply, nbytes=64), lazy=True)
+        def landed(_result):
+            if carried:
+                with self.lock:
+                    self.riders = [w for w in self.riders if w not in carried]
+
+        op = WriteOp(apply, nbytes=64, on_commit=landed)
+        self._last_persist = storage.submit(op, lazy=True)
         return self._last_persist
 
     def wait_persisted(self) -> None:

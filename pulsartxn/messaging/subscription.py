@@ -74,6 +74,7 @@ class Subscription(CursorWrites, Redelivery):
         # reach the cursor once that write has landed; until then every cursor record
         # written includes them, so that no record written after theirs drops them.
         self.committing: dict = {}
+        self.riders: list = []  # writes made with the next cursor record (CursorWrites.ride)
         self.msg_out = 0
         self.bytes_out = 0
         self.read_committed = True

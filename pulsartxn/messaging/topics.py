@@ -198,10 +198,11 @@ class Topics:
         return part
 
     def subscription(
-        self, part: Partition, name: str, earliest: bool, at: int | None = None
+        self, part: Partition, name: str, earliest: bool, at: int | None = None, rider=None
     ) -> Subscription:
         """The subscription `name` on `part`, created (its cursor written) if new; `at`: the
-        new cursor's mark-delete position instead of the earliest's or the latest's."""
+        new cursor's mark-delete position instead of the earliest's or the latest's;
+        `rider(lmdb_txn)`: written with a new one's cursor."""
         with self.lock:
             sub = part.subscriptions.get(name)
             if sub is not None:
@@ -213,7 +214,13 @@ class Topics:
             cursor = Cursor(start)
             key = part.topic.encode() + b"\0" + name.encode()
             data = cursor.serialize()
-            self.storage.write(lambda lmdb_txn: lmdb_txn.put(key, data, db=self._cursors_db))
+
+            def apply(lmdb_txn):
+                lmdb_txn.put(key, data, db=self._cursors_db)
+                if rider is not None:
+                    rider(lmdb_txn)
+
+            self.storage.write(apply)
             sub = Subscription(part, name, cursor)
             with part.lock:
                 part.subscriptions[name] = sub
@@ -231,15 +238,17 @@ class Topics:
                     f"(max_subscriptions_per_topic={limit}): delete unused ones"
                 )
 
-    def delete(self, sub: Subscription) -> None:
+    def delete(self, sub: Subscription, rider=None) -> None:
         """The cursor and the pending-ack log of `sub` go in one write: a new subscription
-        of the name starts clean."""
+        of the name starts clean. `rider(lmdb_txn)` is written with them."""
         part = sub.partition
         key = sub.key
 
         def apply(lmdb_txn):
             lmdb_txn.delete(key, db=self._cursors_db)
             sub.pending_ack.delete_log(lmdb_txn)
+            if rider is not None:
+                rider(lmdb_txn)
 
         with self.lock:
             sub.wait_persisted()
@@ -247,10 +256,10 @@ class Topics:
             with part.lock:
                 part.subscriptions.pop(sub.name, None)
 
-    def remove(self, full: str, partitions: list[Partition]) -> None:
+    def remove(self, full: str, partitions: list[Partition], rider=None) -> None:
         """Delete a topic in one write: its metadata, and each partition's entries, ledger,
         de-duplication rows, buffer snapshots, cursors and pending-ack logs (lock held, the
-        caller checked that nothing uses them)."""
+        caller checked that nothing uses them); `rider(lmdb_txn)` is written with them."""
         for part in partitions:
             for sub in list(part.subscriptions.values()):
                 sub.unsubscribed = True  # a cursor write still queued writes nothing
@@ -269,6 +278,8 @@ class Topics:
                     _delete_prefix(lmdb_txn, db, key + b"\0")
                 for sub in part.subscriptions.values():
                     sub.pending_ack.delete_log(lmdb_txn)
+            if rider is not None:
+                rider(lmdb_txn)
 
         self.storage.write(apply)
         for part in partitions:

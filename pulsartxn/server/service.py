@@ -21,10 +21,11 @@ from ..client import Client
 from ..messaging.consumer import SUBSCRIBE_ENUMS
 from ..messaging.dead_letter import DeadLetterPolicy, dead_letter_topic
 from ..messaging.message import MessageId
+from ..messaging.once import OnceCall
 from . import protocol
 from .protocol import SessionLost, frame, jsonable, unframe
 from .readers import ReaderActions, id_fields
-from .replay import Replays
+from .replay import Replays, call_numbers
 from .sessions import (
     ADMIN,
     MAX_SESSIONS,
@@ -427,10 +428,16 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
     def _on_admin(self, args, payload):
         s = self.sessions.get(args)
         if args.get("method") in protocol.ADMIN_ONCE_METHODS:
-            return self.replays.run(s, args, lambda: self._admin(args), "admin")
+            # Once per call number: a re-sent call gets its first answer from memory (the
+            # replays) or, after a restart, does not run again where it took effect (once).
+            call, below = call_numbers(args)
+            run_once = None
+            if call is not None:
+                run_once = OnceCall(self.broker.storage, s.id, call, below)
+            return self.replays.run(s, args, lambda: self._admin(args, run_once), "admin")
         return self._admin(args)
 
-    def _admin(self, args) -> dict:
+    def _admin(self, args, run_once: OnceCall | None = None) -> dict:
         method = args.get("method")
         call_args = args.get("args", [])
         if not isinstance(call_args, list):
@@ -443,6 +450,9 @@ class BrokerServer(Streams, ReaderActions, TxnActions, flight.FlightServerBase):
             self._serve_topic(call_args[0], create=False)  # its owner's figures, no other
         if method not in self._ADMIN:
             raise ValueError(f"unknown admin call {errors.excerpt(method)}")
+        if run_once is not None:
+            call = getattr(self.broker.admin, "_" + method)  # as call `run_once`
+            return {"result": jsonable(call(*call_args, once=run_once))}
         return {"result": jsonable(getattr(self.broker.admin, method)(*call_args))}
 
 

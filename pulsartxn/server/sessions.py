@@ -25,6 +25,7 @@ from typing import TypeVar
 import pyarrow.flight as flight
 
 from .. import errors
+from ..messaging import once
 from ..messaging.topics import check_create_id
 from ..txn.log import IN_PROCESS
 from ..txn.state import FINAL
@@ -363,6 +364,8 @@ class Sessions:
         try:
             s.close()
             self.abort_orphans(s)
+            with contextlib.suppress(errors.PulsarTxnError):  # the broker is closing
+                once.forget(self.broker.storage, [s.id])  # its calls can come no more
         finally:
             with self._lock:
                 self._closing.pop(s.id).set()
@@ -397,6 +400,13 @@ class Sessions:
             if not self._swept and now - self._started > self.timeout_s:
                 self._swept = True
                 self.abort_orphans(None)
+                self._forget_gone()
+
+    def _forget_gone(self) -> None:
+        """Drop the once-call rows of sessions that did not come back after a restart."""
+        storage = self.broker.storage
+        with contextlib.suppress(errors.PulsarTxnError):
+            once.forget(storage, sorted(once.owners(storage) - {s.id for s in self.live()}))
 
     def abort_orphans(self, gone: Session | None) -> None:
         """Abort the open transactions no live session holds (opened, or used by id) and no

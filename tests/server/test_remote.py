@@ -18,6 +18,7 @@ from pulsartxn.errors import (
     TransactionNotFound,
     TransactionTimeout,
 )
+from pulsartxn.messaging import once
 from pulsartxn.server.protocol import frame
 from tests.helpers import LosingProxy, answer_lost, drain, in_thread, scanned, wait_for
 
@@ -184,10 +185,11 @@ def test_disconnected_client_messages_are_redelivered(server):
 def test_transactions_of_a_session_that_does_not_come_back_are_aborted(server):
     """A server killed -9 keeps its sessions' transactions: a client that comes back within
     the session timeout goes on (see above); one that does not has its transactions aborted
-    then, but those of a group."""
+    then, but those of a group; the rows of its once-calls are dropped then too."""
     s = server("--session-timeout-s", "1")
     a = pulsartxn.Client(s.url)
     producer = a.create_producer("t")
+    a.admin.create_subscription("t", "made")  # a row of a's once-calls (messaging/once.py)
     gone = a.new_transaction(timeout_ms=600_000)
     producer.send(b"gone", txn=gone)
     grouped = a.new_transaction(timeout_ms=600_000, group="job")
@@ -207,6 +209,9 @@ def test_transactions_of_a_session_that_does_not_come_back_are_aborted(server):
     values = [v for batch in b.scan("t") for v in batch.column("value").to_pylist()]
     assert values == [b"grouped"]
     b.close()
+    assert s.stop() == 0
+    with pulsartxn.Broker(s.data_dir) as broker:  # a's rows went with its session
+        assert once.owners(broker.storage) == set()
 
 
 def test_server_killed_mid_transaction_client_carries_on(server):
@@ -906,6 +911,79 @@ def test_an_admin_skip_or_delete_re_sent_after_its_answer_was_lost_runs_once(ser
     assert client.admin.skip("t", "s", 1) == 1 and backlog() == 2
     client.close()
     proxy.close()
+
+
+@pytest.mark.parametrize("partitions", [0, 2], ids=["topic", "partitioned"])
+def test_admin_calls_re_sent_across_a_broker_restart_take_effect_once(server, partitions):
+    """A skip, a delete or a create of a subscription, a delete of a topic and an
+    unsubscribe, each landed and then the broker killed -9 before its answer: the client
+    re-sends it to the restarted broker (its memory of the call is gone), which finds what
+    the call did written with its effect. A skip of 6 skips 6, not 10 (skipped messages
+    count as consumed), over both partitions of a partitioned topic; the others say nothing
+    is amiss. A closed session's rows go with it."""
+    s, proxy, client, _ = _losing(server)
+    direct = pulsartxn.Client(s.url)
+    t = "pt" if partitions else "t2"
+    if partitions:
+        for topic in (t, "gone"):
+            direct.create_topic(topic, partitions)
+    producer = client.create_producer(t, batching_enabled=False)
+    client.subscribe(t, "s", initial_position=pulsartxn.InitialPosition.Earliest).close()
+    client.subscribe(t, "gone").close()
+    for i in range(10):
+        producer.send(b"m%d" % i, partition_key=f"k{i}")
+    direct.create_producer("gone").send(b"x")
+    direct.close()
+
+    def stats(topic=t):
+        c = pulsartxn.Client(s.url)
+        try:
+            return c.admin.topic_stats(topic)
+        finally:
+            c.close()
+
+    def across_a_restart(fn, landed):
+        proxy.hold_answers()
+        call, got = in_thread(fn)
+        wait_for(landed, what="the call's effect")
+        s.kill9()
+        s.start()  # on its port: the relay reaches it
+        proxy.cut()
+        call.join(60)
+        return got[0]
+
+    backlog = lambda: stats()["subscriptions"]["s"]["backlog"]  # noqa: E731
+    assert across_a_restart(lambda: client.admin.skip(t, "s", 6), lambda: backlog() == 4) == 6
+    assert backlog() == 4
+    gone = lambda: "gone" not in stats()["subscriptions"]  # noqa: E731
+    assert across_a_restart(lambda: client.admin.delete_subscription(t, "gone"), gone) is None
+    made = lambda: "new" in stats()["subscriptions"]  # noqa: E731
+    assert across_a_restart(lambda: client.admin.create_subscription(t, "new"), made) is None
+
+    def deleted():
+        try:
+            stats("gone")
+        except pulsartxn.TopicNotFound:
+            return True
+        return False
+
+    assert across_a_restart(lambda: client.admin.delete_topic("gone"), deleted) is None
+    leaving = client.subscribe(t, "leaving")
+    left = lambda: "leaving" not in stats()["subscriptions"]  # noqa: E731
+    assert across_a_restart(leaving.unsubscribe, left) is None
+    # New calls are new: each runs again.
+    assert client.admin.skip(t, "s", 3) == 3 and backlog() == 1
+    with pytest.raises(pulsartxn.SubscriptionNotFound):
+        client.admin.delete_subscription(t, "gone")
+    with pytest.raises(pulsartxn.SubscriptionAlreadyExists):
+        client.admin.create_subscription(t, "new")
+    with pytest.raises(pulsartxn.TopicNotFound):
+        client.admin.delete_topic("gone")
+    client.close()
+    proxy.close()
+    assert s.stop() == 0
+    with pulsartxn.Broker(s.data_dir) as broker:  # the closed session's rows are gone
+        assert once.owners(broker.storage) == set()
 
 
 def test_an_unsubscribe_re_sent_after_its_answer_was_lost_succeeds(server):
