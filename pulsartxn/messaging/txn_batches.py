@@ -9,6 +9,8 @@ does this; it uses the producer's partition producers, batching limits and clien
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from concurrent.futures import Future
 
@@ -166,10 +168,19 @@ class TransactionBatches:
             part.inflight.append(batch)
             batch.landed(claim)
 
+        # A group committed by another thread may answer the write before the callback is
+        # added: add_done_callback then runs it at once, in this thread, which holds
+        # part.lock already (not reentrant). `adding`: this thread while it adds it.
+        adding = [threading.get_ident()]
+
         def failed(f):
             batch.inflight = None  # no cycle batch -> future -> this callback -> batch
             if claim is not None:
-                part._landed(batch)
+                if adding[0] == threading.get_ident():
+                    with contextlib.suppress(ValueError):
+                        part.inflight.remove(batch)
+                else:
+                    part._landed(batch)
             exc = f.exception()
             if staged is not None:
                 staged[1](exc is None)
@@ -182,6 +193,7 @@ class TransactionBatches:
                 txn._failed(exc)
 
         fut.add_done_callback(failed)
+        adding[0] = None
 
     def _txn_flush(self, txn, wait: bool = True) -> None:
         """Send this transaction's waiting batches; with `wait`, until they are durable.

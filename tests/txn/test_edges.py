@@ -203,6 +203,43 @@ def test_sends_racing_an_abort_from_another_thread_are_each_written_aborted_or_r
     assert len(scanned(client, "t")) == len(again) + 1
 
 
+def test_a_transaction_batch_written_before_its_callback_is_added_does_not_hang(tmp_path):
+    """In process, a transaction batch's write is submitted lazily with its producer's
+    partition lock held, then its callback is added. A group committed by another thread in
+    between (the 64-thread load test hung so: a commit racing its transaction's timeout)
+    had answered the write already, so the callback ran at once, in the sending thread, and
+    took the lock that thread held: a hang for good. Here every lazy write is made to land
+    before its submit returns."""
+    broker = Broker(tmp_path / "d", sync=False)
+    storage = broker.storage
+    submit = storage.submit
+
+    def landed_at_once(op, lazy=False):
+        fut = submit(op, lazy=lazy)
+        if lazy:
+            storage.commits.flush_lazy()
+            fut.exception(timeout=10)  # answered: as by another thread's group
+        return fut
+
+    storage.submit = landed_at_once
+    client = broker.client()
+    p = client.create_producer("t", batching_enabled=False)
+
+    def transactions():
+        for i in range(3):
+            txn = client.new_transaction()
+            p.send(b"v%d" % i, txn=txn)
+            txn.commit()
+
+    sender = threading.Thread(target=transactions, daemon=True)
+    sender.start()
+    sender.join(20)
+    assert not sender.is_alive(), "the send hung"  # (the broker left open: its close would too)
+    del storage.submit
+    assert scanned(client, "t") == [b"v0", b"v1", b"v2"]
+    broker.close()
+
+
 def test_a_resend_waiting_in_its_transaction_batch_is_a_duplicate(env):
     broker = env()
     client = broker.client()
