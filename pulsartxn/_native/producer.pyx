@@ -391,8 +391,10 @@ cdef class PartitionProducer:
 
         op = p.append_op([entry], [n], batch.nbytes, producer.name, batch.first_sequence,
                          on_published=published, resend=batch.resent)
-        fut = p.storage.submit(op, False, quiet)
-        fut.add_done_callback(lambda f: self._failed(f, batch))
+        # Added before the write is submitted: a callback added to a future answered
+        # already (by a group another thread commits) runs here, under self.lock.
+        op.future.add_done_callback(lambda f: self._failed(f, batch))
+        p.storage.submit(op, False, quiet)
         return 0
 
     def _landed(self, batch):

@@ -9,8 +9,6 @@ does this; it uses the producer's partition producers, batching limits and clien
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 from concurrent.futures import Future
 
@@ -157,30 +155,18 @@ class TransactionBatches:
         # held: it dies with the process anyway, so its record may wait for the next one.
         op.durable = False
         op.held = held
-        fut = partition.storage.submit(op, lazy=True)
-        txn._riding.append((op, staged is not None, partition.topic))
-        txn._send_counts[partition.topic] = txn._send_counts.get(partition.topic, 0) + n
         if claim is None:
-            batch.inflight = fut
+            batch.inflight = op.future
         else:
             # Answered now, durable by the commit (decision 2), as send_batch's; among the
             # container's batches in flight until written, for resends to find.
             part.inflight.append(batch)
             batch.landed(claim)
 
-        # A group committed by another thread may answer the write before the callback is
-        # added: add_done_callback then runs it at once, in this thread, which holds
-        # part.lock already (not reentrant). `adding`: this thread while it adds it.
-        adding = [threading.get_ident()]
-
         def failed(f):
             batch.inflight = None  # no cycle batch -> future -> this callback -> batch
             if claim is not None:
-                if adding[0] == threading.get_ident():
-                    with contextlib.suppress(ValueError):
-                        part.inflight.remove(batch)
-                else:
-                    part._landed(batch)
+                part._landed(batch)
             exc = f.exception()
             if staged is not None:
                 staged[1](exc is None)
@@ -192,8 +178,13 @@ class TransactionBatches:
                 batch.fail(exc)
                 txn._failed(exc)
 
-        fut.add_done_callback(failed)
-        adding[0] = None
+        # Added before the write is submitted: a group that another thread commits may
+        # answer it at once, and a callback added to an answered future runs in the adding
+        # thread, which holds part.lock (not reentrant) here.
+        op.future.add_done_callback(failed)
+        partition.storage.submit(op, lazy=True)
+        txn._riding.append((op, staged is not None, partition.topic))
+        txn._send_counts[partition.topic] = txn._send_counts.get(partition.topic, 0) + n
 
     def _txn_flush(self, txn, wait: bool = True) -> None:
         """Send this transaction's waiting batches; with `wait`, until they are durable.

@@ -336,8 +336,10 @@ class PartitionProducer:
             on_published=published,
             resend=batch.resent,
         )
-        fut = p.storage.submit(op, False, quiet)
-        fut.add_done_callback(lambda f: self._failed(f, batch))
+        # Added before the write is submitted: a callback added to a future answered
+        # already (by a group another thread commits) runs here, under self.lock.
+        op.future.add_done_callback(lambda f: self._failed(f, batch))
+        p.storage.submit(op, False, quiet)
 
     def _landed(self, batch: Batch) -> None:
         with self.lock:
