@@ -53,6 +53,21 @@ def heap_in_use() -> int:
     return info.uordblks + info.hblkhd
 
 
+def python_child(tmp_path, script: str, *args: str) -> subprocess.Popen:
+    """`script` run by a Python child (written to tmp_path/child.py) that imports this
+    checkout, with `args`; its stdin and stdout are text pipes, for the test to pace it and
+    kill it (SIGKILL) where it says."""
+    path = tmp_path / "child.py"
+    path.write_text(script)
+    return subprocess.Popen(
+        [sys.executable, str(path), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=dict(os.environ, PYTHONPATH=os.getcwd()),
+        text=True,
+    )
+
+
 class Server:
     """`pulsartxn serve` as a real process on 127.0.0.1 (a free port, kept across restarts)."""
 

@@ -6,11 +6,8 @@ never half-kept across a SIGKILL."""
 from __future__ import annotations
 
 import functools
-import os
 import random
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
 
@@ -181,16 +178,7 @@ def test_an_orphaned_claim_is_aborted_after_a_sigkill(tmp_path):
     sends above it, and a commit): after the restart the orphan is aborted, everything else
     is read, and new sends go after it all."""
     data = str(tmp_path / "d")
-    script = tmp_path / "child.py"
-    script.write_text(CRASH)
-    env = dict(os.environ, PYTHONPATH=os.getcwd())
-    proc = subprocess.Popen(
-        [sys.executable, str(script), data],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=env,
-        text=True,
-    )
+    proc = helpers.python_child(tmp_path, CRASH, data)
     try:
         claimed = int(proc.stdout.readline())
         assert proc.stdout.readline().strip() == "ready"

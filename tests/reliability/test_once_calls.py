@@ -5,10 +5,7 @@ restart skip what each did not, and nothing twice."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -16,6 +13,7 @@ import pytest
 import pulsartxn
 from pulsartxn.messaging import once
 from pulsartxn.messaging.once import OnceCall
+from tests.helpers import python_child
 
 PARTITIONS, PER_PARTITION, CALLS, N = 6, 10, 8, 7  # 8 skips of 7 over 6 x 10 messages
 
@@ -51,15 +49,7 @@ def _prepare(data: str) -> None:
 def test_skips_made_again_after_a_kill_skip_each_message_once(tmp_path, kill_after):
     data = str(tmp_path / "d")
     _prepare(data)
-    script = tmp_path / "child.py"
-    script.write_text(CHILD)
-    proc = subprocess.Popen(
-        [sys.executable, str(script), data],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=dict(os.environ, PYTHONPATH=os.getcwd()),
-        text=True,
-    )
+    proc = python_child(tmp_path, CHILD, data)
     try:
         assert proc.stdout.readline().strip() == "ready"
         answered = [int(proc.stdout.readline()) for _ in range(kill_after)]

@@ -4,10 +4,7 @@ transactions hold acks, and message ids that name a batch index without the batc
 from __future__ import annotations
 
 import functools
-import os
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -399,15 +396,7 @@ def test_dropped_sequences_are_on_record_when_their_sends_fail(tmp_path):
     were on record by then, so after the restart a resend is stored anew, though sequence 10
     was stored before them."""
     data = str(tmp_path / "d")
-    script = tmp_path / "child.py"
-    script.write_text(DROPPED_THEN_KILLED)
-    proc = subprocess.Popen(
-        [sys.executable, str(script), data],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=dict(os.environ, PYTHONPATH=os.getcwd()),
-        text=True,
-    )
+    proc = helpers.python_child(tmp_path, DROPPED_THEN_KILLED, data)
     try:
         ten = int(proc.stdout.readline())
         assert proc.stdout.readline().strip() == "['TransactionTimeout']"
