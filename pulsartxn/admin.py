@@ -196,7 +196,7 @@ class Admin:
         self._broker.check_open()
         topics = self._broker.topics
         with topics.lock:
-            full, subs = self._subs(topic, subscription, once)
+            full, subs, _ = self._subs(topic, subscription, once)
             if not subs:
                 return  # this call deleted it everywhere before
             with contextlib.ExitStack() as locks:
@@ -223,7 +223,7 @@ class Admin:
             positions.check_position(position)
         target = admin_ops.parse_id(position) if isinstance(position, str) else position
         self._broker.check_open()
-        full, subs = self._subs(topic, subscription)
+        full, subs, _ = self._subs(topic, subscription)
         if not positions.is_everywhere(target):
             part = positions.partition_of(target, [s.partition for s in subs], full)
             subs = [s for s in subs if s.partition is part]
@@ -242,17 +242,13 @@ class Admin:
         before counts what it skipped there then, and is not skipped on again."""
         admin_ops.check_count(n)
         self._broker.check_open()
-        done = 0
-        for sub in self._subs(topic, subscription, once, keep_done=True)[1]:
-            if isinstance(sub, int):
-                done += sub  # what this call skipped on that partition before
-            else:
-                memo = None
-                if once is not None:
-                    memo = functools.partial(once.rider, sub.partition.topic)
-                done += admin_ops.skip(sub, n - done, memo)
+        _, subs, skipped = self._subs(topic, subscription, once)
+        done = sum(skipped)  # what this call skipped before, on partitions it reached
+        for sub in subs:
             if done == n:
                 break
+            memo = None if once is None else functools.partial(once.rider, sub.partition.topic)
+            done += admin_ops.skip(sub, n - done, memo)
         return done
 
     def clear_backlog(self, topic: str, subscription: str) -> None:
@@ -275,28 +271,26 @@ class Admin:
                 break
         return out
 
-    def _subs(self, topic: str, subscription: str, once=None, keep_done=False) -> tuple:
-        """A topic's full name and its partitions' subscriptions named `subscription`. With
-        a call `once`: the partitions it has taken effect on are left out, or with `keep_done`
-        given as what it did there; none is then no error if it did anything."""
+    def _subs(self, topic: str, subscription: str, once=None) -> tuple[str, list, list]:
+        """A topic's full name, its partitions' subscriptions named `subscription`, and what
+        call `once` (if given) did on the partitions it has taken effect on, which are left
+        out of the subscriptions (none is then no error if it did anything)."""
         if not isinstance(subscription, str):
             raise TypeError(f"subscription must be a str, not {excerpt(subscription)}")
         full, parts = self._broker.topics.resolve(topic, create=False)
         subs: list = []
-        did_any = False
+        did: list = []
         for p in parts:
-            done, did = (False, None) if once is None else once.done(p.topic)
+            done, what = (False, None) if once is None else once.done(p.topic)
             if done:
-                did_any = True
-                if keep_done:
-                    subs.append(did)
+                did.append(what)
             elif subscription in p.subscriptions:
                 subs.append(p.subscriptions[subscription])
-        if not subs and not did_any:
+        if not subs and not did:
             raise SubscriptionNotFound(
                 f"subscription {excerpt(subscription)} does not exist on {full}"
             )
-        return full, subs
+        return full, subs, did
 
     # -- transaction coordinators ----------------------------------------------------------
 
@@ -403,7 +397,7 @@ class Admin:
         None) and the entries its individual acks hold; per partition when partitioned."""
         self._broker.check_open()
         tid = as_txn_id(txn_id)
-        full, subs = self._subs(topic, subscription)
+        full, subs, _ = self._subs(topic, subscription)
         per = {s.partition.topic: _in_pending_ack(s, tid) for s in subs}
         out = {"topic": full, "subscription": subscription, "txn_id": str(tid)}
         if len(subs) == 1 and subs[0].partition.topic == full:
