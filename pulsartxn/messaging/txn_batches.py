@@ -309,6 +309,7 @@ def _dropped(batch, exc: Exception | None = None) -> Future | None:
         return None
     partition = part.partition
     op = partition.never_written_op(part.producer.name, [span])
-    fut = partition.storage.submit(op, lazy=True)
-    fut.add_done_callback(lambda _: batch.fail(exc))
-    return fut
+    # Before the submit, as in _txn_send_locked: the caller may hold part.lock, and the
+    # messages' own callbacks (the sender's) must not run under it.
+    op.future.add_done_callback(lambda _: batch.fail(exc))
+    return partition.storage.submit(op, lazy=True)
