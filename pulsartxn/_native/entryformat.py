@@ -25,7 +25,6 @@ from collections import namedtuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..errors import excerpt
 
@@ -316,7 +315,7 @@ class DecodedEntries:
         counts = self.message_count[self.msg_entry] if n else np.zeros(0, dtype=np.uint32)
         batch_index = np.where(counts > 1, self.batch_index, -1).astype(np.int32)
         columns = {
-            "topic": pc.take(pa.array([topic], pa.string()), pa.array(np.zeros(n, dtype=np.int32))),
+            "topic": pa.array([topic], pa.string()).take(pa.array(np.zeros(n, dtype=np.int32))),
             "partition": pa.array(np.full(n, partition, dtype=np.int32)),
             "ledger_id": pa.array(np.full(n, ledger_id, dtype=np.int64)),
             "entry_id": pa.array(self.entry_id[self.msg_entry].astype(np.int64)),

@@ -16,7 +16,6 @@ import struct
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.flight as flight
 
 from .. import errors
@@ -431,6 +430,8 @@ def table_batches(table, max_bytes: int):
     if table.num_rows and table.nbytes <= max_bytes:  # the usual case: one batch
         yield from table.combine_chunks().to_batches()
         return
+    import pyarrow.compute as pc  # here: its import costs every process 80 ms
+
     sizes = pc.binary_length(table.column("value")).to_numpy(zero_copy_only=False)
     if "key" in table.schema.names:
         sizes = sizes + pc.binary_length(table.column("key")).fill_null(0).to_numpy(
