@@ -31,8 +31,12 @@ def test_messaging_suite_passes_on_the_twins():
             # same broker behind the network service (the wire's native codecs have their own
             # agreement tests under tests/native), and a SIGKILL test checks LMDB's atomicity.
             # The ack timeout's and delayed delivery's tests wait on timers, in Python on both.
+            # Two tests of MiB payloads check byte bounds of subscription.py's (the same on
+            # both) and take 10 s each on the twins, against 0.1-0.3 s natively.
             "not kill_9 and not leaves_positions_not_payloads and not remote and not sigkill"
-            " and not test_ack_timeout and not test_delayed",
+            " and not test_ack_timeout and not test_delayed"
+            " and not test_large_messages_dispatch_whole"
+            " and not test_read_ahead_is_bounded_in_bytes",
         ],
         cwd=ROOT,
         env=env,
