@@ -311,6 +311,7 @@ class LosingProxy:
         self.port = self._listener.getsockname()[1]
         self._holding = False
         self._closed = False
+        self.dropped = 0  # bytes of answers lost while holding
         self._lock = threading.Lock()
         self._conns: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
@@ -366,6 +367,8 @@ class LosingProxy:
             while data := src.recv(65536):
                 if not (answers and self._holding):
                     dst.sendall(data)
+                else:
+                    self.dropped += len(data)
         except OSError:
             pass
         for s in (src, dst):

@@ -129,11 +129,14 @@ class RemoteAdmin(AdminCalls):
         return admin_call(self._client, name, wire_args(args))
 
 
-def admin_call(conn: RemoteClient, name: str, wire: list) -> Any:
+def admin_call(conn: RemoteClient, name: str, wire: list, held=None) -> Any:
     """One admin call on a broker's connection; one that must run once
-    (protocol.ADMIN_ONCE_METHODS) is numbered there (RemoteClient._json_once)."""
-    send = conn._json_once if name in ADMIN_ONCE_METHODS else conn._json
-    return send("admin", {"method": name, "args": wire})["result"]
+    (protocol.ADMIN_ONCE_METHODS) is numbered there (RemoteClient._json_once, `held` by a
+    caller that may make it again)."""
+    args = {"method": name, "args": wire}
+    if name in ADMIN_ONCE_METHODS:
+        return conn._json_once("admin", args, held=held)["result"]
+    return conn._json("admin", args)["result"]
 
 
 def wire_args(args) -> list:

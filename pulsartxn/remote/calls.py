@@ -170,15 +170,18 @@ class Calls:
         (out,) = self._call(action, args, payload, owner)
         return unframe(out, 1 << 62)[0]
 
-    def _json_once(self, action: str, args: dict, owner=None) -> dict:
+    def _json_once(self, action: str, args: dict, owner=None, held=None) -> dict:
         """``_json`` of a call that a second run would not answer as the first (an admin
         skip or delete, an unsubscribe): numbered, so that re-sent after its answer was lost
-        it gets the first answer (server/replay.py). Its number is never another call's."""
-        call, numbers = self._once.take(self._generation)
+        it gets the first answer (server/replay.py). Its number is never another call's.
+        `held` (HeldNumbers): the numbers of a call its caller makes again, kept by it."""
+        if held is not None:
+            return self._json(action, {**args, **held.at(self)}, owner=owner)
+        held = HeldNumbers()
         try:
-            return self._json(action, {**args, **numbers}, owner=owner)
+            return self._json(action, {**args, **held.at(self)}, owner=owner)
         finally:
-            self._once.done(call)
+            held.release()
 
     def _keep_alive(self, every: float) -> None:
         while not self._stop.wait(every):
@@ -198,3 +201,28 @@ class Calls:
                 if self._stop.is_set():
                     return
                 raise
+
+
+class HeldNumbers:
+    """The numbers one call that must run once took at each broker it went to, kept until
+    it is over: a cluster client that makes it again (its owner restarted or was out of
+    reach) sends a broker the number it had there, so the broker finds what it did
+    (messaging/once.py) rather than doing it twice. The numbers of a session's calls stay
+    taken across its reopening: a call in flight keeps the broker's rows under it."""
+
+    __slots__ = ("_taken",)
+
+    def __init__(self) -> None:
+        self._taken: dict[int, tuple] = {}  # id(connection) -> (connection, call, numbers)
+
+    def at(self, conn) -> dict:
+        got = self._taken.get(id(conn))
+        if got is None:
+            call, numbers = conn._once.take(0)  # one generation: never forgotten
+            got = self._taken[id(conn)] = (conn, call, numbers)
+        return got[2]
+
+    def release(self) -> None:
+        for conn, call, _ in self._taken.values():
+            conn._once.done(call)
+        self._taken.clear()

@@ -11,6 +11,7 @@ from ..messaging import admin_ops
 from ..messaging.topic_name import TopicName
 from ..server.protocol import ADMIN_TOPIC_METHODS
 from .admin import AdminCalls, admin_call, wire_args
+from .calls import HeldNumbers
 from .handles import txn_str
 
 if TYPE_CHECKING:
@@ -26,11 +27,18 @@ class ClusterAdmin(AdminCalls):
         self._client = client
 
     def _call(self, name: str, *args: Any) -> Any:
+        held = HeldNumbers()
+        try:
+            return self._route(name, args, held)
+        finally:
+            held.release()
+
+    def _route(self, name: str, args, held: HeldNumbers) -> Any:
         client = self._client
         wire = wire_args(args)
 
         def run(conn):
-            return admin_call(conn, name, wire)
+            return admin_call(conn, name, wire, held)
 
         coordinator = None
         if name == "coordinator_stats" and args and _is_int(args[0]):
@@ -54,13 +62,18 @@ class ClusterAdmin(AdminCalls):
         return client._any(run)
 
     def _at(self, part: str, name: str, args) -> Any:
-        """One admin call about partition `part`, at its owner."""
+        """One admin call about partition `part`, at its owner; made again there (its owner
+        restarted, say), it carries the number it had (HeldNumbers)."""
         wire = wire_args([part, *args])
+        held = HeldNumbers()
 
         def run(conn):
-            return admin_call(conn, name, wire)
+            return admin_call(conn, name, wire, held)
 
-        return self._client._follow("partition", part, run)
+        try:
+            return self._client._follow("partition", part, run)
+        finally:
+            held.release()
 
     def _gathered(self, name: str, args: list) -> Any:
         """A call about a subscription of a topic, made partition by partition at each owner

@@ -5,6 +5,7 @@ partitions on both) all lose answers."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import Counter
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from tests.helpers import (
     answer_lost,
     exactly_once_loop,
     free_ports,
+    in_thread,
     losing_answers,
     wait_for,
 )
@@ -30,7 +32,8 @@ PARTITIONS = 4
 
 @contextmanager
 def _behind_relays(zookeeper, tmp_path):
-    """Two brokers of one cluster, each advertising its LosingProxy: (proxies, url)."""
+    """Two brokers of one cluster, each advertising its LosingProxy: (proxies, url,
+    brokers), brokers[i] the one-broker LocalCluster behind proxies[i]."""
     base = free_ports(2)
     proxies = [LosingProxy(("127.0.0.1", base + i)) for i in range(2)]
     root = f"t-{uuid.uuid4().hex[:8]}"
@@ -49,7 +52,7 @@ def _behind_relays(zookeeper, tmp_path):
                     extra_args=("--advertised-address", f"127.0.0.1:{proxy.port}"),
                 ).start()
             )
-        yield proxies, "pulsartxn://" + ",".join(f"127.0.0.1:{p.port}" for p in proxies)
+        yield proxies, "pulsartxn://" + ",".join(f"127.0.0.1:{p.port}" for p in proxies), brokers
     finally:
         for cluster in brokers:
             cluster.close()
@@ -58,7 +61,7 @@ def _behind_relays(zookeeper, tmp_path):
 
 
 def test_an_exactly_once_loop_across_brokers_losing_answers(zookeeper, tmp_path):
-    with _behind_relays(zookeeper, tmp_path) as (proxies, url):
+    with _behind_relays(zookeeper, tmp_path) as (proxies, url, _):
         with pulsartxn.Client(url) as setup:
             setup.create_topic("in", PARTITIONS)
             setup.create_topic("out", PARTITIONS)
@@ -96,7 +99,7 @@ def test_a_transactional_send_batch_cut_on_a_partition_makes_its_transaction_abo
     """A cluster client's send_batch of a transaction over two partitions, their owners'
     answers lost and the connections cut: the call fails, and the transaction can only abort
     (what each owner stored is unknown): its commit aborts it, and nothing of it is read."""
-    with _behind_relays(zookeeper, tmp_path) as (proxies, url):
+    with _behind_relays(zookeeper, tmp_path) as (proxies, url, _):
         client = pulsartxn.Client(url, reconnect_timeout_s=5)
         client.create_topic("t", 2)
         producer = client.create_producer("t")
@@ -111,4 +114,79 @@ def test_a_transactional_send_batch_cut_on_a_partition_makes_its_transaction_abo
         producer.send(b"after", partition_key="1")
         reader = client.create_reader("t", pulsartxn.MessageId.earliest)
         assert [reader.read_next(10_000).data() for _ in range(2)] == [b"after"] * 2
+        client.close()
+
+
+def test_admin_calls_re_sent_across_an_owners_restart_take_effect_once(zookeeper, tmp_path):
+    """A skip over a topic whose 4 partitions two brokers own is a numbered call at each
+    partition's owner. Its answer lost, then the owner of the partition it skipped on killed
+    -9 and restarted, the client makes the call again there: what the owner wrote with the
+    skip says it is done, so 15 messages are skipped in all, not more. The same for a
+    subscription's delete and create on every partition."""
+    with _behind_relays(zookeeper, tmp_path) as (proxies, url, brokers):
+        client = pulsartxn.Client(url, reconnect_timeout_s=60)
+        client.create_topic("pt", PARTITIONS)
+        parts = client.topic_partitions("pt")
+        owner = {p: client._owner("partition", p) for p in parts}
+        assert len(set(owner.values())) == 2, owner
+        for name in ("s", "gone"):
+            client.subscribe(
+                "pt", name, initial_position=pulsartxn.InitialPosition.Earliest
+            ).close()
+        producer = client.create_producer("pt", batching_enabled=False)
+        for i in range(40):
+            producer.send(b"m%d" % i, partition_key=str(i))
+
+        def subs(part=None):
+            if part is None:
+                return client.admin.partitioned_stats("pt")["subscriptions"]
+            return client.admin.topic_stats(part)["subscriptions"]
+
+        first = subs(parts[0])["s"]["backlog"]
+        assert 0 < first < 15 and subs()["s"]["backlog"] == 40
+        addresses = [f"127.0.0.1:{p.port}" for p in proxies]
+        victim = addresses.index(owner[parts[0]])
+        other = addresses[1 - victim]
+
+        def across_a_restart(fn, landed):
+            """fn() in a thread, the victim's answers lost; the victim killed once it has
+            answered, `landed(subscriptions of parts[0])` checked in its store, then it is
+            restarted and its connections cut: what fn() returned."""
+            proxies[victim].dropped = 0
+            proxies[victim].hold_answers()
+            client._home = other  # the topic's metadata from the broker that answers
+            call, got = in_thread(fn)
+            wait_for(lambda: proxies[victim].dropped > 0, what="the victim's answer")
+            time.sleep(0.5)  # a keepalive's answer may come first
+            brokers[victim].kill(0)
+            with pulsartxn.Broker(brokers[victim].data_dir_of(0)) as broker:
+                assert landed(broker.client().admin.topic_stats(parts[0])["subscriptions"])
+            brokers[victim].start(0)
+            proxies[victim].cut()
+            call.join(90)
+            assert not call.is_alive()
+            return got[0]
+
+        skip = across_a_restart(
+            lambda: client.admin.skip("pt", "s", 15), lambda s: s["s"]["backlog"] == 0
+        )
+        assert skip == 15 and subs()["s"]["backlog"] == 25
+        assert (
+            across_a_restart(
+                lambda: client.admin.delete_subscription("pt", "gone"), lambda s: "gone" not in s
+            )
+            is None
+        )
+        assert "gone" not in subs()
+        assert (
+            across_a_restart(
+                lambda: client.admin.create_subscription("pt", "new"), lambda s: "new" in s
+            )
+            is None
+        )
+        assert subs()["new"]["backlog"] == 0
+        # New calls are new.
+        assert client.admin.skip("pt", "s", 5) == 5 and subs()["s"]["backlog"] == 20
+        with pytest.raises(pulsartxn.SubscriptionNotFound):
+            client.admin.delete_subscription("pt", "gone")
         client.close()

@@ -19,6 +19,7 @@ from pulsartxn.errors import (
     TransactionTimeout,
 )
 from pulsartxn.messaging import once
+from pulsartxn.remote.calls import HeldNumbers
 from pulsartxn.server.protocol import frame
 from tests.helpers import LosingProxy, answer_lost, drain, in_thread, scanned, wait_for
 
@@ -984,6 +985,31 @@ def test_admin_calls_re_sent_across_a_broker_restart_take_effect_once(server, pa
     assert s.stop() == 0
     with pulsartxn.Broker(s.data_dir) as broker:  # the closed session's rows are gone
         assert once.owners(broker.storage) == set()
+
+
+def test_a_once_call_in_flight_keeps_its_number_under_later_calls_after_a_reopen(server):
+    """A call that must run once, in flight while the broker restarts, is re-sent with its
+    number after the session is opened again. A call made meanwhile by another thread sends
+    a `below` (the broker forgets what calls under it did) that must not pass it: the
+    numbers taken before the reopen stay taken."""
+    s = server()
+    client = pulsartxn.Client(s.url)
+    client.create_producer("t").close()
+    in_flight = HeldNumbers()
+    first = in_flight.at(client)["call"]
+    generation = client._generation
+    s.kill9()
+    s.start()
+    client.create_producer("t").close()  # finds the session lost, and opens it again
+    assert client._generation > generation
+    later = HeldNumbers()
+    assert later.at(client)["call"] > first and later.at(client)["below"] == first
+    in_flight.release()
+    later.release()
+    after = HeldNumbers()
+    assert after.at(client)["below"] > first
+    after.release()
+    client.close()
 
 
 def test_an_unsubscribe_re_sent_after_its_answer_was_lost_succeeds(server):
