@@ -180,9 +180,9 @@ class Admin:
             ]
             for part, (mark, partial) in zip(left, starts):
                 rider = None if once is None else once.rider(part.topic, None)
-                sub = topics.subscription(part, subscription, False, at=mark, rider=rider)
-                if partial is not None:
-                    positions.reset([sub], [(mark, partial)])
+                topics.subscription(
+                    part, subscription, False, at=mark, rider=rider, partial=partial
+                )
 
     def delete_subscription(self, topic: str, subscription: str, force: bool = False) -> None:
         """Delete a subscription, durably: refused while transactions hold acks on it (even

@@ -198,11 +198,18 @@ class Topics:
         return part
 
     def subscription(
-        self, part: Partition, name: str, earliest: bool, at: int | None = None, rider=None
+        self,
+        part: Partition,
+        name: str,
+        earliest: bool,
+        at: int | None = None,
+        rider=None,
+        partial: tuple[int, int, int] | None = None,
     ) -> Subscription:
         """The subscription `name` on `part`, created (its cursor written) if new; `at`: the
-        new cursor's mark-delete position instead of the earliest's or the latest's;
-        `rider(lmdb_txn)`: written with a new one's cursor."""
+        new cursor's mark-delete position instead of the earliest's or the latest's, and
+        `partial` a cumulative ack inside the next entry (positions.start_of), in the same
+        write; `rider(lmdb_txn)`: written with a new one's cursor."""
         with self.lock:
             sub = part.subscriptions.get(name)
             if sub is not None:
@@ -212,6 +219,8 @@ class Topics:
             if at is not None:
                 start = at
             cursor = Cursor(start)
+            if partial is not None:
+                cursor.ack_cumulative(*partial)
             key = part.topic.encode() + b"\0" + name.encode()
             data = cursor.serialize()
 

@@ -76,6 +76,28 @@ def test_create_subscription_at_a_message_id(client):
     assert "bad" not in client.admin.list_subscriptions("at-id")
 
 
+def test_create_subscription_at_a_batch_index_is_one_write(tmp_path):
+    """A subscription made at a message inside a batch: its cursor and the cumulative ack
+    of the batch's messages before it are one write (a crash between two writes left it at
+    the batch's start: those messages delivered again), and a restart finds it there."""
+    with pulsartxn.Broker(str(tmp_path / "d")) as broker:
+        client = broker.client()
+        producer = client.create_producer("bi", batching_max_publish_delay_ms=60_000)
+        futures = [producer.send_async(b"m%d" % i) for i in range(5)]
+        producer.flush()
+        ids = [f.result() for f in futures]
+        assert len({i.entry_id() for i in ids}) == 1 and ids[2].batch_index() == 2
+        groups = broker.storage.commits.groups
+        client.admin.create_subscription("bi", "s", ids[2])
+        assert broker.storage.commits.groups == groups + 1
+        assert _payloads(client.admin.peek("bi", "s", 5)) == [b"m2", b"m3", b"m4"]
+    with pulsartxn.Broker(str(tmp_path / "d")) as broker:
+        client = broker.client()
+        assert client.admin.topic_stats("bi")["subscriptions"]["s"]["backlog"] == 3
+        consumer = client.subscribe("bi", "s")
+        assert [consumer.receive(5000).data() for _ in range(3)] == [b"m2", b"m3", b"m4"]
+
+
 def test_delete_subscription_refused_with_consumers_and_transactions(client):
     admin = client.admin
     _send(client, "dsub", b"a", b"b")
