@@ -301,7 +301,8 @@ class LosingProxy:
     """A TCP relay on 127.0.0.1 to `target` (host, port) that can lose answers: after
     ``hold_answers()`` what the server sends is dropped, so a request reaches the server and
     its answer never comes back; ``cut()`` then closes every connection (the client sees it
-    lost, reconnects, and answers flow again); ``close()`` refuses new connections too."""
+    lost, reconnects, and answers flow again); while ``refusing`` is set, connections are
+    closed as they come; ``close()`` refuses new connections for good."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         import threading
@@ -312,6 +313,7 @@ class LosingProxy:
         self._holding = False
         self._closed = False
         self.dropped = 0  # bytes of answers lost while holding
+        self.refusing = False  # connections closed as they come: the broker out of reach
         self._lock = threading.Lock()
         self._conns: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
@@ -352,6 +354,9 @@ class LosingProxy:
             if self._closed:
                 client.close()
                 return
+            if self.refusing:
+                client.close()
+                continue
             try:
                 server = socket.create_connection(self._target)
             except OSError:

@@ -190,3 +190,49 @@ def test_admin_calls_re_sent_across_an_owners_restart_take_effect_once(zookeeper
         with pytest.raises(pulsartxn.SubscriptionNotFound):
             client.admin.delete_subscription("pt", "gone")
         client.close()
+
+
+def test_calls_made_again_after_an_owner_was_out_of_reach_take_effect_once(zookeeper, tmp_path):
+    """The owner of a partition out of reach for longer than a connection's own retries
+    (1 s) after a skip and an unsubscribe landed there, their answers lost: the client makes
+    each again there once it answers, in the same session. The skip skips once, and the
+    unsubscribe succeeds (it is done: what it did the first time is the answer)."""
+    with _behind_relays(zookeeper, tmp_path) as (proxies, url, _):
+        client = pulsartxn.Client(url, reconnect_timeout_s=60)
+        client.create_topic("pt", PARTITIONS)
+        parts = client.topic_partitions("pt")
+        addresses = [f"127.0.0.1:{p.port}" for p in proxies]
+        victim = addresses.index(client._owner("partition", parts[0]))
+        other = addresses[1 - victim]
+        client.subscribe("pt", "s", initial_position=pulsartxn.InitialPosition.Earliest).close()
+        leaving = client.subscribe("pt", "leaving")
+        producer = client.create_producer("pt", batching_enabled=False)
+        for i in range(40):
+            producer.send(b"m%d" % i, partition_key=str(i))
+
+        def subs():
+            return client.admin.partitioned_stats("pt")["subscriptions"]
+
+        first = client.admin.topic_stats(parts[0])["subscriptions"]["s"]["backlog"]
+        assert 0 < first < 15
+
+        def out_of_reach(fn):
+            proxies[victim].dropped = 0
+            proxies[victim].hold_answers()
+            client._home = other
+            call, got = in_thread(fn)
+            wait_for(lambda: proxies[victim].dropped > 0, what="the victim's answer")
+            time.sleep(0.5)  # a keepalive's answer may come first
+            proxies[victim].refusing = True
+            proxies[victim].cut()
+            time.sleep(3)  # past the connection's own retries: the cluster client's turn
+            proxies[victim].refusing = False
+            call.join(90)
+            assert not call.is_alive()
+            return got[0]
+
+        assert out_of_reach(lambda: client.admin.skip("pt", "s", 15)) == 15
+        assert subs()["s"]["backlog"] == 25
+        assert out_of_reach(leaving.unsubscribe) is None
+        assert "leaving" not in subs()
+        client.close()
