@@ -110,17 +110,35 @@ class ClusterAdmin(AdminCalls):
                 if (out if name == "skip" else len(out)) >= n:
                     break
             return out
+        full = TopicName.parse(args[0]).full
+        if name == "create_subscription" and len(parts) > 1 and rest:
+            # As one broker: refused where it exists on any partition, before any is made.
+            if any(rest[0] in self._at(p, "list_subscriptions", []) for p in parts):
+                raise errors.SubscriptionAlreadyExists(
+                    f"subscription {errors.excerpt(rest[0])} already exists on {full}"
+                )
         answers = {}
+        missing = 0
         for p in parts:
             here = rest
             if name == "create_subscription" and position is not None and len(parts) > 1:
                 mine = TopicName.parse(p).partition_index == position.partition()
                 here = [rest[0], rest[1] if mine else "latest"]
-            answers[p] = self._at(p, name, here)
+            try:
+                answers[p] = self._at(p, name, here)
+            except errors.SubscriptionNotFound:
+                # As one broker: deleted where it is, not found only if it is nowhere.
+                if name != "delete_subscription" or len(parts) == 1:
+                    raise
+                missing += 1
+        if missing == len(parts):
+            raise errors.SubscriptionNotFound(
+                f"subscription {errors.excerpt(rest[0])} does not exist on {full}"
+            )
         if len(parts) == 1 or name not in _IN_STATS:
-            return answers[parts[0]]
+            return answers.get(parts[0])  # a delete's first partition may have had none
         out = {k: v for k, v in answers[parts[0]].items() if k in ("subscription", "txn_id")}
-        out["topic"] = TopicName.parse(args[0]).full
+        out["topic"] = full
         out["partitions"] = {
             p: {k: v for k, v in a.items() if k not in ("topic", "subscription", "txn_id")}
             for p, a in answers.items()

@@ -37,6 +37,21 @@ def test_a_partitioned_topic_across_brokers(local_cluster, capsys):
         inbuf = admin.transaction_in_buffer_stats("ca", txn.id)
         assert {p["state"] for p in inbuf["partitions"].values()} == {"unknown"}
         txn.abort()
+        # A subscription on some partitions only (as a call cut part way leaves it) is
+        # deleted where it is, as one broker does; SubscriptionNotFound once it is nowhere.
+        admin.create_subscription(FULL + "ca-partition-2", "some")
+        assert admin.list_subscriptions("ca") == ["s", "some"]
+        admin.delete_subscription("ca", "some")
+        assert admin.list_subscriptions("ca") == ["s"]
+        with pytest.raises(pulsartxn.SubscriptionNotFound):
+            admin.delete_subscription("ca", "some")
+        # A create is refused when the subscription is on any partition, before any is made.
+        admin.create_subscription(FULL + "ca-partition-2", "some")
+        with pytest.raises(pulsartxn.SubscriptionAlreadyExists):
+            admin.create_subscription("ca", "some")
+        for i in range(4):
+            assert admin.list_subscriptions(f"ca-partition-{i}") == ["s", "some"][: 2 - (i != 2)]
+        admin.delete_subscription("ca", "some")
         with pytest.raises(pulsartxn.InvalidConfiguration):
             admin.delete_topic("ca")
         producer.close()
