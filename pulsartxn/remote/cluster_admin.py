@@ -105,7 +105,15 @@ class ClusterAdmin(AdminCalls):
             n = rest[1] if len(rest) > 1 else 1
             out: Any = 0 if name == "skip" else []
             for p in parts:
-                got = self._at(p, name, [rest[0], n - (out if name == "skip" else len(out))])
+                try:
+                    got = self._at(p, name, [rest[0], n - (out if name == "skip" else len(out))])
+                except errors.PulsarTxnError as exc:
+                    if name == "skip" and out:  # what it skipped stays skipped: say how much
+                        raise type(exc)(
+                            f"{exc} (this skip had skipped {out} of {n} messages on the "
+                            f"partitions before {p})"
+                        ) from None
+                    raise
                 out += got
                 if (out if name == "skip" else len(out)) >= n:
                     break

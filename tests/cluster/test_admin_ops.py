@@ -59,3 +59,30 @@ def test_a_partitioned_topic_across_brokers(local_cluster, capsys):
         assert {"topic": FULL + "ca", "partitions": 4} in json.loads(capsys.readouterr().out)
     finally:
         client.close()
+
+
+def test_a_skip_cut_by_an_owner_out_of_reach_says_what_it_skipped(local_cluster):
+    """A skip over partitions on two brokers, the second's owner down past the client's
+    reconnect timeout: BrokerUnavailable, saying how many it had skipped before (they stay
+    skipped), so the caller knows what is left to do."""
+    cluster = local_cluster(2, num_coordinators=2)
+    client = pulsartxn.Client(cluster.service_url, reconnect_timeout_s=1)
+    try:
+        client.create_topic("cut", partitions=4)
+        parts = client.topic_partitions("cut")
+        owners = [client._owner("partition", p) for p in parts]
+        later = next(i for i, o in enumerate(owners) if o != owners[0])
+        client.admin.create_subscription("cut", "s", "earliest")
+        producer = client.create_producer("cut", batching_enabled=False)
+        for i in range(40):
+            producer.send(b"%d" % i, partition_key=str(i))
+        producer.close()
+        before = sum(
+            client.admin.topic_stats(p)["subscriptions"]["s"]["backlog"] for p in parts[:later]
+        )
+        assert before > 0
+        cluster.kill(cluster.addresses.index(owners[later]))
+        with pytest.raises(pulsartxn.BrokerUnavailable, match=f"had skipped {before} of 40 "):
+            client.admin.skip("cut", "s", 40)
+    finally:
+        client.close()
