@@ -19,7 +19,7 @@ from ..messaging.message import Message, MessageId
 from ..server import protocol
 from ..server.protocol import SessionLost
 from ..txn.state import FINAL, TxnState
-from ..txn.transaction import TransactionContext
+from ..txn.transaction import TransactionContext, end_wait_s
 
 if TYPE_CHECKING:
     from .client import RemoteClient
@@ -390,6 +390,7 @@ class RemoteTransaction(TransactionContext):
             producer._answered()
 
     def _end(self, commit: bool, timeout_ms) -> None:
+        wait = end_wait_s(timeout_ms)
         if commit:
             self._flush_for_commit()
             if self._error is not None:
@@ -408,7 +409,6 @@ class RemoteTransaction(TransactionContext):
             except errors.PulsarTxnError:
                 pass  # not answered in time: the abort goes on, later sends are late
         retries = self._client._retries
-        wait = None if timeout_ms is None else max(float(timeout_ms), 0.0) / 1000.0
         what = "commit" if commit else "abort"
         kind = self._client._spares.wanted()
         begin_next = None if kind is None else {"timeout_ms": kind[0], "coordinator_id": kind[1]}

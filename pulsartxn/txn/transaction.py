@@ -7,8 +7,25 @@ import weakref
 
 from .._native import TxnID
 from .._native.keywords import strict_class
-from ..errors import InvalidTxnStatus, PulsarTxnError, TransactionTimeout
+from ..errors import InvalidTxnStatus, PulsarTxnError, TransactionTimeout, excerpt
+from .coordinators import MAX_TIMEOUT_MS
 from .state import FINAL, TxnState
+
+
+def end_wait_s(timeout_ms) -> float | None:
+    """A commit's or abort's `timeout_ms` as seconds (None: the broker's operation timeout);
+    ValueError, before anything is done, unless it is a number of 0..MAX_TIMEOUT_MS."""
+    if timeout_ms is None:
+        return None
+    if (
+        isinstance(timeout_ms, bool)
+        or not isinstance(timeout_ms, (int, float))
+        or not 0 <= timeout_ms <= MAX_TIMEOUT_MS  # NaN too
+    ):
+        raise ValueError(
+            f"timeout_ms must be a number of 0..{MAX_TIMEOUT_MS} or None, not {excerpt(timeout_ms)}"
+        )
+    return float(timeout_ms) / 1000.0
 
 
 class TransactionContext:
@@ -142,13 +159,13 @@ class Transaction(TransactionContext, metaclass=abc.ABCMeta):  # noqa: B024 - fo
             raise cls(f"cannot {op} transaction {self.id}: it is {self._final.value}")
 
     def _end(self, commit: bool, timeout_ms, counts=None) -> None:
+        timeout_s = end_wait_s(timeout_ms)
         self._client._check_open()
         # What producers still hold of it goes into its end's write, an abort's too (aborted
         # there, as Pulsar's abort waits for the sends before it): their sequence ids then do
         # not count, after a restart or in a new producer as well.
         for producer in self._live_producers():
             producer._txn_flush(self, wait=False)
-        timeout_s = None if timeout_ms is None else max(float(timeout_ms), 0.0) / 1000.0
         acks = sends = None
         if commit:
             acks, sends = counts if counts is not None else (self._counts() or (None, None))

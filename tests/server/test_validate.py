@@ -177,6 +177,22 @@ def test_a_request_with_unknown_or_bad_options_is_refused_with_an_excerpt(server
     client.close()
 
 
+def test_an_end_with_a_bad_timeout_on_the_wire_is_refused_and_changes_nothing(server):
+    """Another client's end may carry any timeout_ms: one that is no number of 0..2^40 ms is
+    a ValueError from the broker, and the transaction stays OPEN."""
+    s = server()
+    client = pulsartxn.Client(s.url)
+    txn = client.new_transaction()
+    client.create_producer("t", batching_enabled=False).send(b"v", txn=txn)
+    for bad in ("5", True, -1, 1e30, [1]):
+        with pytest.raises(ValueError, match="timeout_ms must be a number"):
+            client._raw("end", {"txn": str(txn.id), "commit": True, "timeout_ms": bad})
+        assert txn.state is pulsartxn.TxnState.OPEN
+    txn.commit()
+    assert [v for b in client.scan("t") for v in b.column("value").to_pylist()] == [b"v"]
+    client.close()
+
+
 def test_a_consumer_keeps_its_name_across_a_server_restart(server):
     """The name the server gave a consumer (or the one asked for) is the one it subscribes
     under again when the client reconnects after a restart."""

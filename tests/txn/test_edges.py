@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pulsartxn import Broker, ConsumerType, InitialPosition, MessageId
+from pulsartxn import Broker, ConsumerType, InitialPosition, MessageId, TxnState
 from pulsartxn.errors import (
     AlreadyClosed,
     InvalidMessageId,
@@ -32,6 +32,28 @@ def values(msgs) -> list[bytes]:
 
 def backlog(broker, sub: str = "s") -> int:
     return broker.admin.topic_stats("t")["subscriptions"][sub]["backlog"]
+
+
+# -- an end's arguments ----------------------------------------------------------------------
+
+
+def test_an_end_with_a_bad_timeout_is_refused_and_changes_nothing(env):
+    """commit/abort(timeout_ms=...) takes None or a number of 0..2^40 ms: a str, a bool,
+    NaN, a negative or an infinite one is a ValueError before anything is done (a commit
+    given "5" used to commit); the transaction stays OPEN and ends as asked after."""
+    broker = env()
+    client = broker.client()
+    producer = client.create_producer("t", batching_enabled=False)
+    txn = client.new_transaction()
+    producer.send(b"v", txn=txn)
+    for bad in ("5", True, float("nan"), -1, float("inf"), 1e30):
+        for end in (txn.commit, txn.abort):
+            with pytest.raises(ValueError, match="timeout_ms must be a number"):
+                end(timeout_ms=bad)
+            assert txn.state is TxnState.OPEN
+    assert scanned(client, "t") == []
+    txn.commit(timeout_ms=0)  # no wait it needs: the decision is made all the same
+    assert txn.state is TxnState.COMMITTED and scanned(client, "t") == [b"v"]
 
 
 # -- de-duplication counts only what is or will be visible --------------------------------------
