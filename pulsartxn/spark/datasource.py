@@ -22,8 +22,14 @@ from pyspark.sql.datasource import (
 )
 
 from .._native.keywords import nearest
-from ..errors import NotAuthorized
-from ._service import driver_client, executor_client, job_coordinator, service_url_for
+from ..errors import NotAuthorized, excerpt
+from ._service import (
+    check_txn_timeout_ms,
+    driver_client,
+    executor_client,
+    job_coordinator,
+    service_url_for,
+)
 from .read import DEFAULT_ROWS_PER_SPLIT, READ_DDL, plan_splits, scan_ahead
 from .write import DEFAULT_TXN_TIMEOUT_MS, write_attempt
 
@@ -58,9 +64,23 @@ def check_options(options) -> None:
         hint = nearest(name, OPTIONS)
         also = f"; did you mean {hint!r}?" if hint else f"; valid options: {', '.join(OPTIONS)}"
         raise ValueError(f"unknown option {key!r} of the pulsartxn data source{also}")
-    position = {str(k).lower(): v for k, v in dict(options).items()}.get("starting_position")
+    given = {str(k).lower(): v for k, v in dict(options).items()}
+    position = given.get("starting_position")
     if position is not None and str(position).lower() not in ("earliest", "latest"):
         raise ValueError(f"starting_position must be 'earliest' or 'latest', not {position!r}")
+    # Numbers: checked here, on the driver (a bad txn_timeout_ms failed every task attempt).
+    for name in ("rows_per_split", "min_splits", "txn_timeout_ms"):
+        raw = given.get(name)
+        if raw is None or raw == "":
+            continue
+        try:
+            value = int(str(raw))
+        except ValueError:
+            raise ValueError(f"{name} must be an int, not {excerpt(raw)}") from None
+        if name == "txn_timeout_ms":
+            check_txn_timeout_ms(value)
+        elif value < 1:
+            raise ValueError(f"{name} must be at least 1, not {value}")
 
 
 class _Options(dict):

@@ -13,8 +13,13 @@ from __future__ import annotations
 import pyarrow as pa
 
 from .._native.keywords import strict
-from ..messaging.consumer import ConsumerType, InitialPosition
-from ._service import driver_client, service_url_for
+from ..messaging.consumer import ConsumerType, InitialPosition, check_count
+from ._service import (
+    check_connect_timeout_s,
+    check_txn_timeout_ms,
+    driver_client,
+    service_url_for,
+)
 from .write import DEFAULT_TXN_TIMEOUT_MS, WriteJob, prepare
 
 INPUT_DDL = (
@@ -78,8 +83,13 @@ def process_exactly_once(
     """Process the subscription's available input once (API.md, "Spark"). `transform` takes a
     DataFrame of ``INPUT_DDL`` and returns one with a ``value`` column (binary or string) and
     optionally ``key``. Returns ``{"input", "output", "committed", "aborted", "label"}``."""
-    if max_messages is not None and max_messages < 1:
-        raise ValueError(f"max_messages must be at least 1, not {max_messages}")
+    # Each checked before anything is done: a bad one used to fail after the subscription
+    # was made and its messages drained, or in Spark's own words.
+    check_count("max_messages", max_messages, 1, optional=True)
+    check_count("receive_timeout_ms", receive_timeout_ms, 0)
+    check_count("input_partitions", input_partitions, 1, optional=True)
+    check_txn_timeout_ms(txn_timeout_ms)
+    check_connect_timeout_s(connect_timeout_s)
     url = service_url_for(spark, service_url)
     client = driver_client(url, token, connect_timeout_s)
     try:

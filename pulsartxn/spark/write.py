@@ -15,7 +15,14 @@ import pyarrow as pa
 from .._native import TxnID
 from .._native.keywords import strict
 from ..messaging.topic_name import TopicName
-from ._service import driver_client, executor_client, job_coordinator, service_url_for
+from ._service import (
+    check_connect_timeout_s,
+    check_txn_timeout_ms,
+    driver_client,
+    executor_client,
+    job_coordinator,
+    service_url_for,
+)
 
 REPORT_SCHEMA = "partition_id int, attempt int, txn_msb long, txn_lsb long, rows long"
 DEFAULT_TXN_TIMEOUT_MS = 600_000  # a task attempt must finish writing within this
@@ -271,6 +278,8 @@ def write_topic(
 ) -> dict:
     """Write every row of `df` to `topic` exactly once (API.md, "Spark"); returns counts:
     ``{"topic", "label", "rows", "partitions", "committed", "aborted", "duplicate"}``."""
+    check_txn_timeout_ms(txn_timeout_ms)
+    check_connect_timeout_s(connect_timeout_s)
     prepared = prepare(df, value_column, key_column)
     url = service_url_for(df.sparkSession, service_url)
     client = driver_client(url, token, connect_timeout_s)

@@ -63,3 +63,51 @@ def test_malformed_service_url(spark, topic):
     df = spark.range(1).selectExpr("cast(id as string) as value")
     with pytest.raises(ValueError, match="pulsartxn://host:port"):
         ptx.write_topic(df, topic, service_url="http://localhost")
+
+
+BAD_TIMEOUTS = [
+    ({"txn_timeout_ms": 0}, ValueError, "txn_timeout_ms 0 out of range"),
+    ({"txn_timeout_ms": True}, TypeError, "txn_timeout_ms must be an int"),
+    ({"txn_timeout_ms": "60000"}, TypeError, "txn_timeout_ms must be an int"),
+    ({"connect_timeout_s": "10"}, TypeError, "connect_timeout_s must be a number"),
+    ({"connect_timeout_s": float("nan")}, ValueError, "connect_timeout_s must be positive"),
+]
+
+
+@pytest.mark.parametrize("options, error, match", BAD_TIMEOUTS)
+def test_bad_timeouts_are_refused_before_any_task(spark, client, topic, options, error, match):
+    """Checked on the driver before anything is done: a txn_timeout_ms of 0 used to fail
+    every attempt of every task (a PythonException from the executors after Spark's
+    retries), and connect_timeout_s="10" was an error about adding a float to a str."""
+    import pulsartxn
+
+    df = spark.createDataFrame([(b"a",)], "value binary")
+    start = time.monotonic()
+    with pytest.raises(error, match=match):
+        ptx.write_topic(df, topic, **options)
+    assert time.monotonic() - start < 2  # no Spark job ran
+    with pytest.raises(pulsartxn.TopicNotFound):
+        client.topic_partitions(topic)
+    if "connect_timeout_s" in options:
+        with pytest.raises(error, match=match):
+            ptx.read_topic(spark, topic, **options)
+
+
+@pytest.mark.parametrize(
+    "options, error, match",
+    [
+        *BAD_TIMEOUTS,
+        ({"receive_timeout_ms": "200"}, ValueError, "receive_timeout_ms must be a non-negative"),
+        ({"input_partitions": 0}, ValueError, "input_partitions must be an int of at least 1"),
+        ({"input_partitions": "3"}, ValueError, "input_partitions must be an int of at least 1"),
+    ],
+)
+def test_bad_options_of_a_processing_round_are_refused_before_it_subscribes(
+    spark, client, topic, options, error, match
+):
+    """process_exactly_once checks its arguments before anything: a bad one used to fail
+    after the subscription was made and its input drained, or in Spark's words."""
+    client.create_producer(topic).send(b"in")
+    with pytest.raises(error, match=match):
+        ptx.process_exactly_once(spark, topic, "sub", topic + "-out", lambda df: df, **options)
+    assert client.admin.list_subscriptions(topic) == []

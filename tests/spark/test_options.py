@@ -28,6 +28,22 @@ def test_unknown_options_are_refused_with_the_nearest(make):
         _Source(options={"topic": "t", "starting_position": "earlist"}).streamReader(None)
 
 
+@pytest.mark.parametrize("make", ["reader", "writer", "streamReader", "streamWriter"])
+def test_numbers_that_are_no_numbers_are_refused_on_the_driver(make):
+    """rows_per_split, min_splits and txn_timeout_ms are checked where the options are read
+    (a txn_timeout_ms of 0 used to fail every attempt of every task, in the executors)."""
+    for name, bad, error in (
+        ("txn_timeout_ms", "0", "out of range 1.."),
+        ("txn_timeout_ms", "soon", "txn_timeout_ms must be an int"),
+        ("txn_timeout_ms", str(1 << 41), "out of range 1.."),
+        ("rows_per_split", "0", "rows_per_split must be at least 1"),
+        ("Min_Splits", "1.5", "min_splits must be an int"),
+    ):
+        source = _Source(options={"topic": "t", name: bad})
+        with pytest.raises(ValueError, match=error):
+            getattr(source, make)(None, False) if "riter" in make else getattr(source, make)(None)
+
+
 def test_options_are_case_insensitive():
     source = _Source(options={"TOPIC": "t", "Service_Url": "pulsartxn://h:1", "path": "x"})
     assert source._opts()["service_url"] == "pulsartxn://h:1"
