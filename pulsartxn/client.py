@@ -28,7 +28,13 @@ from .messaging.listener import check_listener, start_listener
 from .messaging.message import Message, MessageId
 from .messaging.producer import Producer
 from .messaging.reader import Reader, check_reader_args, reader_subscription
-from .messaging.send_options import BatchingType, CompressionType, check_producer_options
+from .messaging.send_options import (
+    BatchingType,
+    CompressionType,
+    check_batching,
+    check_ms,
+    check_producer_options,
+)
 from .messaging.topic_name import check_keyed_name
 from .remote import ClusterClient, RemoteClient, RemoteConsumer, RemoteProducer, connect
 from .remote.cluster_consumer import ClusterConsumer
@@ -140,10 +146,20 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
             batching_type,
             chunking_enabled,
         )
+        check_batching(
+            batching_enabled,
+            batching_max_messages,
+            batching_max_allowed_size_in_bytes,
+            batching_max_publish_delay_ms,
+        )
         self._check_open()
         if producer_name is not None:
             check_keyed_name("producer_name", producer_name)
         cfg = self.broker.config
+        if batching_max_messages is None:
+            batching_max_messages = cfg.batching_max_messages
+        if batching_max_allowed_size_in_bytes is None:
+            batching_max_allowed_size_in_bytes = cfg.batching_max_bytes
         full, partitions = self.broker.topics.resolve(topic)
         if producer_name is not None:
             check_keyed_name("producer_name", producer_name, [p.topic for p in partitions])
@@ -158,9 +174,9 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
                 full,
                 partitions,
                 name,
-                bool(batching_enabled),
-                batching_max_messages or cfg.batching_max_messages,
-                batching_max_allowed_size_in_bytes or cfg.batching_max_bytes,
+                batching_enabled,
+                batching_max_messages,
+                batching_max_allowed_size_in_bytes,
                 cfg.batching_max_publish_delay_ms
                 if batching_max_publish_delay_ms is None
                 else batching_max_publish_delay_ms,
@@ -219,6 +235,7 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
             initial_position=initial_position,
             isolation=isolation,
         )
+        check_ms("negative_ack_redelivery_delay_ms", negative_ack_redelivery_delay_ms)
         cfg = self.broker.config
         if receiver_queue_size is None:
             receiver_queue_size = cfg.receiver_queue_size

@@ -43,7 +43,7 @@ def keywords_of(func: Callable) -> list[str] | None:
         return None
     if any(p.kind is inspect.Parameter.VAR_KEYWORD and p.name != HOT for p in params):
         return None
-    return [p.name for p in params if p.kind in _NAMED and p.name != "self"]
+    return [p.name for p in params if p.kind in _NAMED and p.name not in ("self", "cls")]
 
 
 def explain(func: Callable, kwargs: dict) -> TypeError | None:

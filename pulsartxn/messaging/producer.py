@@ -73,21 +73,7 @@ class Producer(TransactionBatches, BatchSends, metaclass=abc.ABCMeta):  # noqa: 
         batching_max_publish_delay_ms: float,
         max_message_size: int,
     ) -> None:
-        for what, value in (
-            ("batching_max_messages", batching_max_messages),
-            ("batching_max_allowed_size_in_bytes", batching_max_bytes),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{what} must be a positive int, not {excerpt(value)}")
-        if (
-            isinstance(batching_max_publish_delay_ms, bool)
-            or not isinstance(batching_max_publish_delay_ms, (int, float))
-            or batching_max_publish_delay_ms < 0
-        ):
-            raise ValueError(
-                "batching_max_publish_delay_ms must be a non-negative number, "
-                f"not {excerpt(batching_max_publish_delay_ms)}"
-            )
+        # The batching options were checked by create_producer (send_options.check_batching).
         self.client = client
         self._topic = topic
         self.name = producer_name or f"pulsartxn-{client.broker.broker_id}-{next(_names)}"

@@ -34,6 +34,33 @@ class BatchingType(enum.Enum):
     KeyBased = "KeyBased"
 
 
+MAX_MS = 1 << 40  # beyond this a delay is a mistake, not a wish (~35 years)
+
+
+def check_ms(name: str, value: object, optional: bool = False) -> None:
+    """ValueError unless `value` is a number of milliseconds in 0..MAX_MS (not a bool, not
+    NaN), or None if `optional`."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_MS:
+        raise ValueError(f"{name} must be a number of 0..2^40 ms, not {excerpt(value)}")
+
+
+def check_batching(enabled: object, max_messages: object, max_bytes: object, delay_ms: object):
+    """create_producer's batching options, alike in every client (None: the broker's)."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"batching_enabled must be a bool, not {excerpt(enabled)}")
+    for name, value in (
+        ("batching_max_messages", max_messages),
+        ("batching_max_allowed_size_in_bytes", max_bytes),
+    ):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int or None, not {excerpt(value)}")
+    check_ms("batching_max_publish_delay_ms", delay_ms, optional=True)
+
+
 def check_producer_options(
     send_timeout_millis: object,
     block_if_queue_full: object,

@@ -51,6 +51,7 @@ from .handles import (
     txn_str,
 )
 from .options import (
+    check_client_options,
     check_operation_timeout,
     parse_service_url,
     producer_options,
@@ -78,6 +79,7 @@ def connect(
     reached (the URL's brokers are tried in turn) is one of a cluster, else the
     :class:`RemoteClient` of that one broker, as before clusters."""
     op_timeout_s = check_operation_timeout(operation_timeout_seconds)
+    check_client_options(token, reconnect_timeout_s, keepalive_s)
     tls, hosts = parse_service_url(service_url)
     if len(hosts) == 1:
         client = RemoteClient(

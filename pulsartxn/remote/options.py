@@ -7,6 +7,7 @@ from urllib.parse import urlparse
 from .. import errors
 from ..messaging.consumer import check_subscribe_enums
 from ..messaging.dead_letter import check_policy
+from ..messaging.send_options import check_batching, check_ms
 
 
 def parse_service_url(service_url) -> tuple[bool, list[str]]:
@@ -48,6 +49,24 @@ def check_operation_timeout(value) -> float:
     return float(value)
 
 
+def check_client_options(token, reconnect_timeout_s, keepalive_s) -> None:
+    """Client(...)'s other arguments, before anything is done: a token is None or a str;
+    reconnect_timeout_s a finite number of seconds >= 0; keepalive_s a positive one (0 made
+    the keep-alive call the broker without a pause)."""
+    if token is not None and not isinstance(token, str):
+        raise TypeError(f"token must be a str or None, not {errors.excerpt(token)}")
+    _check_seconds("reconnect_timeout_s", reconnect_timeout_s, zero=True)
+    _check_seconds("keepalive_s", keepalive_s, zero=False)
+
+
+def _check_seconds(name: str, value, zero: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {errors.excerpt(value)}")
+    if not ((value >= 0 if zero else value > 0) and value < 1e9):  # NaN fails both
+        kind = "non-negative" if zero else "positive"
+        raise ValueError(f"{name} must be a {kind} finite number of seconds, not {value}")
+
+
 def tls_roots(tls: bool, trust_certs_file_path: str | None):
     """None for plain gRPC; for TLS, the PEM roots to check the server against (b"": the
     system's)."""
@@ -67,7 +86,13 @@ def producer_options(
     batching_max_allowed_size_in_bytes,
     batching_max_publish_delay_ms,
 ) -> dict:
-    """create_producer's options as they travel (the remote clients' one list)."""
+    """create_producer's options as they travel (the remote clients' one list), checked."""
+    check_batching(
+        batching_enabled,
+        batching_max_messages,
+        batching_max_allowed_size_in_bytes,
+        batching_max_publish_delay_ms,
+    )
     return {
         "batching_enabled": batching_enabled,
         "batching_max_messages": batching_max_messages,
@@ -93,6 +118,7 @@ def subscribe_options(
         isolation=isolation,
     )
     check_policy(dead_letter_policy)
+    check_ms("negative_ack_redelivery_delay_ms", negative_ack_redelivery_delay_ms)
     return {
         "unacked_messages_timeout_ms": unacked_messages_timeout_ms,
         "dead_letter_policy": dead_letter_policy and dead_letter_policy.to_wire(),

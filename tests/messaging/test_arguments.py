@@ -78,6 +78,29 @@ def test_enums_are_checked_before_a_request(client):
     assert client.admin.topic_stats("t")["subscriptions"] == {}
 
 
+def test_batching_and_delay_numbers_are_checked_before_a_request(client):
+    """A batching option of 0 silently became the broker's default, "yes" enabled batching,
+    a NaN or infinite delay was taken, and a negative nack delay too: each is refused now,
+    and nothing is made."""
+    client.create_producer("t")  # the topic exists; no producer or subscription may appear
+    for kwargs, error, match in (
+        ({"batching_max_messages": 0}, ValueError, "batching_max_messages must be a positive"),
+        ({"batching_max_allowed_size_in_bytes": 0}, ValueError, "size_in_bytes must be a pos"),
+        ({"batching_max_publish_delay_ms": float("nan")}, ValueError, "delay_ms must be a num"),
+        ({"batching_max_publish_delay_ms": float("inf")}, ValueError, "delay_ms must be a num"),
+        ({"batching_max_publish_delay_ms": -1}, ValueError, "delay_ms must be a number"),
+        ({"batching_enabled": "yes"}, TypeError, "batching_enabled must be a bool"),
+    ):
+        with pytest.raises(error, match=match):
+            client.create_producer("t", producer_name="checked", **kwargs)
+    for bad in (-1, float("nan"), True, "60000"):
+        with pytest.raises(ValueError, match="negative_ack_redelivery_delay_ms must be a number"):
+            client.subscribe("t", "s", negative_ack_redelivery_delay_ms=bad)
+    assert client.admin.topic_stats("t")["subscriptions"] == {}
+    producer = client.create_producer("t", producer_name="checked", batching_max_messages=1)
+    assert producer.producer_name() == "checked"  # no earlier attempt holds the name
+
+
 def test_the_waiting_stat_counts_parked_receives(client):
     consumers = [
         client.subscribe(

@@ -53,6 +53,27 @@ def test_a_bad_operation_timeout_is_refused_before_connecting(served, bad):
         pulsartxn.Client("pulsartxn://127.0.0.1:1,127.0.0.1:2", operation_timeout_seconds=bad)
 
 
+@pytest.mark.parametrize(
+    "options, error, match",
+    [
+        ({"reconnect_timeout_s": "30"}, TypeError, "reconnect_timeout_s must be a number"),
+        ({"reconnect_timeout_s": -1}, ValueError, "reconnect_timeout_s must be a non-negative"),
+        ({"reconnect_timeout_s": math.nan}, ValueError, "reconnect_timeout_s must be a non-neg"),
+        ({"keepalive_s": 0}, ValueError, "keepalive_s must be a positive"),
+        ({"keepalive_s": True}, TypeError, "keepalive_s must be a number"),
+        ({"keepalive_s": math.inf}, ValueError, "keepalive_s must be a positive"),
+        ({"token": 5}, TypeError, "token must be a str or None"),
+    ],
+)
+def test_bad_client_options_are_refused_before_connecting(served, options, error, match):
+    """keepalive_s=0 made the keep-alive call the broker without a pause; "30" for
+    reconnect_timeout_s failed adding it to a float, a token of 5 in encode()."""
+    for url in (served.url, "pulsartxn://127.0.0.1:1,127.0.0.1:2"):
+        with pytest.raises(error, match=match):
+            pulsartxn.Client(url, **options)
+    assert pulsartxn.Client(served.url, reconnect_timeout_s=0, keepalive_s=0.5).close() is None
+
+
 def test_calls_to_a_stopped_broker_time_out_and_the_client_goes_on(served):
     client = pulsartxn.Client(served.url, operation_timeout_seconds=OP_S)
     topic = "optimeout"
