@@ -102,6 +102,9 @@ def test_broker_and_client_constructors_name_the_nearest_keyword(tmp_path):
     typo(lambda: pulsartxn.Client("pulsartxn://127.0.0.1:1", tokn="x"), "tokn", "token")
     with pytest.raises(TypeError, match="valid keywords: "):  # nothing close: the list
         pulsartxn.Broker(tmp_path / "d", zzzzzz=1)
+    with pytest.raises(TypeError, match="valid keywords: keepalive_s, ") as info:
+        pulsartxn.Client("pulsartxn://127.0.0.1:1", zzzzzz=1)
+    assert "cls" not in str(info.value)  # __new__'s first parameter is no keyword
 
 
 # -- pulsar-client's spellings -------------------------------------------------------------
