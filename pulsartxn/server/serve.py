@@ -78,6 +78,13 @@ def serve(
         )
     _check_seconds("stop_dump_s", stop_dump_s)
     _check_seconds("shutdown_timeout_s", shutdown_timeout_s)
+    _check_seconds("session_timeout_s", session_timeout_s)
+    if not session_timeout_s > 0:  # 0: every session would expire as it opens
+        raise ValueError(f"--session-timeout-s must be more than 0, not {session_timeout_s}")
+    if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
+        raise ValueError(f"--max-sessions must be an int of at least 1, not {max_sessions!r}")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"--port must be 0..65535, not {port!r}")
     if advertised_address is not None and cluster is None:
         raise errors.InvalidConfiguration("--advertised-address is for a broker of a --cluster")
     if port:

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import pulsartxn
-from pulsartxn.cli import build_parser
+from pulsartxn.cli import build_parser, main
 from pulsartxn.remote import spare
 from pulsartxn.txn.meta import HISTOGRAM_MS
 
@@ -195,4 +195,24 @@ def test_bad_metrics_options_are_one_line(tmp_path, capsys):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
     assert err.splitlines() == ["pulsartxn serve: --metrics-port must be 0..65535, not 70000"]
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--session-timeout-s", "0"], "--session-timeout-s must be more than 0, not 0.0"),
+        (["--session-timeout-s", "nan"], "--session-timeout-s must be a number of seconds >= 0"),
+        (["--max-sessions", "0"], "--max-sessions must be an int of at least 1, not 0"),
+        (["--port", "70000"], "--port must be 0..65535, not 70000"),
+        (["--port", "-1"], "--port must be 0..65535, not -1"),
+    ],
+)
+def test_bad_serve_limits_are_one_line_and_nothing_starts(tmp_path, capsys, flags, says):
+    """A session timeout of 0 expired every session as it opened (NaN: never), a session
+    limit of 0 refused every client, and a port out of range was an OverflowError's
+    traceback: each is one line now, before the store is opened."""
+    assert main(["serve", "--data-dir", str(tmp_path / "data"), *flags]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"pulsartxn serve: {says}")
     assert not (tmp_path / "data").exists()
