@@ -22,6 +22,13 @@ DEFAULT_DATA_DIR = os.environ.get("PULSARTXN_DATA_DIR", "pulsartxn-data")
 
 
 def _demo(args: argparse.Namespace) -> int:
+    # Before either pipeline starts (a Spark session takes seconds, and the store is made).
+    if args.orders < 0:
+        raise ValueError(f"--orders must not be negative, not {args.orders}")
+    if args.window < 1 or args.customers < 1:
+        raise ValueError(
+            f"--window and --customers must be at least 1, not {args.window}, {args.customers}"
+        )
     if not args.no_spark:
         try:
             import pyspark  # noqa: F401 - the optional extra: is it installed?

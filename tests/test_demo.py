@@ -50,3 +50,16 @@ def test_demo_without_pyspark_says_how_to_get_it(tmp_path, capsys, monkeypatch):
         "'.[spark]'): running the pipeline on the broker alone"
     ]
     assert "check: ok, each of the 200 orders" in out
+
+
+def test_bad_demo_numbers_are_one_line_before_anything_starts(tmp_path, capsys):
+    """--orders -5 used to start Spark, "add -5 events" and fail on a missing topic; a
+    window of 0 failed after the store was made. Both pipelines are refused first now."""
+    for flags, says in (
+        (["--orders", "-5"], "--orders must not be negative, not -5"),
+        (["--window", "0", "--no-spark"], "--window and --customers must be at least 1"),
+    ):
+        assert main(["demo", "--data-dir", str(tmp_path / "d"), *flags]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"pulsartxn demo: {says}")
+        assert not (tmp_path / "d").exists()

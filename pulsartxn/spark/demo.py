@@ -49,7 +49,22 @@ def _transform_failing_once(marker_dir: str):
     return transform
 
 
+def results_by_event(spark, topic: str) -> tuple[int, dict]:
+    """(rows, results per event id) of the results topic; none before any was processed."""
+    try:
+        rows = read_topic(spark, topic).selectExpr("CAST(value AS STRING) AS v").collect()
+    except pulsartxn.TopicNotFound:
+        return 0, {}  # a first run of no events: nothing was ever processed
+    seen: dict = {}
+    for row in rows:
+        event = json.loads(row.v)["event"]
+        seen[event] = seen.get(event, 0) + 1
+    return len(rows), seen
+
+
 def run_spark_demo(data_dir: str, events: int = 20_000, partitions: int = 4, log=print) -> list:
+    if events < 0 or partitions < 1:
+        raise ValueError(f"events must be >= 0 and partitions >= 1, not {events}, {partitions}")
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -103,19 +118,15 @@ def run_spark_demo(data_dir: str, events: int = 20_000, partitions: int = 4, log
                 "and were retried by Spark"
             )
         elapsed = time.perf_counter() - start
-        rows = read_topic(spark, RESULTS).selectExpr("CAST(value AS STRING) AS v").collect()
-        seen: dict = {}
-        for row in rows:
-            event = json.loads(row.v)["event"]
-            seen[event] = seen.get(event, 0) + 1
+        rows, seen = results_by_event(spark, RESULTS)
         total = first + events
         twice = sum(1 for n in seen.values() if n > 1)
         lines = [
             f"processed {processed} events in {rounds} rounds in {elapsed:.1f} s "
             f"({processed / max(elapsed, 1e-9):,.0f} events/s on local Spark)",
-            f"results: {len(rows)} rows for {total} events ever written",
+            f"results: {rows} rows for {total} events ever written",
         ]
-        if twice or len(seen) != total or len(rows) != total:
+        if twice or len(seen) != total or rows != total:
             lines.append(
                 f"check FAILED: {total - len(seen)} events without a result, {twice} with more "
                 "than one"

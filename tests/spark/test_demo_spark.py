@@ -32,3 +32,14 @@ def test_spark_demo_twice(tmp_path):
         assert run.returncode == 0, run.stderr[-3000:]
         assert "failed on purpose and were retried" in run.stdout
     assert "check: ok, each of the 2000 events has exactly one result" in run.stdout
+
+
+def test_results_of_a_demo_that_never_processed_anything_are_none(spark, client, topic):
+    """A first `demo --orders 0` found no results topic (TopicNotFound, exit 2): none yet."""
+    from pulsartxn.spark.demo import results_by_event
+
+    assert results_by_event(spark, topic) == (0, {})
+    producer = client.create_producer(topic)
+    for event in (1, 2, 2):
+        producer.send(b'{"event": %d, "amount": 0}' % event)
+    assert results_by_event(spark, topic) == (3, {1: 1, 2: 2})
