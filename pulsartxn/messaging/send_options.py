@@ -8,6 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from ..errors import excerpt
+from ..txn.coordinators import MAX_TIMEOUT_MS
 
 
 class Result(enum.Enum):
@@ -34,15 +35,16 @@ class BatchingType(enum.Enum):
     KeyBased = "KeyBased"
 
 
-MAX_MS = 1 << 40  # beyond this a delay is a mistake, not a wish (~35 years)
-
-
 def check_ms(name: str, value: object, optional: bool = False) -> None:
-    """ValueError unless `value` is a number of milliseconds in 0..MAX_MS (not a bool, not
-    NaN), or None if `optional`."""
+    """ValueError unless `value` is a number of milliseconds in 0..MAX_TIMEOUT_MS (not a
+    bool, not NaN), or None if `optional`."""
     if value is None and optional:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_MS:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 <= value <= MAX_TIMEOUT_MS
+    ):
         raise ValueError(f"{name} must be a number of 0..2^40 ms, not {excerpt(value)}")
 
 
