@@ -44,7 +44,7 @@ from .remote.handles import RemoteTransaction
 from .remote.reader import RemoteReader
 from .scan import _entry_bound, _scan
 from .txn.log import IN_PROCESS
-from .txn.transaction import Transaction, as_txn_id
+from .txn.transaction import Transaction, as_txn_id, txn_list
 
 
 @strict_class
@@ -412,7 +412,7 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
         """Commit the transactions as one atomic unit: one log record decides all of them;
         if any one is not OPEN, the call fails and nothing is committed."""
         self._check_open()
-        txns = list(txns)
+        txns = txn_list("txns", txns)
         expected = _flush_for_commit(txns)
         self.broker.txn.commit_all([as_txn_id(t) for t in txns], expected)
 
@@ -432,7 +432,7 @@ class Client(metaclass=abc.ABCMeta):  # noqa: B024 - for register(), nothing abs
         decision. With idempotency_key=(app_id, version), a key whose version was already
         decided for app_id is a no-op success (``{"duplicate": True}``)."""
         self._check_open()
-        winners = list(winners)
+        winners = txn_list("winners", winners)
         expected = _flush_for_commit(winners)
         return self.broker.txn.commit_group(
             group, [as_txn_id(t) for t in winners], idempotency_key, expected

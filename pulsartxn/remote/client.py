@@ -34,6 +34,7 @@ from ..messaging.message import Message, MessageId
 from ..messaging.send_options import BatchingType, CompressionType, check_producer_options
 from ..server import protocol
 from ..server.protocol import frame
+from ..txn.transaction import txn_list
 from .admin import RemoteAdmin
 from .batch_stream import OpenStreams
 from .bounded import bounded_chunks
@@ -410,7 +411,7 @@ class RemoteClient(Calls, SessionGate):
         return t
 
     def commit_all(self, txns: Iterable[RemoteTransaction | TxnID]) -> None:
-        txns = list(txns)
+        txns = txn_list("txns", txns)
         _flush_handles(txns, self._streams)
         keys = [txn_str(t) for t in txns]
         with self._wait.allow("decide", None):
@@ -426,7 +427,7 @@ class RemoteClient(Calls, SessionGate):
         idempotency_key: tuple[str, int] | None = None,
         group_capability: str | None = None,
     ) -> dict:
-        winners = list(winners)
+        winners = txn_list("winners", winners)
         _flush_handles(winners, self._streams)
         with self._wait.allow("decide", None):
             out = self._json(

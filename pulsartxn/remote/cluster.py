@@ -37,6 +37,7 @@ from ..messaging.listener import check_listener, start_listener
 from ..messaging.message import Message, MessageId
 from ..messaging.send_options import BatchingType, CompressionType, check_producer_options
 from ..messaging.topic_name import TopicName
+from ..txn.transaction import txn_list
 from .client import RemoteClient, Shared, _flush_handles
 from .cluster_admin import ClusterAdmin
 from .cluster_consumer import ClusterConsumer
@@ -403,7 +404,7 @@ class ClusterClient(ClusterRouting):
         """One decision over transactions of coordinators that one broker owns; across
         brokers it could not be atomic, and is refused."""
         self._check_open()
-        txns = list(txns)
+        txns = txn_list("txns", txns)
         keys = [txn_str(t) for t in txns]
         coordinators = sorted({TxnID.parse(k).coordinator_id for k in keys})
         if not coordinators:
@@ -433,7 +434,7 @@ class ClusterClient(ClusterRouting):
         group_capability: str | None = None,
     ) -> dict:
         self._check_open()
-        winners = list(winners)
+        winners = txn_list("winners", winners)
         route = self._coordinator(self._group_coordinator(group))
         return route.call(
             lambda c: c.commit_group(group, winners, idempotency_key, group_capability)

@@ -234,6 +234,16 @@ class Transaction(TransactionContext, metaclass=abc.ABCMeta):  # noqa: B024 - fo
         return hash(self.id)
 
 
+def txn_list(name: str, value) -> list:
+    """`value`, an iterable of transactions or TxnIDs, as a list; a str or bytes (whose
+    characters it would walk), or one transaction or id alone, is a TypeError."""
+    if isinstance(value, (str, bytes, TxnID, TransactionContext)) or not hasattr(value, "__iter__"):
+        raise TypeError(
+            f"{name} must be an iterable of transactions or TxnIDs, not {excerpt(value)}"
+        )
+    return list(value)
+
+
 def as_txn_id(value) -> TxnID:
     """A TxnID from a TxnID, a Transaction, its str ("<coordinator>:<sequence>") or its int."""
     if isinstance(value, TxnID):

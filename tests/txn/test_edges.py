@@ -56,6 +56,27 @@ def test_an_end_with_a_bad_timeout_is_refused_and_changes_nothing(env):
     assert txn.state is TxnState.COMMITTED and scanned(client, "t") == [b"v"]
 
 
+def test_a_decision_over_a_str_or_one_transaction_alone_is_refused(env):
+    """commit_group(label, "0:5") walked the string and said "not a TxnID: '0'"; a
+    transaction given alone to commit_all was "not iterable". Both name the argument now,
+    and nothing is decided."""
+    broker = env()
+    client = broker.client()
+    txn = client.new_transaction(group="g")
+    for call in (
+        lambda: client.commit_group("g", str(txn.id)),
+        lambda: client.commit_group("g", txn),
+        lambda: client.commit_all(txn),
+        lambda: client.commit_all(txn.id),
+        lambda: client.commit_all(5),
+    ):
+        with pytest.raises(TypeError, match="must be an iterable of transactions or TxnIDs"):
+            call()
+    assert txn.state is TxnState.OPEN
+    client.commit_group("g", [txn])
+    assert txn.state is TxnState.COMMITTED
+
+
 # -- de-duplication counts only what is or will be visible --------------------------------------
 
 
