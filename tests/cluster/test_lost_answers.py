@@ -158,7 +158,7 @@ def test_admin_calls_re_sent_across_an_owners_restart_take_effect_once(zookeeper
             client._home = other  # the topic's metadata from the broker that answers
             call, got = in_thread(fn)
             wait_for(lambda: proxies[victim].dropped > 0, what="the victim's answer")
-            time.sleep(0.5)  # a keepalive's answer may come first
+            time.sleep(1.0)  # a keep-alive's answer (every 1 s) may come first
             brokers[victim].kill(0)
             with pulsartxn.Broker(brokers[victim].data_dir_of(0)) as broker:
                 assert landed(broker.client().admin.topic_stats(parts[0])["subscriptions"])
