@@ -219,7 +219,7 @@ def test_calls_made_again_after_an_owner_was_out_of_reach_take_effect_once(zooke
             time.sleep(0.5)  # a keepalive's answer may come first
             proxies[victim].refusing = True
             proxies[victim].cut()
-            time.sleep(3)  # past the connection's own retries: the cluster client's turn
+            time.sleep(2)  # past the connection's own retries (1 s): the cluster client's turn
             proxies[victim].refusing = False
             call.join(90)
             assert not call.is_alive()
