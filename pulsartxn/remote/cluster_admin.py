@@ -119,6 +119,8 @@ class ClusterAdmin(AdminCalls):
                     break
             return out
         full = TopicName.parse(args[0]).full
+        if name in ("reset_cursor", "clear_backlog") and len(parts) > 1 and rest:
+            self._refuse_held(full, parts, rest[0])
         if name == "create_subscription" and len(parts) > 1 and rest:
             # As one broker: refused where it exists on any partition, before any is made.
             if any(rest[0] in self._at(p, "list_subscriptions", []) for p in parts):
@@ -152,6 +154,21 @@ class ClusterAdmin(AdminCalls):
             for p, a in answers.items()
         }
         return out
+
+    def _refuse_held(self, full: str, parts: list, subscription) -> None:
+        """As one broker refuses a reset while transactions hold acks on any partition,
+        before any moves: TransactionConflict if one holds some now on one of `parts`. (One
+        that starts holding meanwhile is refused at its own partition, as before.)"""
+        for p in parts:
+            try:
+                stats = self._at(p, "pending_ack_stats", [subscription])
+            except errors.PulsarTxnError:
+                continue  # no such subscription there: the reset itself says so
+            if stats.get("ongoing_txn_size"):
+                raise errors.TransactionConflict(
+                    f"cannot reset subscription {errors.excerpt(subscription)} on {full}: "
+                    f"open transactions hold acknowledgements on {p}; commit or abort them first"
+                )
 
     def _per_partition(self, name: str, args) -> dict:
         """A partition's figures from its owner; a partitioned topic's, from each partition's

@@ -33,6 +33,29 @@ def test_a_partitioned_topic_across_brokers(local_cluster, capsys):
         assert stats["subscriptions"]["s"]["backlog"] == 5
         admin.reset_cursor("ca", "s", "earliest")
         assert len(admin.peek("ca", "s", 10)) == 8
+        # A transaction holding an ack on a later partition: a reset is refused before any
+        # partition moves, as one broker does (the first partitions used to be reset).
+        consumer = client.subscribe("ca", "s")
+        parts = client.topic_partitions("ca")
+        msg = next(
+            m for m in iter(lambda: consumer.receive(5000), None) if m.topic_name() != parts[0]
+        )
+        holder = client.new_transaction()
+        consumer.acknowledge(msg, txn=holder)
+        backlogs = [admin.topic_stats(p)["subscriptions"]["s"]["backlog"] for p in parts]
+        for reset in (
+            lambda: admin.reset_cursor("ca", "s", "latest"),
+            lambda: admin.clear_backlog("ca", "s"),
+        ):
+            with pytest.raises(pulsartxn.TransactionConflict, match="hold acknowledgements"):
+                reset()
+            assert [
+                admin.topic_stats(p)["subscriptions"]["s"]["backlog"] for p in parts
+            ] == backlogs
+        holder.abort()
+        consumer.close()
+        admin.reset_cursor("ca", "s", "earliest")
+        assert len(admin.peek("ca", "s", 10)) == 8
         txn = client.new_transaction()
         inbuf = admin.transaction_in_buffer_stats("ca", txn.id)
         assert {p["state"] for p in inbuf["partitions"].values()} == {"unknown"}
