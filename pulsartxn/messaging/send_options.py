@@ -8,7 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from ..errors import excerpt
-from ..txn.coordinators import MAX_TIMEOUT_MS
+from ..txn.coordinators import check_ms
 
 
 class Result(enum.Enum):
@@ -33,19 +33,6 @@ class BatchingType(enum.Enum):
 
     Default = "Default"
     KeyBased = "KeyBased"
-
-
-def check_ms(name: str, value: object, optional: bool = False) -> None:
-    """ValueError unless `value` is a number of milliseconds in 0..MAX_TIMEOUT_MS (not a
-    bool, not NaN), or None if `optional`."""
-    if value is None and optional:
-        return
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not 0 <= value <= MAX_TIMEOUT_MS
-    ):
-        raise ValueError(f"{name} must be a number of 0..2^40 ms, not {excerpt(value)}")
 
 
 def check_batching(enabled: object, max_messages: object, max_bytes: object, delay_ms: object):

@@ -55,11 +55,13 @@ def check_client_options(token, reconnect_timeout_s, keepalive_s) -> None:
     the keep-alive call the broker without a pause)."""
     if token is not None and not isinstance(token, str):
         raise TypeError(f"token must be a str or None, not {errors.excerpt(token)}")
-    _check_seconds("reconnect_timeout_s", reconnect_timeout_s, zero=True)
-    _check_seconds("keepalive_s", keepalive_s, zero=False)
+    check_seconds("reconnect_timeout_s", reconnect_timeout_s, zero=True)
+    check_seconds("keepalive_s", keepalive_s, zero=False)
 
 
-def _check_seconds(name: str, value, zero: bool) -> None:
+def check_seconds(name: str, value, zero: bool) -> None:
+    """TypeError unless `value` is a number; ValueError unless it is finite and positive
+    (>= 0 with `zero`)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, not {errors.excerpt(value)}")
     if not ((value >= 0 if zero else value > 0) and value < 1e9):  # NaN fails both

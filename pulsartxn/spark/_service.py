@@ -15,10 +15,9 @@ import threading
 import zlib
 
 from ..broker import Broker
-from ..errors import PulsarTxnError, excerpt
+from ..errors import PulsarTxnError
 from ..remote import connect
 from ..server.service import BrokerServer
-from ..txn.coordinators import MAX_TIMEOUT_MS
 
 DEFAULT_DATA_DIR = "pulsartxn-data"
 DATA_DIR_CONF = "spark.pulsartxn.dataDir"
@@ -102,25 +101,6 @@ def service_url_for(spark, service_url: str | None) -> str:
     if service_url is None:
         return start_embedded(spark)
     return service_url
-
-
-def check_txn_timeout_ms(value) -> int:
-    """A job's transaction timeout, checked on the driver before anything is done (in the
-    tasks, a bad one failed every attempt of every task): an int of 1..MAX_TIMEOUT_MS."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"txn_timeout_ms must be an int, not {excerpt(value)}")
-    if not 1 <= value <= MAX_TIMEOUT_MS:
-        raise ValueError(f"txn_timeout_ms {value} out of range 1..{MAX_TIMEOUT_MS}")
-    return value
-
-
-def check_connect_timeout_s(value) -> float:
-    """How long the driver tries to reach the broker: a positive number of seconds."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"connect_timeout_s must be a number, not {excerpt(value)}")
-    if not 0 < value <= MAX_TIMEOUT_MS / 1000:  # NaN too
-        raise ValueError(f"connect_timeout_s must be positive and finite, not {value}")
-    return float(value)
 
 
 def driver_client(service_url: str, token: str | None, connect_timeout_s: float):

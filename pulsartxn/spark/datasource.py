@@ -23,8 +23,8 @@ from pyspark.sql.datasource import (
 
 from .._native.keywords import nearest
 from ..errors import NotAuthorized, excerpt
+from ..txn.coordinators import check_timeout_ms
 from ._service import (
-    check_txn_timeout_ms,
     driver_client,
     executor_client,
     job_coordinator,
@@ -78,7 +78,7 @@ def check_options(options) -> None:
         except ValueError:
             raise ValueError(f"{name} must be an int, not {excerpt(raw)}") from None
         if name == "txn_timeout_ms":
-            check_txn_timeout_ms(value)
+            check_timeout_ms("txn_timeout_ms", value)
         elif value < 1:
             raise ValueError(f"{name} must be at least 1, not {value}")
 

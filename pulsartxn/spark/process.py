@@ -14,9 +14,9 @@ import pyarrow as pa
 
 from .._native.keywords import strict
 from ..messaging.consumer import ConsumerType, InitialPosition, check_count
+from ..remote.options import check_seconds
+from ..txn.coordinators import check_timeout_ms
 from ._service import (
-    check_connect_timeout_s,
-    check_txn_timeout_ms,
     driver_client,
     service_url_for,
 )
@@ -88,8 +88,8 @@ def process_exactly_once(
     check_count("max_messages", max_messages, 1, optional=True)
     check_count("receive_timeout_ms", receive_timeout_ms, 0)
     check_count("input_partitions", input_partitions, 1, optional=True)
-    check_txn_timeout_ms(txn_timeout_ms)
-    check_connect_timeout_s(connect_timeout_s)
+    check_timeout_ms("txn_timeout_ms", txn_timeout_ms)
+    check_seconds("connect_timeout_s", connect_timeout_s, zero=False)
     url = service_url_for(spark, service_url)
     client = driver_client(url, token, connect_timeout_s)
     try:

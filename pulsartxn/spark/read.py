@@ -11,7 +11,8 @@ import pyarrow as pa
 
 from .._native.keywords import strict
 from ..remote.bounded import handed_over
-from ._service import check_connect_timeout_s, driver_client, executor_client, service_url_for
+from ..remote.options import check_seconds
+from ._service import driver_client, executor_client, service_url_for
 
 READ_DDL = (
     "topic string, partition int, ledger_id long, entry_id long, batch_index int, "
@@ -106,7 +107,7 @@ def read_topic(
 ):
     """The committed messages of `topic` as of now, as a DataFrame of API.md's read schema.
     The positions are fixed by this call: every action on the result reads the same messages."""
-    check_connect_timeout_s(connect_timeout_s)
+    check_seconds("connect_timeout_s", connect_timeout_s, zero=False)
     url = service_url_for(spark, service_url)
     client = driver_client(url, token, connect_timeout_s)
     try:

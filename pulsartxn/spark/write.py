@@ -15,9 +15,9 @@ import pyarrow as pa
 from .._native import TxnID
 from .._native.keywords import strict
 from ..messaging.topic_name import TopicName
+from ..remote.options import check_seconds
+from ..txn.coordinators import check_timeout_ms
 from ._service import (
-    check_connect_timeout_s,
-    check_txn_timeout_ms,
     driver_client,
     executor_client,
     job_coordinator,
@@ -278,8 +278,8 @@ def write_topic(
 ) -> dict:
     """Write every row of `df` to `topic` exactly once (API.md, "Spark"); returns counts:
     ``{"topic", "label", "rows", "partitions", "committed", "aborted", "duplicate"}``."""
-    check_txn_timeout_ms(txn_timeout_ms)
-    check_connect_timeout_s(connect_timeout_s)
+    check_timeout_ms("txn_timeout_ms", txn_timeout_ms)
+    check_seconds("connect_timeout_s", connect_timeout_s, zero=False)
     prepared = prepare(df, value_column, key_column)
     url = service_url_for(df.sparkSession, service_url)
     client = driver_client(url, token, connect_timeout_s)

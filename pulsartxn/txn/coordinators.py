@@ -30,6 +30,29 @@ from .state import CoordinatorStatus, EndReason, TxnState
 from .timer import TxnTimer
 
 MAX_TIMEOUT_MS = 1 << 40  # beyond this a timeout is a mistake, not a wish (~35 years)
+
+
+def check_timeout_ms(name: str, value: object) -> None:
+    """A transaction's timeout: an int of 1..MAX_TIMEOUT_MS (TypeError, ValueError)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {excerpt(value)}")
+    if not 1 <= value <= MAX_TIMEOUT_MS:
+        raise ValueError(f"{name} {value} out of range 1..{MAX_TIMEOUT_MS}")
+
+
+def check_ms(name: str, value: object, optional: bool = False) -> None:
+    """ValueError unless `value` is a number of milliseconds in 0..MAX_TIMEOUT_MS (not a
+    bool, not NaN), or None if `optional`."""
+    if value is None and optional:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 <= value <= MAX_TIMEOUT_MS
+    ):
+        raise ValueError(f"{name} must be a number of 0..2^40 ms, not {excerpt(value)}")
+
+
 LWM_PUSH_S = 0.1  # how often the timer tells participants a coordinator's low watermark
 _LOG = logging.getLogger("pulsartxn.txn")
 
@@ -212,10 +235,7 @@ class Coordinators(CoordinatorScaling, CleanClose):
         the id of the network session that opened it."""
         if timeout_ms is None:
             timeout_ms = self.default_timeout_ms
-        elif isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int):
-            raise TypeError(f"timeout_ms must be an int, not {excerpt(timeout_ms)}")
-        if not 1 <= timeout_ms <= MAX_TIMEOUT_MS:
-            raise ValueError(f"timeout_ms {timeout_ms} out of range 1..{MAX_TIMEOUT_MS}")
+        check_timeout_ms("timeout_ms", timeout_ms)
         timeout_ms = min(timeout_ms, self.max_timeout_ms)  # capped by the broker's maximum
         if group is not None:
             if not isinstance(group, str) or not group:

@@ -8,24 +8,15 @@ import weakref
 from .._native import TxnID
 from .._native.keywords import strict_class
 from ..errors import InvalidTxnStatus, PulsarTxnError, TransactionTimeout, excerpt
-from .coordinators import MAX_TIMEOUT_MS
+from .coordinators import check_ms
 from .state import FINAL, TxnState
 
 
 def end_wait_s(timeout_ms) -> float | None:
     """A commit's or abort's `timeout_ms` as seconds (None: the broker's operation timeout);
-    ValueError, before anything is done, unless it is a number of 0..MAX_TIMEOUT_MS."""
-    if timeout_ms is None:
-        return None
-    if (
-        isinstance(timeout_ms, bool)
-        or not isinstance(timeout_ms, (int, float))
-        or not 0 <= timeout_ms <= MAX_TIMEOUT_MS  # NaN too
-    ):
-        raise ValueError(
-            f"timeout_ms must be a number of 0..{MAX_TIMEOUT_MS} or None, not {excerpt(timeout_ms)}"
-        )
-    return float(timeout_ms) / 1000.0
+    ValueError, before anything is done, unless it is a number of 0..MAX_TIMEOUT_MS (check_ms)."""
+    check_ms("timeout_ms", timeout_ms, optional=True)
+    return None if timeout_ms is None else float(timeout_ms) / 1000.0
 
 
 class TransactionContext:

@@ -70,7 +70,7 @@ BAD_TIMEOUTS = [
     ({"txn_timeout_ms": True}, TypeError, "txn_timeout_ms must be an int"),
     ({"txn_timeout_ms": "60000"}, TypeError, "txn_timeout_ms must be an int"),
     ({"connect_timeout_s": "10"}, TypeError, "connect_timeout_s must be a number"),
-    ({"connect_timeout_s": float("nan")}, ValueError, "connect_timeout_s must be positive"),
+    ({"connect_timeout_s": float("nan")}, ValueError, "connect_timeout_s must be a positive"),
 ]
 
 
