@@ -79,9 +79,9 @@ class ClusterAdmin(AdminCalls):
         """A call about a subscription of a topic, made partition by partition at each owner
         and put together as one broker with all of them would answer."""
         parts = self._client._partitions(args[0], create=False)
+        full = TopicName.parse(args[0]).full
         rest = args[1:]
         if name == "partitioned_stats":
-            full = TopicName.parse(args[0]).full
             if (len(parts) == 1 and parts[0] == full) or (rest and not _is_flag(rest[0])):
                 return self._at(parts[0], name, rest)  # the broker says why it is refused
             answers = {p: self._at(p, "topic_stats", []) for p in parts}
@@ -118,7 +118,6 @@ class ClusterAdmin(AdminCalls):
                 if (out if name == "skip" else len(out)) >= n:
                     break
             return out
-        full = TopicName.parse(args[0]).full
         if name in ("reset_cursor", "clear_backlog") and len(parts) > 1 and rest:
             self._refuse_held(full, parts, rest[0])
         if name == "create_subscription" and len(parts) > 1 and rest:
