@@ -289,11 +289,20 @@ class ClusterConsumer:
             return out
 
     def has_message_available(self) -> bool:
+        """A message taken ahead here, or one a partition's broker has not handed out. The
+        fetchers stop first and what they are being handed lands (within FETCH_WAIT_MS): a
+        broker counts what it handed out as taken, so asking it while its answer was on the
+        way said no."""
         self._check_open()
         with self._cond:
-            if self._queue:
-                return True
-        return any(part.has_message_available() for part in self._parts)
+            self._paused += 1
+            while self._fetching and not self._closed:
+                self._cond.wait()
+            queued = bool(self._queue)
+        try:
+            return queued or any(part.has_message_available() for part in self._parts)
+        finally:
+            self._resume()
 
     def get_last_message_id(self) -> MessageId:
         """As the embedded consumer's: on several partitions, the one published last."""

@@ -10,6 +10,8 @@ decision leaves no output and the inputs available again.
 
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 
 from .._native.keywords import strict
@@ -28,15 +30,33 @@ INPUT_DDL = (
 )
 
 
+# How long the broker may say a message is available without handing any out before the
+# round goes on with what it has (it never should: this only bounds the wait).
+STALL_S = 10.0
+
+
 def _drain(consumer, max_messages: int | None, receive_timeout_ms: int):
-    """What the subscription has available now: (messages, last MessageId per partition)."""
+    """What the subscription has available now: (messages, last MessageId per partition).
+
+    An empty receive ends it only once the consumer also has nothing available: one just
+    made (over a cluster, on a busy machine) can take longer than receive_timeout_ms to be
+    handed its first messages, and a round then took none of a whole backlog. Empty
+    receives while it says there is more end it after STALL_S."""
     msgs = []
+    stalled_since = None
     while max_messages is None or len(msgs) < max_messages:
         want = 10_000 if max_messages is None else min(10_000, max_messages - len(msgs))
         got = consumer.batch_receive(want, receive_timeout_ms)
-        if not got:
+        if got:
+            msgs.extend(got)
+            stalled_since = None
+            continue
+        if not consumer.has_message_available():
             break
-        msgs.extend(got)
+        now = time.monotonic()
+        stalled_since = now if stalled_since is None else stalled_since
+        if now - stalled_since >= STALL_S:
+            break
     last: dict = {}
     for m in msgs:
         mid = m.message_id()

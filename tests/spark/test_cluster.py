@@ -75,6 +75,42 @@ def test_process_exactly_once_over_three_brokers(spark, cluster_url, cluster_cli
     assert _values(spark, cluster_url, sink) == sorted(f"A{i}".encode() for i in range(600))
 
 
+def test_a_round_takes_a_backlog_its_consumer_is_slower_to_get_than_the_receive_timeout(
+    spark, cluster_url, cluster_client
+):
+    """A cluster consumer's fetchers are handed the partitions' messages some time after it
+    is made: a first receive within receive_timeout_ms came back empty, and the round used to
+    end there, taking none of the 300 messages (CI saw it at the default 200 ms on a busy
+    machine). With 0 ms it always did."""
+    src, sink = "spark-slow-in", "spark-slow-out"
+    _spread(cluster_client, src, 6)
+    _spread(cluster_client, sink, 6)
+    producer = cluster_client.create_producer(src)
+    producer.send_batch([f"s{i}".encode() for i in range(300)])
+    producer.close()
+    out = ptx.process_exactly_once(
+        spark,
+        src,
+        "slow",
+        sink,
+        lambda df: df.select("value"),
+        service_url=cluster_url,
+        receive_timeout_ms=0,
+    )
+    assert out["input"] == 300 and out["output"] == 300
+    again = ptx.process_exactly_once(
+        spark,
+        src,
+        "slow",
+        sink,
+        lambda df: df.select("value"),
+        service_url=cluster_url,
+        receive_timeout_ms=0,
+    )
+    assert again["input"] == 0
+    assert _values(spark, cluster_url, sink) == sorted(f"s{i}".encode() for i in range(300))
+
+
 def test_the_data_source_over_three_brokers(spark, cluster_url, cluster_client):
     topic = "spark-source"
     _spread(cluster_client, topic, 6)
