@@ -109,6 +109,8 @@ _GROUPS = {"topics": _topics, "subscriptions": _subscriptions, "transactions": _
 
 
 def _run(args: argparse.Namespace) -> int:
+    if not 0 < args.timeout < float("inf"):  # NaN too; the client's own check names its keyword
+        raise ValueError(f"--timeout must be a positive number of seconds, not {args.timeout}")
     client = Client(
         args.url,
         token=read_secret(args.token_file, "token file"),

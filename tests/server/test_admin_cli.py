@@ -191,6 +191,16 @@ def test_errors_are_one_line(run, argv, token, words):
     assert err.startswith("pulsartxn")
 
 
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan", "inf"])
+def test_a_timeout_that_is_not_a_positive_number_of_seconds_is_one_line(srv, capsys, timeout):
+    """It named operation_timeout_seconds, a keyword of Client(), not the flag given."""
+    assert main(["admin", "--url", srv.url, "--timeout", timeout, "topics", "list"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [
+        f"pulsartxn admin: --timeout must be a positive number of seconds, not {float(timeout)}"
+    ]
+
+
 def test_the_command_itself(srv):
     """The installed entry point, end to end: a server that is down, and JSON that parses."""
     base = [sys.executable, "-m", "pulsartxn", "admin", "--timeout", "0.5"]
