@@ -101,16 +101,19 @@ def test_the_ack_timeout_on_a_cluster(local_cluster):
     with pulsartxn.Client(cluster.service_url, reconnect_timeout_s=60) as client:
         topic = f"at-{uuid.uuid4().hex[:8]}"
         client.create_topic(topic, partitions=4)
+        p = client.create_producer(topic)
+        for i in range(40):
+            p.send(b"%d" % i)
+        # Subscribed once all are stored, so that the 40 are handed out at once; and a
+        # timeout that a busy machine (a CI run of three workers) does not outlast between
+        # the hand-out and the receive, or between the timeout's redelivery and the 39 acks.
         c = client.subscribe(
             topic,
             "s",
             subscription_type=ConsumerType.Shared,
             initial_position=EARLIEST,
-            unacked_messages_timeout_ms=1500,
+            unacked_messages_timeout_ms=4000,
         )
-        p = client.create_producer(topic)
-        for i in range(40):
-            p.send(b"%d" % i)
         first = receive_n(c, 40)
         assert sorted(int(m.data()) for m in first) == list(range(40))
         assert {m.redelivery_count() for m in first} == {0}
@@ -122,6 +125,6 @@ def test_the_ack_timeout_on_a_cluster(local_cluster):
         for m in again:
             c.acknowledge(m)
         txn.commit()
-        assert receive_n(c, 1, within_s=3.0) == []  # all acknowledged: nothing comes back
+        assert receive_n(c, 1, within_s=5.0) == []  # all acknowledged: nothing comes back
         parts = client.get_topic_partitions(topic)
         assert {client._owner("partition", t) for t in parts} == set(cluster.addresses)
