@@ -10,6 +10,7 @@ import pytest
 from pulsartxn import torture_cluster
 
 
+@pytest.mark.slow
 def test_kill_brokers_and_the_pipeline_exactly_once(tmp_path):
     rounds: list[str] = []
     summary = torture_cluster.run(4, 7, str(tmp_path), inputs=600, log=rounds.append)

@@ -579,4 +579,4 @@ BrokerModel.TestCase.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-test_broker_model = BrokerModel.TestCase
+test_broker_model = pytest.mark.slow(BrokerModel.TestCase)

@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 
+@pytest.mark.slow
 def test_spark_demo_twice(tmp_path):
     for _ in range(2):  # the data directory is kept: the second run adds to the first
         run = subprocess.run(
