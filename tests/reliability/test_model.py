@@ -529,6 +529,49 @@ class BrokerModel(RuleBasedStateMachine):
         with pytest.raises(TransactionConflict):
             self.consumers[sub].unsubscribe()
 
+    @rule(sub=st.sampled_from(SUBSCRIPTIONS), how=st.sampled_from(["seek", "reset", "clear"]))
+    def move_cursor(self, sub, how) -> None:
+        """A consumer's seek to the earliest, the admin's reset_cursor to it, or the admin's
+        clear_backlog. While transactions hold acks on the subscription each is refused and
+        changes nothing; else the first two make every visible message deliverable again
+        (acknowledged or not, in ledger order), the third acknowledges every visible one."""
+        topic = sub[0]
+        admin = self.client.admin
+        move = {
+            "seek": lambda: self.consumers[sub].seek(pulsartxn.MessageId.earliest),
+            "reset": lambda: admin.reset_cursor(topic, sub[1], pulsartxn.MessageId.earliest),
+            "clear": lambda: admin.clear_backlog(topic, sub[1]),
+        }[how]
+        if self.pending[sub]:
+            event(f"{how} refused for holds")
+            with pytest.raises(TransactionConflict):
+                move()
+            return
+        move()
+        event(how)
+        self.outstanding[sub].clear()
+        if how == "clear":
+            for part in self._parts(topic):
+                self.acked[sub].update(m.data for m in self._visible(part))
+            return
+        self.acked[sub].clear()
+        self.seen[sub].clear()
+        self.fresh_high[sub].clear()
+
+    @rule(topic=st.sampled_from(sorted(TOPICS)))
+    def delete_topic_with_open_txns(self, topic) -> None:
+        """Deleting a topic an open transaction wrote to or holds acks on is refused, even
+        with force, and changes nothing: its producers and consumers stay open."""
+        subs = [key for key in SUBSCRIPTIONS if key[0] == topic]
+        wrote = any(
+            m.part[0] == topic for t in self.txn_list if t.state == "open" for m in t.produced
+        )
+        if not wrote and not any(self.pending[key] for key in subs):
+            return
+        event("delete refused for open transactions")
+        with pytest.raises(TransactionConflict):
+            self.client.admin.delete_topic(topic, force=True)
+
     @rule(go=st.integers(0, 2))
     def restart(self, go) -> None:
         """Close the broker and open it again (one draw in three: the slowest step)."""
