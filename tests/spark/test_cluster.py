@@ -33,6 +33,15 @@ def _spread(client, topic: str, n: int) -> None:
     assert len(owners) == 3, owners  # the partitions are on all three brokers
 
 
+def _pipeline_topics(client, src: str, sink: str, inputs: list[bytes]) -> None:
+    """A source holding `inputs` and an empty sink, 6 partitions each over the 3 brokers."""
+    _spread(client, src, 6)
+    _spread(client, sink, 6)
+    producer = client.create_producer(src)
+    producer.send_batch(inputs)
+    producer.close()
+
+
 def _values(spark, url, topic) -> list[bytes]:
     df = ptx.read_topic(spark, topic, service_url=url)
     return sorted(bytes(r.value) for r in df.select("value").collect())
@@ -59,11 +68,7 @@ def test_write_exactly_once_over_three_brokers(spark, cluster_url, cluster_clien
 
 def test_process_exactly_once_over_three_brokers(spark, cluster_url, cluster_client):
     src, sink = "spark-proc-in", "spark-proc-out"
-    _spread(cluster_client, src, 6)
-    _spread(cluster_client, sink, 6)
-    producer = cluster_client.create_producer(src)
-    producer.send_batch([f"a{i}".encode() for i in range(600)])
-    producer.close()
+    _pipeline_topics(cluster_client, src, sink, [f"a{i}".encode() for i in range(600)])
 
     def upper(df):
         return df.selectExpr("upper(cast(value as string)) as value", "key")
@@ -83,31 +88,22 @@ def test_a_round_takes_a_backlog_its_consumer_is_slower_to_get_than_the_receive_
     end there, taking none of the 300 messages (CI saw it at the default 200 ms on a busy
     machine). With 0 ms it always did."""
     src, sink = "spark-slow-in", "spark-slow-out"
-    _spread(cluster_client, src, 6)
-    _spread(cluster_client, sink, 6)
-    producer = cluster_client.create_producer(src)
-    producer.send_batch([f"s{i}".encode() for i in range(300)])
-    producer.close()
-    out = ptx.process_exactly_once(
-        spark,
-        src,
-        "slow",
-        sink,
-        lambda df: df.select("value"),
-        service_url=cluster_url,
-        receive_timeout_ms=0,
-    )
+    _pipeline_topics(cluster_client, src, sink, [f"s{i}".encode() for i in range(300)])
+
+    def round_() -> dict:
+        return ptx.process_exactly_once(
+            spark,
+            src,
+            "slow",
+            sink,
+            lambda df: df.select("value"),
+            service_url=cluster_url,
+            receive_timeout_ms=0,
+        )
+
+    out = round_()
     assert out["input"] == 300 and out["output"] == 300
-    again = ptx.process_exactly_once(
-        spark,
-        src,
-        "slow",
-        sink,
-        lambda df: df.select("value"),
-        service_url=cluster_url,
-        receive_timeout_ms=0,
-    )
-    assert again["input"] == 0
+    assert round_()["input"] == 0
     assert _values(spark, cluster_url, sink) == sorted(f"s{i}".encode() for i in range(300))
 
 
