@@ -14,6 +14,7 @@ from typing import Any
 
 from pulsartxn import Client
 from pulsartxn.client_cli import read_secret
+from pulsartxn.remote.options import check_seconds
 
 DEFAULT_URL = "pulsartxn://127.0.0.1:6650"
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhdwy]?)$")
@@ -109,8 +110,7 @@ _GROUPS = {"topics": _topics, "subscriptions": _subscriptions, "transactions": _
 
 
 def _run(args: argparse.Namespace) -> int:
-    if not 0 < args.timeout < float("inf"):  # NaN too; the client's own check names its keyword
-        raise ValueError(f"--timeout must be a positive number of seconds, not {args.timeout}")
+    check_seconds("--timeout", args.timeout, zero=False)  # Client's would name its keyword
     client = Client(
         args.url,
         token=read_secret(args.token_file, "token file"),

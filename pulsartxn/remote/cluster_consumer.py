@@ -226,12 +226,17 @@ class ClusterConsumer:
         if error is not None:
             raise error
 
-    def _quiesce(self) -> None:
-        """Stop the fetchers and drop what they took ahead (the condition held; undone by
-        _resume)."""
+    def _pause(self) -> None:
+        """Stop the fetchers, and wait until what their calls under way were handed has
+        landed here (the condition held; undone by _resume)."""
         self._paused += 1
         while self._fetching:
             self._cond.wait()
+
+    def _quiesce(self) -> None:
+        """Stop the fetchers and drop what they took ahead (the condition held; undone by
+        _resume)."""
+        self._pause()
         self._queue.clear()
         self._held = [0] * len(self._parts)
 
@@ -295,9 +300,7 @@ class ClusterConsumer:
         way said no."""
         self._check_open()
         with self._cond:
-            self._paused += 1
-            while self._fetching and not self._closed:
-                self._cond.wait()
+            self._pause()
             queued = bool(self._queue)
         try:
             return queued or any(part.has_message_available() for part in self._parts)
@@ -326,9 +329,7 @@ class ClusterConsumer:
             chosen = [self._parts.index(self._part_of(position))]
         with self._cond:
             # The fetchers stop; only what the sought partitions took ahead is dropped.
-            self._paused += 1
-            while self._fetching:
-                self._cond.wait()
+            self._pause()
             self._queue = collections.deque(e for e in self._queue if e[0] not in chosen)
             for i in chosen:
                 self._held[i] = 0

@@ -191,13 +191,14 @@ def test_errors_are_one_line(run, argv, token, words):
     assert err.startswith("pulsartxn")
 
 
-@pytest.mark.parametrize("timeout", ["0", "-1", "nan", "inf"])
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan", "inf", "2e9"])
 def test_a_timeout_that_is_not_a_positive_number_of_seconds_is_one_line(srv, capsys, timeout):
     """It named operation_timeout_seconds, a keyword of Client(), not the flag given."""
     assert main(["admin", "--url", srv.url, "--timeout", timeout, "topics", "list"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.splitlines() == [
-        f"pulsartxn admin: --timeout must be a positive number of seconds, not {float(timeout)}"
+        "pulsartxn admin: --timeout must be a positive finite number of seconds, "
+        f"not {float(timeout)}"
     ]
 
 
